@@ -1,0 +1,224 @@
+//! Drive backends: the bottom of the terrace data path.
+//!
+//! Everything above this crate (layout, placement, engine) is sans-IO: it
+//! reaches a drive only through the [`BlockDevice`] trait and reaches time and
+//! randomness only through the [`Env`] trait. This crate holds the real
+//! implementations (files and block devices through io_uring or a portable
+//! thread fallback, memory) and the test wrappers (fault, delay, crash, latch)
+//! that the simulator and the tests stack on top of them.
+//!
+//! # Buffers
+//!
+//! Reads take an owned [`BytesMut`] and give it back filled; writes take a
+//! [`Bytes`]. Owned buffers are what makes io_uring safe: the kernel may touch
+//! a buffer until the completion arrives, even if the caller stopped waiting,
+//! so the backend keeps the buffer alive until then. [`aligned_buffer`] hands
+//! out memory aligned for O_DIRECT; splitting it at multiples of
+//! [`DIRECT_IO_ALIGNMENT`] keeps every part aligned, and `BytesMut::unsplit`
+//! joins the parts again without copying.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+
+pub use bytes::{Bytes, BytesMut};
+
+pub mod crash;
+pub mod delay;
+pub mod env;
+pub mod fault;
+pub mod file;
+pub mod latch;
+pub mod memory;
+
+pub use env::{Env, SystemEnv};
+
+/// A boxed future, as every [`BlockDevice`] operation returns. One small
+/// allocation per operation buys object safety (pools mix backends and
+/// wrappers behind `Arc<dyn BlockDevice>`).
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// Memory alignment, and offset/length granularity, that O_DIRECT needs on
+/// every device we support (4 KiB-sector drives included). The engine only
+/// ever issues device I/O in multiples of this.
+pub const DIRECT_IO_ALIGNMENT: usize = 4096;
+
+/// What a device operation was doing when it failed; carried in errors so a
+/// report names the operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Read,
+    Write,
+    WriteZeroes,
+    Flush,
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Operation::Read => "read",
+            Operation::Write => "write",
+            Operation::WriteZeroes => "write-zeroes",
+            Operation::Flush => "flush",
+        })
+    }
+}
+
+/// Why a device operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum IoError {
+    /// The operating system rejected the operation.
+    #[error("{device}: {operation} of {length} bytes at offset {offset} failed: {source}")]
+    Os {
+        device: String,
+        operation: Operation,
+        offset: u64,
+        length: u64,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The device returned fewer bytes than asked (e.g. a truncated file).
+    #[error("{device}: short {operation}: {done} of {length} bytes at offset {offset}")]
+    Short {
+        device: String,
+        operation: Operation,
+        offset: u64,
+        length: u64,
+        done: u64,
+    },
+    /// The request does not fit the device.
+    #[error("{device}: {operation} of {length} bytes at offset {offset} is beyond the device size {size_bytes}")]
+    OutOfRange {
+        device: String,
+        operation: Operation,
+        offset: u64,
+        length: u64,
+        size_bytes: u64,
+    },
+    /// A fault injected by [`fault::FaultDevice`].
+    #[error("{device}: injected {operation} fault at offset {offset}")]
+    Injected {
+        device: String,
+        operation: Operation,
+        offset: u64,
+    },
+    /// The whole device is gone (pulled, or lost by fault injection).
+    #[error("{device}: device lost")]
+    Lost { device: String },
+    /// An earlier error latched this device as failed; it is not touched again.
+    #[error("{device}: device failed earlier ({first_error}); not retried")]
+    Latched { device: String, first_error: String },
+}
+
+impl IoError {
+    /// Build an [`IoError::Os`] from the last OS error or a given one.
+    pub fn os(
+        device: &str,
+        operation: Operation,
+        offset: u64,
+        length: u64,
+        source: std::io::Error,
+    ) -> Self {
+        IoError::Os {
+            device: device.to_string(),
+            operation,
+            offset,
+            length,
+            source,
+        }
+    }
+}
+
+pub type IoResult<T> = Result<T, IoError>;
+
+/// A drive, or something standing in for one.
+///
+/// # Contract
+///
+/// * `read` fills the whole buffer (`buf.len()` bytes) from `offset`, or fails.
+/// * `write` stores all of `data` at `offset`, or fails. When it completes the
+///   data may still sit in a volatile cache: it survives a power cut only
+///   after a later `flush` completes, or at once when `fua` is set.
+/// * `write_zeroes` makes the range read back as zeroes (a hole in a file, a
+///   zero-out on a block device) with the same durability rules as `write`.
+/// * `flush` makes every write that completed before the flush was issued
+///   durable.
+/// * Operations that are in flight together may complete in any order; the
+///   caller orders what needs ordering by waiting.
+/// * Offsets and lengths are multiples of [`DIRECT_IO_ALIGNMENT`] for devices
+///   whose [`BlockDevice::alignment`] says so; the backend copies through an
+///   aligned bounce buffer if the memory itself is not aligned.
+pub trait BlockDevice: Send + Sync + 'static {
+    /// A human-readable name: a path, or `memory:3`.
+    fn name(&self) -> &str;
+    /// Usable size in bytes.
+    fn size_bytes(&self) -> u64;
+    /// Granularity that offsets and lengths must respect (1 for memory).
+    fn alignment(&self) -> u64;
+    fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)>;
+    fn write(&self, offset: u64, data: Bytes, fua: bool) -> BoxFuture<IoResult<()>>;
+    fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BoxFuture<IoResult<()>>;
+    fn flush(&self) -> BoxFuture<IoResult<()>>;
+}
+
+/// Check that `[offset, offset + length)` fits a device of `size_bytes`.
+/// Backends call this first so an out-of-range request never reaches the OS.
+pub fn check_range(
+    device: &str,
+    operation: Operation,
+    offset: u64,
+    length: u64,
+    size_bytes: u64,
+) -> IoResult<()> {
+    match offset.checked_add(length) {
+        Some(end) if end <= size_bytes => Ok(()),
+        _ => Err(IoError::OutOfRange {
+            device: device.to_string(),
+            operation,
+            offset,
+            length,
+            size_bytes,
+        }),
+    }
+}
+
+/// A zero-filled buffer of `length` bytes whose start is aligned to
+/// [`DIRECT_IO_ALIGNMENT`].
+pub fn aligned_buffer(length: usize) -> BytesMut {
+    let mut buffer = BytesMut::zeroed(length + DIRECT_IO_ALIGNMENT);
+    let misalignment = buffer.as_ptr() as usize % DIRECT_IO_ALIGNMENT;
+    let padding = (DIRECT_IO_ALIGNMENT - misalignment) % DIRECT_IO_ALIGNMENT;
+    let _ = buffer.split_to(padding);
+    buffer.truncate(length);
+    debug_assert_eq!(buffer.as_ptr() as usize % DIRECT_IO_ALIGNMENT, 0);
+    buffer
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn aligned_buffer_is_aligned_zeroed_and_splits_aligned() {
+        for length in [0usize, 1, 4096, 3 * 4096, 1 << 20] {
+            let mut buffer = aligned_buffer(length);
+            assert_eq!(buffer.len(), length);
+            assert_eq!(buffer.as_ptr() as usize % DIRECT_IO_ALIGNMENT, 0);
+            assert!(buffer.iter().all(|&byte| byte == 0));
+            if length >= 2 * 4096 {
+                let head = buffer.split_to(4096);
+                assert_eq!(buffer.as_ptr() as usize % DIRECT_IO_ALIGNMENT, 0);
+                let mut head = head;
+                head.unsplit(buffer);
+                assert_eq!(head.len(), length);
+            }
+        }
+    }
+
+    #[test]
+    fn check_range_rejects_overflow_and_overrun() {
+        assert!(check_range("d", Operation::Read, 0, 10, 10).is_ok());
+        assert!(check_range("d", Operation::Read, 1, 10, 10).is_err());
+        assert!(check_range("d", Operation::Read, u64::MAX, 2, u64::MAX).is_err());
+    }
+}
