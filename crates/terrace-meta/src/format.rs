@@ -1,0 +1,304 @@
+//! The fixed on-disk structures: the disk label and the metadata slot header.
+//!
+//! # Disk layout
+//!
+//! ```text
+//! 0          4 KiB                1 MiB            1 MiB + S        1 MiB + 2S → align 1 MiB
+//! | label    | (reserved, zero)   | metadata slot 0 | metadata slot 1 | slab 0 | slab 1 | ...
+//! ```
+//!
+//! The label is written once, when the disk joins a pool, and names the pool
+//! and the disk. Metadata commits alternate between the two slots: commit
+//! `g` goes to slot `g mod 2`, so the previous generation stays intact in the
+//! other slot while this one is written. A torn slot fails its checksum and
+//! import falls back to the other one. Byte tables: `docs/ON_DISK_FORMAT.md`.
+
+use crate::codec::{DecodeError, Reader, Writer};
+use crate::ids::{DiskId, PoolId};
+
+/// Label magic: identifies a terrace disk.
+pub const LABEL_MAGIC: [u8; 8] = *b"TRRCLABL";
+/// Metadata slot magic.
+pub const SLOT_MAGIC: [u8; 8] = *b"TRRCMETA";
+/// Bumped on any incompatible change of the label, slot header or payload.
+pub const FORMAT_VERSION: u32 = 1;
+/// One 4 KiB block: the smallest unit a 4Kn drive writes atomically-ish and
+/// the O_DIRECT granularity.
+pub const LABEL_BYTES: usize = 4096;
+/// Metadata starts at 1 MiB, leaving room after the label for future
+/// fixed structures without moving anything.
+pub const METADATA_OFFSET: u64 = 1 << 20;
+/// Default slot size: 4 MiB holds the extent maps of ~600,000 slabs
+/// (150 TiB of 256 MiB slabs across all spaces) with room to spare.
+pub const METADATA_SLOT_DEFAULT_BYTES: u64 = 4 << 20;
+/// Smallest slot: 64 KiB, for tests and tiny pools.
+pub const METADATA_SLOT_MIN_BYTES: u64 = 64 << 10;
+/// The data area starts on a 1 MiB boundary: aligned for every drive's
+/// erase blocks and stripes underneath us.
+pub const DATA_ALIGNMENT: u64 = 1 << 20;
+/// Size of the slot header preceding the payload.
+pub const SLOT_HEADER_BYTES: usize = 64;
+/// Bytes of the label covered by its checksum (the checksum sits last).
+const LABEL_CHECKED_BYTES: usize = LABEL_BYTES - 4;
+/// Bytes of the pool name kept in the label (informational; the metadata
+/// holds the authoritative name).
+pub const LABEL_NAME_BYTES: usize = 64;
+
+const _: () = assert!(METADATA_OFFSET >= LABEL_BYTES as u64);
+const _: () = assert!(METADATA_SLOT_MIN_BYTES as usize > SLOT_HEADER_BYTES);
+const _: () = assert!(
+    METADATA_SLOT_DEFAULT_BYTES.is_multiple_of(4096)
+        && METADATA_SLOT_MIN_BYTES.is_multiple_of(4096)
+);
+
+/// Offset of the first slab given the slot size.
+pub fn data_offset(metadata_slot_bytes: u64) -> u64 {
+    (METADATA_OFFSET + 2 * metadata_slot_bytes).next_multiple_of(DATA_ALIGNMENT)
+}
+
+/// Offset of metadata slot `slot` (0 or 1).
+pub fn slot_offset(metadata_slot_bytes: u64, slot: u64) -> u64 {
+    assert!(slot < 2);
+    METADATA_OFFSET + slot * metadata_slot_bytes
+}
+
+/// The identity block at the start of every pool disk.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Label {
+    pub pool_id: PoolId,
+    pub disk_id: DiskId,
+    pub created_ns: u64,
+    pub device_bytes: u64,
+    pub metadata_slot_bytes: u64,
+    pub data_offset: u64,
+    pub slab_bytes: u64,
+    pub pool_name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LabelError {
+    #[error("no terrace label")]
+    Blank,
+    #[error("damaged label: checksum {found:08x}, expected {expected:08x}")]
+    BadChecksum { found: u32, expected: u32 },
+    #[error("label format version {version} is not supported (this build reads {FORMAT_VERSION})")]
+    UnknownVersion { version: u32 },
+    #[error("damaged label: {source}")]
+    Malformed {
+        #[source]
+        source: DecodeError,
+    },
+    #[error("damaged label: {field} is {value}, which cannot be")]
+    Inconsistent { field: &'static str, value: u64 },
+}
+
+impl Label {
+    pub fn encode(&self) -> [u8; LABEL_BYTES] {
+        let mut writer = Writer::default();
+        writer.raw(&LABEL_MAGIC);
+        writer.u32(FORMAT_VERSION);
+        writer.u32(LABEL_BYTES as u32);
+        writer.raw(&self.pool_id.0);
+        writer.raw(&self.disk_id.0);
+        writer.u64(self.created_ns);
+        writer.u64(self.device_bytes);
+        writer.u64(METADATA_OFFSET);
+        writer.u64(self.metadata_slot_bytes);
+        writer.u64(self.data_offset);
+        writer.u64(self.slab_bytes);
+        let mut name = [0u8; LABEL_NAME_BYTES];
+        let name_bytes = truncated_utf8(&self.pool_name, LABEL_NAME_BYTES);
+        name[..name_bytes.len()].copy_from_slice(name_bytes);
+        writer.raw(&name);
+        let mut block = [0u8; LABEL_BYTES];
+        let bytes = writer.into_bytes();
+        block[..bytes.len()].copy_from_slice(&bytes);
+        let checksum = crc32c::crc32c(&block[..LABEL_CHECKED_BYTES]);
+        block[LABEL_CHECKED_BYTES..].copy_from_slice(&checksum.to_le_bytes());
+        block
+    }
+
+    /// Decode a label block. A block without the magic is `Blank` (not ours);
+    /// with the magic but anything wrong, it is damaged and must be left alone.
+    pub fn decode(block: &[u8]) -> Result<Label, LabelError> {
+        if block.len() < LABEL_BYTES || block[..8] != LABEL_MAGIC {
+            return Err(LabelError::Blank);
+        }
+        let stored = u32::from_le_bytes(
+            block[LABEL_CHECKED_BYTES..LABEL_BYTES]
+                .try_into()
+                .unwrap_or_default(),
+        );
+        let computed = crc32c::crc32c(&block[..LABEL_CHECKED_BYTES]);
+        if stored != computed {
+            return Err(LabelError::BadChecksum {
+                found: stored,
+                expected: computed,
+            });
+        }
+        let malformed = |source| LabelError::Malformed { source };
+        let mut reader = Reader::new(&block[8..LABEL_CHECKED_BYTES]);
+        let version = reader.u32("label version").map_err(malformed)?;
+        if version != FORMAT_VERSION {
+            return Err(LabelError::UnknownVersion { version });
+        }
+        let label_bytes = reader.u32("label bytes").map_err(malformed)?;
+        check(
+            label_bytes as u64 == LABEL_BYTES as u64,
+            "label size",
+            label_bytes.into(),
+        )?;
+        let label = Label {
+            pool_id: PoolId(reader.array("pool id").map_err(malformed)?),
+            disk_id: DiskId(reader.array("disk id").map_err(malformed)?),
+            created_ns: reader.u64("created").map_err(malformed)?,
+            device_bytes: reader.u64("device bytes").map_err(malformed)?,
+            metadata_slot_bytes: {
+                let offset = reader.u64("metadata offset").map_err(malformed)?;
+                check(offset == METADATA_OFFSET, "metadata offset", offset)?;
+                reader.u64("metadata slot bytes").map_err(malformed)?
+            },
+            data_offset: reader.u64("data offset").map_err(malformed)?,
+            slab_bytes: reader.u64("slab bytes").map_err(malformed)?,
+            pool_name: {
+                let raw = reader
+                    .take("pool name", LABEL_NAME_BYTES)
+                    .map_err(malformed)?;
+                let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+                String::from_utf8_lossy(&raw[..end]).into_owned()
+            },
+        };
+        label.validate()?;
+        Ok(label)
+    }
+
+    fn validate(&self) -> Result<(), LabelError> {
+        let slot = self.metadata_slot_bytes;
+        check(
+            slot >= METADATA_SLOT_MIN_BYTES && slot.is_multiple_of(4096) && slot <= 1 << 36,
+            "metadata slot size",
+            slot,
+        )?;
+        check(
+            self.data_offset == data_offset(slot),
+            "data offset",
+            self.data_offset,
+        )?;
+        check(
+            self.slab_bytes.is_power_of_two() && self.slab_bytes >= 4096,
+            "slab size",
+            self.slab_bytes,
+        )?;
+        check(
+            self.device_bytes >= self.data_offset,
+            "device size",
+            self.device_bytes,
+        )
+    }
+}
+
+fn check(condition: bool, field: &'static str, value: u64) -> Result<(), LabelError> {
+    if condition {
+        Ok(())
+    } else {
+        Err(LabelError::Inconsistent { field, value })
+    }
+}
+
+fn truncated_utf8(text: &str, limit: usize) -> &[u8] {
+    let mut end = text.len().min(limit);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text.as_bytes()[..end]
+}
+
+/// The header in front of a metadata payload in a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotHeader {
+    pub pool_id: PoolId,
+    pub generation: u64,
+    pub payload_bytes: u64,
+    pub payload_checksum: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SlotError {
+    #[error("empty slot")]
+    Empty,
+    #[error("slot unreadable: {source}")]
+    Unreadable {
+        #[source]
+        source: terrace_io::IoError,
+    },
+    #[error("slot header checksum mismatch (torn or damaged write)")]
+    HeaderChecksum,
+    #[error("slot format version {version} is not supported")]
+    UnknownVersion { version: u32 },
+    #[error("slot payload of {payload_bytes} bytes does not fit a slot of {slot_bytes}")]
+    Oversized { payload_bytes: u64, slot_bytes: u64 },
+    #[error("slot payload checksum mismatch (torn or damaged write)")]
+    PayloadChecksum,
+    #[error("slot belongs to pool {found}, the label says {expected}")]
+    WrongPool { found: PoolId, expected: PoolId },
+    #[error("slot says generation {header}, its payload says {payload}")]
+    GenerationMismatch { header: u64, payload: u64 },
+    #[error("slot payload is malformed: {source}")]
+    Payload {
+        #[source]
+        source: DecodeError,
+    },
+}
+
+impl SlotHeader {
+    pub fn encode(&self) -> [u8; SLOT_HEADER_BYTES] {
+        let mut writer = Writer::default();
+        writer.raw(&SLOT_MAGIC);
+        writer.u32(FORMAT_VERSION);
+        writer.u32(SLOT_HEADER_BYTES as u32);
+        writer.raw(&self.pool_id.0);
+        writer.u64(self.generation);
+        writer.u64(self.payload_bytes);
+        writer.u32(self.payload_checksum);
+        let bytes = writer.into_bytes();
+        let mut block = [0u8; SLOT_HEADER_BYTES];
+        block[..bytes.len()].copy_from_slice(&bytes);
+        let checksum = crc32c::crc32c(&block[..52]);
+        block[52..56].copy_from_slice(&checksum.to_le_bytes());
+        block
+    }
+
+    pub fn decode(block: &[u8], slot_bytes: u64) -> Result<SlotHeader, SlotError> {
+        if block.len() < SLOT_HEADER_BYTES || block[..8] != SLOT_MAGIC {
+            return Err(SlotError::Empty);
+        }
+        let stored = u32::from_le_bytes([block[52], block[53], block[54], block[55]]);
+        if crc32c::crc32c(&block[..52]) != stored {
+            return Err(SlotError::HeaderChecksum);
+        }
+        let field = |range: std::ops::Range<usize>| {
+            let mut bytes = [0u8; 8];
+            bytes[..range.len()].copy_from_slice(&block[range]);
+            u64::from_le_bytes(bytes)
+        };
+        let version = field(8..12) as u32;
+        if version != FORMAT_VERSION || field(12..16) != SLOT_HEADER_BYTES as u64 {
+            return Err(SlotError::UnknownVersion { version });
+        }
+        let mut pool_id = [0u8; 16];
+        pool_id.copy_from_slice(&block[16..32]);
+        let header = SlotHeader {
+            pool_id: PoolId(pool_id),
+            generation: field(32..40),
+            payload_bytes: field(40..48),
+            payload_checksum: field(48..52) as u32,
+        };
+        if header.payload_bytes > slot_bytes - SLOT_HEADER_BYTES as u64 {
+            return Err(SlotError::Oversized {
+                payload_bytes: header.payload_bytes,
+                slot_bytes,
+            });
+        }
+        Ok(header)
+    }
+}

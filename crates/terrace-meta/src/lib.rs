@@ -1,0 +1,25 @@
+//! Pool metadata: the model, its on-disk format, crash-ordered commits,
+//! the import quorum and slab placement.
+//!
+//! Everything here is pure except [`store`], which reads and writes labels
+//! and metadata slots through the [`terrace_io::BlockDevice`] trait.
+
+pub mod codec;
+pub mod format;
+pub mod ids;
+pub mod model;
+pub mod placement;
+pub mod quorum;
+pub mod store;
+
+pub use codec::DecodeError;
+pub use format::{Label, LabelError, SlotError};
+pub use ids::{DiskId, DiskIndex, PoolId, SlabIndex, SlabRef, SpaceId};
+pub use model::{
+    DiskRecord, DiskState, ExtentRecord, FaultDomain, Media, PoolMetadata, Provisioning,
+    SpaceRecord, Usage,
+};
+pub use placement::{Allocator, PlacementError};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,181 @@
+//! The pool metadata: what every disk of a pool carries a copy of.
+//!
+//! Free slabs are not stored: they are derived from the extent maps
+//! ([`PoolMetadata::used_slabs`]), so the two can never disagree.
+
+use std::collections::BTreeSet;
+
+use terrace_layout::{Geometry, Layout, LayoutError};
+
+use crate::ids::{DiskId, DiskIndex, PoolId, SlabRef, SpaceId};
+
+/// What a disk is made of; decides where journals and hot tiers go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Media {
+    Hdd,
+    Ssd,
+    Unknown,
+}
+
+/// What the pool may use a disk for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Usage {
+    /// Capacity for any space.
+    Auto,
+    /// Capacity only for spaces that name the disk.
+    Manual,
+    /// Kept empty, to receive repairs.
+    HotSpare,
+    /// Holds write-back logs.
+    Journal,
+    /// Takes no new data; being emptied or kept for the record.
+    Retired,
+}
+
+/// What the metadata knows of a disk's condition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DiskState {
+    /// Present and trusted; receives metadata commits.
+    Active,
+    /// Failed an I/O; its contents are not trusted until repaired.
+    Failed,
+    /// Not found at import, or vanished while running.
+    Missing,
+    /// No longer part of the pool (its row stays so indices stay stable).
+    Removed,
+}
+
+/// Which fault domain an extent's redundant slabs must not share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FaultDomain {
+    Disk,
+    Enclosure,
+    Node,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Provisioning {
+    /// Every extent allocated at creation.
+    Fixed,
+    /// Extents allocated on first write.
+    Thin,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskRecord {
+    pub id: DiskId,
+    /// Bytes of the device when it joined.
+    pub size_bytes: u64,
+    /// Slabs the data area holds.
+    pub slab_count: u32,
+    pub media: Media,
+    pub usage: Usage,
+    pub state: DiskState,
+    /// Fault-domain labels; empty when not given.
+    pub enclosure: String,
+    pub node: String,
+    /// Where the disk was last seen (informational; import scans by label).
+    pub path_hint: String,
+    /// Why the disk is failed or missing; empty otherwise.
+    pub state_reason: String,
+}
+
+impl DiskRecord {
+    /// The fault-domain key of this disk at `level` (disk index for `Disk`).
+    pub fn domain_key(&self, index: DiskIndex, level: FaultDomain) -> String {
+        match level {
+            FaultDomain::Disk => format!("#{}", index.0),
+            FaultDomain::Enclosure => format!("{}/{}", self.node, self.enclosure),
+            FaultDomain::Node => self.node.clone(),
+        }
+    }
+
+    /// Whether this disk may receive new capacity slabs.
+    pub fn takes_capacity(&self) -> bool {
+        self.state == DiskState::Active && self.usage == Usage::Auto
+    }
+}
+
+/// One extent: a slab per slot, or none yet (thin, unallocated).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtentRecord {
+    pub slabs: Option<Vec<SlabRef>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpaceRecord {
+    pub id: SpaceId,
+    pub name: String,
+    pub layout: Layout,
+    pub columns: u32,
+    pub interleave_bytes: u64,
+    pub size_bytes: u64,
+    pub provisioning: Provisioning,
+    pub fault_domain: FaultDomain,
+    pub created_ns: u64,
+    /// Why the column count is what it is (shown by `space show`).
+    pub columns_reason: String,
+    pub extents: Vec<ExtentRecord>,
+}
+
+impl SpaceRecord {
+    pub fn geometry(&self, slab_bytes: u64) -> Result<Geometry, LayoutError> {
+        Geometry::new(self.layout, self.columns, self.interleave_bytes, slab_bytes)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolMetadata {
+    pub pool_id: PoolId,
+    pub name: String,
+    /// Incremented by every commit; the newest complete one wins at import.
+    pub generation: u64,
+    pub created_ns: u64,
+    pub committed_ns: u64,
+    pub slab_bytes: u64,
+    /// False while the pool is open read-write: an import that finds it false
+    /// knows the pool was not closed cleanly and resynchronises redundancy.
+    pub clean: bool,
+    pub next_space_id: u64,
+    pub disks: Vec<DiskRecord>,
+    pub spaces: Vec<SpaceRecord>,
+}
+
+impl PoolMetadata {
+    pub fn disk(&self, index: DiskIndex) -> Option<&DiskRecord> {
+        self.disks.get(usize::from(index.0))
+    }
+
+    /// Disks that hold metadata: the member set a commit writes to and the
+    /// import quorum counts.
+    pub fn members(&self) -> impl Iterator<Item = (DiskIndex, &DiskRecord)> {
+        self.disks
+            .iter()
+            .enumerate()
+            .filter(|(_, disk)| disk.state == DiskState::Active)
+            .map(|(index, disk)| (DiskIndex(index as u16), disk))
+    }
+
+    pub fn space(&self, name: &str) -> Option<&SpaceRecord> {
+        self.spaces.iter().find(|space| space.name == name)
+    }
+
+    /// Every slab referenced by any extent.
+    pub fn used_slabs(&self) -> BTreeSet<SlabRef> {
+        self.spaces
+            .iter()
+            .flat_map(|space| space.extents.iter())
+            .filter_map(|extent| extent.slabs.as_ref())
+            .flatten()
+            .copied()
+            .collect()
+    }
+
+    /// Find the disk index of `id`.
+    pub fn index_of(&self, id: DiskId) -> Option<DiskIndex> {
+        self.disks
+            .iter()
+            .position(|disk| disk.id == id)
+            .map(|index| DiskIndex(index as u16))
+    }
+}

@@ -1,0 +1,152 @@
+//! Choosing slabs for extents.
+//!
+//! Each slot of an extent goes to a distinct disk; the slots of one
+//! redundancy group (the copies of a mirror column, or all columns of a
+//! parity extent) also go to distinct fault domains at the space's level.
+//! Among the disks that qualify, the one with the most free slabs wins (ties
+//! to the lowest index), so large disks fill first until they are level with
+//! small ones and every disk of a mixed pool ends up used. On a disk the
+//! lowest free slab is taken, keeping allocations compact.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use terrace_layout::Geometry;
+
+use crate::ids::{DiskIndex, SlabIndex, SlabRef};
+use crate::model::{DiskRecord, FaultDomain, PoolMetadata};
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlacementError {
+    #[error("not enough free capacity: an extent needs {needed} slabs on distinct disks, only {available} disks have free slabs")]
+    OutOfSpace { needed: u32, available: u32 },
+    #[error("cannot keep redundant slabs in distinct {level:?} fault domains: a group needs {needed}, only {available} domains have free slabs")]
+    FaultDomains {
+        level: FaultDomain,
+        needed: usize,
+        available: usize,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct Candidate {
+    index: DiskIndex,
+    domain: String,
+    free: BTreeSet<SlabIndex>,
+}
+
+/// Free slabs of the disks a space may use, and the rule to pick among them.
+#[derive(Debug, Clone)]
+pub struct Allocator {
+    level: FaultDomain,
+    disks: Vec<Candidate>,
+}
+
+impl Allocator {
+    /// Build from the metadata: free = all slabs of eligible disks minus
+    /// those any extent uses.
+    pub fn new(
+        metadata: &PoolMetadata,
+        level: FaultDomain,
+        eligible: impl Fn(&DiskRecord) -> bool,
+    ) -> Allocator {
+        let used = metadata.used_slabs();
+        let disks = metadata
+            .disks
+            .iter()
+            .enumerate()
+            .filter(|(_, disk)| eligible(disk))
+            .map(|(index, disk)| {
+                let index = DiskIndex(index as u16);
+                let free = (0..disk.slab_count)
+                    .map(SlabIndex)
+                    .filter(|&slab| !used.contains(&SlabRef { disk: index, slab }))
+                    .collect();
+                Candidate {
+                    index,
+                    domain: disk.domain_key(index, level),
+                    free,
+                }
+            })
+            .collect();
+        Allocator { level, disks }
+    }
+
+    pub fn free_slabs(&self) -> u64 {
+        self.disks.iter().map(|disk| disk.free.len() as u64).sum()
+    }
+
+    /// Distinct disks, and distinct fault domains, that still have free slabs.
+    pub fn usable_disks_and_domains(&self) -> (u32, usize) {
+        let with_free = self.disks.iter().filter(|disk| !disk.free.is_empty());
+        let domains: BTreeSet<&str> = with_free.clone().map(|disk| disk.domain.as_str()).collect();
+        (with_free.count() as u32, domains.len())
+    }
+
+    /// Choose one slab per slot for a new extent; nothing changes on error.
+    pub fn allocate_extent(&mut self, geometry: &Geometry) -> Result<Vec<SlabRef>, PlacementError> {
+        let slots = geometry.slots_per_extent() as usize;
+        let mut chosen: Vec<Option<usize>> = vec![None; slots];
+        let mut taken_disks = BTreeSet::new();
+        for group in geometry.redundancy_groups() {
+            let mut group_domains: BTreeSet<&str> = BTreeSet::new();
+            for slot in group {
+                let best = self
+                    .disks
+                    .iter()
+                    .enumerate()
+                    .filter(|(position, disk)| {
+                        !disk.free.is_empty()
+                            && !taken_disks.contains(position)
+                            && !group_domains.contains(disk.domain.as_str())
+                    })
+                    .max_by_key(|(position, disk)| (disk.free.len(), std::cmp::Reverse(*position)));
+                let Some((position, disk)) = best else {
+                    return Err(self.explain_failure(geometry));
+                };
+                group_domains.insert(disk.domain.as_str());
+                taken_disks.insert(position);
+                chosen[slot as usize] = Some(position);
+            }
+        }
+        Ok(chosen
+            .into_iter()
+            .map(|position| {
+                let disk = &mut self.disks[position.expect("every slot is in one group")];
+                let slab = disk.free.pop_first().expect("chosen disks have free slabs");
+                SlabRef {
+                    disk: disk.index,
+                    slab,
+                }
+            })
+            .collect())
+    }
+
+    fn explain_failure(&self, geometry: &Geometry) -> PlacementError {
+        let (disks, domains) = self.usable_disks_and_domains();
+        if disks < geometry.slots_per_extent() {
+            return PlacementError::OutOfSpace {
+                needed: geometry.slots_per_extent(),
+                available: disks,
+            };
+        }
+        let needed = geometry
+            .redundancy_groups()
+            .iter()
+            .map(Vec::len)
+            .max()
+            .unwrap_or(1);
+        PlacementError::FaultDomains {
+            level: self.level,
+            needed,
+            available: domains,
+        }
+    }
+
+    /// Free slabs per disk (for reports and tests).
+    pub fn free_by_disk(&self) -> BTreeMap<DiskIndex, usize> {
+        self.disks
+            .iter()
+            .map(|disk| (disk.index, disk.free.len()))
+            .collect()
+    }
+}

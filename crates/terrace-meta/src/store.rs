@@ -1,0 +1,174 @@
+//! Reading and writing labels and metadata slots on a device.
+//!
+//! # Crash ordering of a commit
+//!
+//! A commit of generation `g` writes slot `g mod 2` on every member disk and
+//! then flushes each one. Until the flush returns, the slot may be torn on
+//! any disk; the other slot still holds `g - 1`, whose flush completed
+//! before `g` was started (commits are serialised by the pool). So at every
+//! instant each member disk holds a complete `g - 1` or `g`, and import
+//! ([`crate::quorum`]) picks the newest generation a majority holds.
+
+use terrace_io::{aligned_buffer, BlockDevice, Bytes, IoError, DIRECT_IO_ALIGNMENT};
+
+use crate::codec;
+use crate::format::{
+    slot_offset, Label, LabelError, SlotError, SlotHeader, LABEL_BYTES, SLOT_HEADER_BYTES,
+};
+use crate::model::PoolMetadata;
+
+/// What a device holds, as far as pools are concerned.
+#[derive(Debug)]
+pub enum Probe {
+    /// No terrace label: free to use.
+    Blank,
+    /// A member of a pool, with whatever metadata slots are readable.
+    Member {
+        label: Label,
+        slots: Box<[Result<PoolMetadata, SlotError>; 2]>,
+    },
+    /// Carries our magic but the label is damaged: refuse and leave alone.
+    Damaged(LabelError),
+    /// Could not be read at all.
+    Unreadable(IoError),
+}
+
+impl Probe {
+    /// Valid metadata copies, newest first.
+    pub fn generations(&self) -> Vec<&PoolMetadata> {
+        let mut found: Vec<&PoolMetadata> = match self {
+            Probe::Member { slots, .. } => {
+                slots.iter().filter_map(|slot| slot.as_ref().ok()).collect()
+            }
+            _ => Vec::new(),
+        };
+        found.sort_by_key(|metadata| std::cmp::Reverse(metadata.generation));
+        found
+    }
+}
+
+/// Read the label and both metadata slots of `device`.
+pub async fn probe(device: &dyn BlockDevice) -> Probe {
+    if device.size_bytes() < LABEL_BYTES as u64 {
+        return Probe::Blank;
+    }
+    let (block, result) = device.read(0, aligned_buffer(LABEL_BYTES)).await;
+    if let Err(error) = result {
+        return Probe::Unreadable(error);
+    }
+    let label = match Label::decode(&block) {
+        Ok(label) => label,
+        Err(LabelError::Blank) => return Probe::Blank,
+        Err(error) => return Probe::Damaged(error),
+    };
+    if device.size_bytes() < label.data_offset {
+        return Probe::Damaged(LabelError::Inconsistent {
+            field: "device size (the device is smaller than its label says)",
+            value: device.size_bytes(),
+        });
+    }
+    let first = read_slot(device, &label, 0).await;
+    let second = read_slot(device, &label, 1).await;
+    Probe::Member {
+        label,
+        slots: Box::new([first, second]),
+    }
+}
+
+/// Write a label (once, when a disk joins a pool) and make it durable.
+pub async fn write_label(device: &dyn BlockDevice, label: &Label) -> Result<(), IoError> {
+    let mut block = aligned_buffer(LABEL_BYTES);
+    block.copy_from_slice(&label.encode());
+    device.write(0, block.freeze(), false).await?;
+    device.flush().await
+}
+
+/// Erase a label so the device is blank again (pool destroy).
+pub async fn erase_label(device: &dyn BlockDevice) -> Result<(), IoError> {
+    device
+        .write(0, aligned_buffer(LABEL_BYTES).freeze(), false)
+        .await?;
+    device.flush().await
+}
+
+/// Encode `metadata` as the bytes of one slot (header, payload, zero padding
+/// to the I/O granularity). Fails, before any I/O, if it does not fit.
+pub fn encode_slot(metadata: &PoolMetadata, slot_bytes: u64) -> Result<Bytes, SlotError> {
+    let payload = codec::encode(metadata);
+    let header = SlotHeader {
+        pool_id: metadata.pool_id,
+        generation: metadata.generation,
+        payload_bytes: payload.len() as u64,
+        payload_checksum: crc32c::crc32c(&payload),
+    };
+    let total = SLOT_HEADER_BYTES + payload.len();
+    if total as u64 > slot_bytes {
+        return Err(SlotError::Oversized {
+            payload_bytes: payload.len() as u64,
+            slot_bytes,
+        });
+    }
+    let mut buffer = aligned_buffer(total.next_multiple_of(DIRECT_IO_ALIGNMENT));
+    buffer[..SLOT_HEADER_BYTES].copy_from_slice(&header.encode());
+    buffer[SLOT_HEADER_BYTES..total].copy_from_slice(&payload);
+    Ok(buffer.freeze())
+}
+
+/// Write an encoded slot for `generation` and flush: when this returns Ok
+/// the generation is durable on this device.
+pub async fn write_slot(
+    device: &dyn BlockDevice,
+    label: &Label,
+    generation: u64,
+    encoded: Bytes,
+) -> Result<(), IoError> {
+    let offset = slot_offset(label.metadata_slot_bytes, generation % 2);
+    device.write(offset, encoded, false).await?;
+    device.flush().await
+}
+
+async fn read_slot(
+    device: &dyn BlockDevice,
+    label: &Label,
+    slot: u64,
+) -> Result<PoolMetadata, SlotError> {
+    let offset = slot_offset(label.metadata_slot_bytes, slot);
+    let (first, result) = device
+        .read(offset, aligned_buffer(DIRECT_IO_ALIGNMENT))
+        .await;
+    result.map_err(|source| SlotError::Unreadable { source })?;
+    let header = SlotHeader::decode(&first, label.metadata_slot_bytes)?;
+    if header.pool_id != label.pool_id {
+        return Err(SlotError::WrongPool {
+            found: header.pool_id,
+            expected: label.pool_id,
+        });
+    }
+    let total = (SLOT_HEADER_BYTES as u64 + header.payload_bytes)
+        .next_multiple_of(DIRECT_IO_ALIGNMENT as u64);
+    let whole = if total as usize <= first.len() {
+        first
+    } else {
+        let (whole, result) = device.read(offset, aligned_buffer(total as usize)).await;
+        result.map_err(|source| SlotError::Unreadable { source })?;
+        whole
+    };
+    let payload = &whole[SLOT_HEADER_BYTES..SLOT_HEADER_BYTES + header.payload_bytes as usize];
+    if crc32c::crc32c(payload) != header.payload_checksum {
+        return Err(SlotError::PayloadChecksum);
+    }
+    let metadata = codec::decode(payload).map_err(|source| SlotError::Payload { source })?;
+    if metadata.generation != header.generation {
+        return Err(SlotError::GenerationMismatch {
+            header: header.generation,
+            payload: metadata.generation,
+        });
+    }
+    if metadata.pool_id != label.pool_id {
+        return Err(SlotError::WrongPool {
+            found: metadata.pool_id,
+            expected: label.pool_id,
+        });
+    }
+    Ok(metadata)
+}

@@ -1,0 +1,457 @@
+use std::sync::Arc;
+
+use futures::executor::block_on;
+use proptest::prelude::*;
+use terrace_io::memory::MemoryDevice;
+use terrace_io::BlockDevice;
+use terrace_layout::{Geometry, Layout};
+
+use crate::format::{data_offset, slot_offset, SlotHeader, LABEL_BYTES, METADATA_SLOT_MIN_BYTES};
+use crate::quorum::{select, Candidate};
+use crate::store::{encode_slot, probe, write_label, write_slot, Probe};
+use crate::*;
+
+const SLAB: u64 = 64 << 10;
+const SLOT: u64 = METADATA_SLOT_MIN_BYTES;
+
+fn disk(index: u8, slab_count: u32) -> DiskRecord {
+    DiskRecord {
+        id: DiskId([index; 16]),
+        size_bytes: data_offset(SLOT) + u64::from(slab_count) * SLAB,
+        slab_count,
+        media: if index.is_multiple_of(3) {
+            Media::Ssd
+        } else {
+            Media::Hdd
+        },
+        usage: Usage::Auto,
+        state: DiskState::Active,
+        enclosure: format!("e{}", index % 2),
+        node: String::new(),
+        path_hint: format!("/dev/fake{index}"),
+        state_reason: String::new(),
+    }
+}
+
+fn metadata(disks: usize, slab_count: u32) -> PoolMetadata {
+    PoolMetadata {
+        pool_id: PoolId([0xab; 16]),
+        name: "tank".into(),
+        generation: 7,
+        created_ns: 1,
+        committed_ns: 2,
+        slab_bytes: SLAB,
+        clean: true,
+        next_space_id: 1,
+        disks: (0..disks).map(|i| disk(i as u8, slab_count)).collect(),
+        spaces: Vec::new(),
+    }
+}
+
+/// A pool with one space of `layout` filling `extents` extents.
+fn metadata_with_space(layout: Layout, columns: u32, extents: u64) -> PoolMetadata {
+    let mut pool = metadata(8, 16);
+    let geometry = Geometry::new(layout, columns, 4096, SLAB).unwrap();
+    let mut allocator = Allocator::new(&pool, FaultDomain::Disk, DiskRecord::takes_capacity);
+    let extents: Vec<ExtentRecord> = (0..extents)
+        .map(|_| ExtentRecord {
+            slabs: Some(allocator.allocate_extent(&geometry).unwrap()),
+        })
+        .collect();
+    pool.spaces.push(SpaceRecord {
+        id: SpaceId(1),
+        name: "vol".into(),
+        layout,
+        columns,
+        interleave_bytes: 4096,
+        size_bytes: geometry.extent_data_bytes() * extents.len() as u64,
+        provisioning: Provisioning::Fixed,
+        fault_domain: FaultDomain::Disk,
+        created_ns: 3,
+        columns_reason: "because".into(),
+        extents,
+    });
+    pool
+}
+
+#[test]
+fn metadata_round_trips() {
+    for (layout, columns) in [
+        (Layout::Simple, 3),
+        (Layout::Mirror { copies: 2 }, 2),
+        (Layout::Mirror { copies: 3 }, 2),
+        (Layout::Parity { redundancy: 1 }, 5),
+        (Layout::Parity { redundancy: 2 }, 8),
+    ] {
+        let mut pool = metadata_with_space(layout, columns, 3);
+        pool.spaces[0].extents.push(ExtentRecord { slabs: None });
+        pool.spaces[0].size_bytes += pool.spaces[0].geometry(SLAB).unwrap().extent_data_bytes();
+        pool.disks[1].state = DiskState::Failed;
+        pool.disks[1].state_reason = "read error at 4096".into();
+        let decoded = codec::decode(&codec::encode(&pool)).unwrap();
+        assert_eq!(decoded, pool);
+    }
+}
+
+/// A golden vector: the first bytes of an encoded payload, by hand from the
+/// byte table in docs/ON_DISK_FORMAT.md.
+#[test]
+fn payload_golden_prefix() {
+    let pool = metadata(1, 2);
+    let bytes = codec::encode(&pool);
+    let mut expected = vec![0xab; 16];
+    expected.extend_from_slice(&7u64.to_le_bytes()); // generation
+    expected.extend_from_slice(&1u64.to_le_bytes()); // created
+    expected.extend_from_slice(&2u64.to_le_bytes()); // committed
+    expected.extend_from_slice(&SLAB.to_le_bytes()); // slab bytes
+    expected.push(1); // clean
+    expected.extend_from_slice(&1u64.to_le_bytes()); // next space id
+    expected.extend_from_slice(&[4, 0]);
+    expected.extend_from_slice(b"tank");
+    expected.extend_from_slice(&[1, 0]); // one disk
+    expected.extend_from_slice(&[0; 16]); // disk id
+    assert_eq!(&bytes[..expected.len()], &expected[..]);
+    assert_eq!(
+        &bytes[bytes.len() - 4..],
+        &[0, 0, 0, 0],
+        "zero spaces at the end"
+    );
+}
+
+#[test]
+fn label_golden_and_round_trip() {
+    let label = Label {
+        pool_id: PoolId([1; 16]),
+        disk_id: DiskId([2; 16]),
+        created_ns: 0x0102_0304_0506_0708,
+        device_bytes: 1 << 30,
+        metadata_slot_bytes: SLOT,
+        data_offset: data_offset(SLOT),
+        slab_bytes: SLAB,
+        pool_name: "tank".into(),
+    };
+    let block = label.encode();
+    assert_eq!(&block[0..8], b"TRRCLABL");
+    assert_eq!(&block[8..12], &1u32.to_le_bytes());
+    assert_eq!(&block[12..16], &4096u32.to_le_bytes());
+    assert_eq!(&block[16..32], &[1; 16]);
+    assert_eq!(&block[32..48], &[2; 16]);
+    assert_eq!(&block[48..56], &0x0102_0304_0506_0708u64.to_le_bytes());
+    assert_eq!(
+        &block[64..72],
+        &(1u64 << 20).to_le_bytes(),
+        "metadata offset"
+    );
+    assert_eq!(&block[96..100], b"tank");
+    let checksum = crc32c::crc32c(&block[..4092]);
+    assert_eq!(&block[4092..], &checksum.to_le_bytes());
+    assert_eq!(Label::decode(&block).unwrap(), label);
+
+    let mut damaged = block;
+    damaged[200] ^= 1;
+    assert!(matches!(
+        Label::decode(&damaged),
+        Err(LabelError::BadChecksum { .. })
+    ));
+    assert_eq!(Label::decode(&[0u8; LABEL_BYTES]), Err(LabelError::Blank));
+}
+
+#[test]
+fn slot_header_detects_damage() {
+    let header = SlotHeader {
+        pool_id: PoolId([3; 16]),
+        generation: 42,
+        payload_bytes: 100,
+        payload_checksum: 0xdead_beef,
+    };
+    let block = header.encode();
+    assert_eq!(SlotHeader::decode(&block, SLOT).unwrap(), header);
+    for byte in 0..56 {
+        let mut damaged = block;
+        damaged[byte] ^= 0x10;
+        assert!(SlotHeader::decode(&damaged, SLOT).is_err(), "byte {byte}");
+    }
+    let huge = SlotHeader {
+        payload_bytes: SLOT,
+        ..header
+    };
+    assert!(matches!(
+        SlotHeader::decode(&huge.encode(), SLOT),
+        Err(SlotError::Oversized { .. })
+    ));
+}
+
+#[test]
+fn decoder_rejects_inconsistent_extent_maps() {
+    let pool = metadata_with_space(Layout::Parity { redundancy: 1 }, 3, 2);
+    let mut reused = pool.clone();
+    let first = reused.spaces[0].extents[0].slabs.as_ref().unwrap()[0];
+    reused.spaces[0].extents[1].slabs.as_mut().unwrap()[0] = first;
+    assert!(codec::decode(&codec::encode(&reused)).is_err());
+    let mut missing_disk = pool.clone();
+    missing_disk.spaces[0].extents[0].slabs.as_mut().unwrap()[1].disk = DiskIndex(99);
+    assert!(matches!(
+        codec::decode(&codec::encode(&missing_disk)),
+        Err(DecodeError::SlabOutOfRange { .. })
+    ));
+    let bytes = codec::encode(&pool);
+    for cut in [0, 1, 20, bytes.len() / 2, bytes.len() - 1] {
+        assert!(codec::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+    }
+    let mut trailing = bytes.clone();
+    trailing.push(0);
+    assert_eq!(
+        codec::decode(&trailing),
+        Err(DecodeError::Trailing { trailing: 1 })
+    );
+}
+
+proptest! {
+    #[test]
+    fn decoding_random_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
+        let _ = codec::decode(&bytes);
+        let _ = Label::decode(&bytes);
+        let _ = SlotHeader::decode(&bytes, SLOT);
+    }
+
+    #[test]
+    fn decoding_mutated_metadata_never_panics(position in any::<usize>(), value in any::<u8>()) {
+        let mut bytes = codec::encode(&metadata_with_space(Layout::Mirror { copies: 2 }, 2, 3));
+        let position = position % bytes.len();
+        bytes[position] = value;
+        let _ = codec::decode(&bytes);
+    }
+}
+
+fn memory_disks(count: usize) -> Vec<Arc<MemoryDevice>> {
+    (0..count)
+        .map(|i| {
+            Arc::new(MemoryDevice::new(
+                format!("memory:{i}"),
+                data_offset(SLOT) + 16 * SLAB,
+            ))
+        })
+        .collect()
+}
+
+fn label_for(pool: &PoolMetadata, disk: usize) -> Label {
+    Label {
+        pool_id: pool.pool_id,
+        disk_id: pool.disks[disk].id,
+        created_ns: 0,
+        device_bytes: data_offset(SLOT) + 16 * SLAB,
+        metadata_slot_bytes: SLOT,
+        data_offset: data_offset(SLOT),
+        slab_bytes: SLAB,
+        pool_name: pool.name.clone(),
+    }
+}
+
+fn probe_all(devices: &[Arc<MemoryDevice>]) -> Vec<(DiskId, Probe)> {
+    devices
+        .iter()
+        .map(|device| {
+            let probe = block_on(probe(device.as_ref() as &dyn BlockDevice));
+            let Probe::Member { label, .. } = &probe else {
+                panic!("not a member: {probe:?}")
+            };
+            (label.disk_id, probe)
+        })
+        .collect()
+}
+
+fn selected_generation(devices: &[Arc<MemoryDevice>]) -> (u64, bool) {
+    let probes = probe_all(devices);
+    let candidates: Vec<Candidate> = probes
+        .iter()
+        .map(|(disk_id, probe)| Candidate {
+            disk_id: *disk_id,
+            copies: probe.generations(),
+        })
+        .collect();
+    let selection = select(&candidates).expect("some generation");
+    (selection.metadata.generation, selection.quorum)
+}
+
+/// Crash at every step of a commit — before, during (torn at every 4 KiB
+/// boundary and mid-sector) and after each disk's slot write — and import
+/// still finds a complete generation: the new one once a majority holds it,
+/// the previous one before.
+#[test]
+fn a_commit_cut_at_any_step_leaves_a_consistent_newest_generation() {
+    let disks = 5;
+    let mut pool = metadata_with_space(Layout::Mirror { copies: 2 }, 2, 2);
+    pool.disks.truncate(disks);
+    pool.spaces.clear();
+    let previous = pool.clone();
+    let mut next = pool.clone();
+    next.generation += 1;
+    next.name = "renamed".into();
+    let encoded = encode_slot(&next, SLOT).unwrap();
+    let cuts: Vec<usize> = [0, 17, 64, 4096, 4096 + 511, encoded.len()]
+        .into_iter()
+        .filter(|&cut| cut <= encoded.len())
+        .collect();
+    for completed in 0..=disks {
+        for &cut in &cuts {
+            let devices = memory_disks(disks);
+            for (index, device) in devices.iter().enumerate() {
+                block_on(write_label(device.as_ref(), &label_for(&previous, index))).unwrap();
+                let old = encode_slot(&previous, SLOT).unwrap();
+                block_on(write_slot(
+                    device.as_ref(),
+                    &label_for(&previous, index),
+                    previous.generation,
+                    old,
+                ))
+                .unwrap();
+            }
+            // Disks before `completed` got the whole new slot, disk `completed` a torn prefix.
+            for (index, device) in devices.iter().enumerate().take(completed + 1) {
+                let length = if index < completed {
+                    encoded.len()
+                } else {
+                    cut
+                };
+                let offset = slot_offset(SLOT, next.generation % 2);
+                device.write_sync(offset, &encoded[..length]);
+            }
+            let holders = completed + usize::from(cut == encoded.len() && completed < disks);
+            let (generation, quorum) = selected_generation(&devices);
+            assert!(quorum, "completed {completed} cut {cut}");
+            let expected = if holders * 2 > disks {
+                next.generation
+            } else {
+                previous.generation
+            };
+            assert_eq!(generation, expected, "completed {completed}, cut {cut}");
+        }
+    }
+}
+
+#[test]
+fn quorum_follows_the_member_set_and_stale_disks_cannot_outvote() {
+    let mut generations = Vec::new();
+    let mut pool = metadata(5, 4);
+    generations.push(pool.clone()); // gen 7: members 0..5
+    pool.generation = 8;
+    pool.disks[0].state = DiskState::Failed;
+    generations.push(pool.clone()); // gen 8: members 1..5
+    pool.generation = 9;
+    pool.disks[1].state = DiskState::Failed;
+    generations.push(pool.clone()); // gen 9: members 2..5
+    pool.generation = 10;
+    pool.disks[2].state = DiskState::Missing;
+    generations.push(pool.clone()); // gen 10: members 3,4
+    let id = |i: u8| DiskId([i; 16]);
+    let candidate = |disk: u8, held: &[usize]| Candidate {
+        disk_id: id(disk),
+        copies: held.iter().map(|&g| &generations[g]).collect(),
+    };
+    // All disks present: generation 10 held by both of its members.
+    let all = vec![
+        candidate(0, &[0]),
+        candidate(1, &[0, 1]),
+        candidate(2, &[1, 2]),
+        candidate(3, &[2, 3]),
+        candidate(4, &[2, 3]),
+    ];
+    let selection = select(&all).unwrap();
+    assert_eq!(
+        (selection.metadata.generation, selection.quorum),
+        (10, true)
+    );
+    // Only the stale disks: the newest they hold (9) names members 2,3,4 of
+    // which one is present; no generation has a majority → read-only at 9.
+    let stale = vec![
+        candidate(0, &[0]),
+        candidate(1, &[0, 1]),
+        candidate(2, &[1, 2]),
+    ];
+    let selection = select(&stale).unwrap();
+    assert_eq!(
+        (selection.metadata.generation, selection.quorum),
+        (9, false)
+    );
+    assert!(selection.shortfall().unwrap().contains("only 1 of 3"));
+    // One of the two current members: 1 of 2 is not a majority.
+    let selection = select(&[candidate(3, &[2, 3])]).unwrap();
+    assert_eq!(
+        (selection.metadata.generation, selection.quorum),
+        (10, false)
+    );
+    assert!(select(&[]).is_none());
+}
+
+#[test]
+fn placement_uses_mixed_disks_evenly_and_respects_domains() {
+    let mut pool = metadata(4, 10);
+    pool.disks[3].slab_count = 30; // one big disk
+    let geometry = Geometry::new(Layout::Mirror { copies: 2 }, 1, 4096, SLAB).unwrap();
+    let mut allocator = Allocator::new(&pool, FaultDomain::Disk, DiskRecord::takes_capacity);
+    let mut extents = 0;
+    while let Ok(slabs) = allocator.allocate_extent(&geometry) {
+        assert_ne!(slabs[0].disk, slabs[1].disk);
+        extents += 1;
+    }
+    // 60 slabs in all: the big disk pairs with every small one; all used.
+    assert_eq!(extents, 30);
+    assert_eq!(allocator.free_slabs(), 0);
+
+    // Enclosure awareness: copies land in distinct enclosures (e0, e1).
+    let pool = metadata(6, 10);
+    let mut allocator = Allocator::new(&pool, FaultDomain::Enclosure, DiskRecord::takes_capacity);
+    for _ in 0..20 {
+        let slabs = allocator.allocate_extent(&geometry).unwrap();
+        let enclosures: Vec<&str> = slabs
+            .iter()
+            .map(|slab| pool.disks[usize::from(slab.disk.0)].enclosure.as_str())
+            .collect();
+        assert_ne!(enclosures[0], enclosures[1]);
+    }
+    let triple = Geometry::new(Layout::Mirror { copies: 3 }, 1, 4096, SLAB).unwrap();
+    assert_eq!(
+        allocator.clone().allocate_extent(&triple),
+        Err(PlacementError::FaultDomains {
+            level: FaultDomain::Enclosure,
+            needed: 3,
+            available: 2
+        })
+    );
+    let wide = Geometry::new(Layout::Simple, 7, 4096, SLAB).unwrap();
+    let before = allocator.free_slabs();
+    assert_eq!(
+        allocator.allocate_extent(&wide),
+        Err(PlacementError::OutOfSpace {
+            needed: 7,
+            available: 6
+        })
+    );
+    assert_eq!(
+        allocator.free_slabs(),
+        before,
+        "a failed allocation changes nothing"
+    );
+}
+
+#[test]
+fn placement_skips_used_failed_and_reserved_disks() {
+    let mut pool = metadata_with_space(Layout::Simple, 2, 3);
+    pool.disks[2].state = DiskState::Failed;
+    pool.disks[3].usage = Usage::HotSpare;
+    pool.disks[4].usage = Usage::Journal;
+    let allocator = Allocator::new(&pool, FaultDomain::Disk, DiskRecord::takes_capacity);
+    let free = allocator.free_by_disk();
+    assert!(!free.contains_key(&DiskIndex(2)) && !free.contains_key(&DiskIndex(3)));
+    assert_eq!(pool.used_slabs().len(), 6);
+    let used_on_eligible = pool
+        .used_slabs()
+        .iter()
+        .filter(|slab| pool.disks[usize::from(slab.disk.0)].takes_capacity())
+        .count() as u64;
+    assert_eq!(
+        used_on_eligible, 3,
+        "extents went to disks 0-5, three of them now ineligible"
+    );
+    assert_eq!(allocator.free_slabs(), 5 * 16 - used_on_eligible);
+}
