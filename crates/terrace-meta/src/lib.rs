@@ -6,6 +6,7 @@
 
 pub mod codec;
 pub mod format;
+pub mod fuzzing;
 pub mod ids;
 pub mod model;
 pub mod placement;

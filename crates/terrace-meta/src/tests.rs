@@ -455,3 +455,46 @@ fn placement_skips_used_failed_and_reserved_disks() {
     );
     assert_eq!(allocator.free_slabs(), 5 * 16 - used_on_eligible);
 }
+
+/// A short fuzzing run inside the suite: random bytes and mutations of
+/// valid encodings (bit flips, byte values, truncation, splicing) through
+/// the fuzz target's body. The deep run is `cargo +nightly fuzz run metadata`.
+#[test]
+fn fuzz_target_smoke_run() {
+    let seeds: Vec<Vec<u8>> = vec![
+        codec::encode(&metadata_with_space(Layout::Parity { redundancy: 2 }, 6, 3)),
+        codec::encode(&metadata_with_space(Layout::Mirror { copies: 3 }, 2, 2)),
+        label_for(&metadata(2, 4), 1).encode().to_vec(),
+    ];
+    let mut state = 0x1234_5678_9abc_def0u64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for iteration in 0..20_000 {
+        let seed = &seeds[iteration % seeds.len()];
+        let mut data = seed.clone();
+        match next() % 5 {
+            0 => data = (0..next() % 512).map(|_| next() as u8).collect(),
+            1 => {
+                let bit = next() as usize % (data.len() * 8);
+                data[bit / 8] ^= 1 << (bit % 8);
+            }
+            2 => {
+                let at = next() as usize % data.len();
+                data[at] = next() as u8;
+            }
+            3 => data.truncate(next() as usize % data.len()),
+            _ => {
+                let other = &seeds[next() as usize % seeds.len()];
+                let end = data.len().min(other.len());
+                let at = next() as usize % end;
+                data.truncate(end);
+                data[at..end].copy_from_slice(&other[at..end]);
+            }
+        }
+        crate::fuzzing::decode_anything(&data);
+    }
+}
