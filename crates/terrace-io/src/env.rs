@@ -14,7 +14,8 @@ pub trait Env: Send + Sync + 'static {
     fn now_ns(&self) -> u64;
     /// Nanoseconds since the Unix epoch (for timestamps kept in metadata).
     fn wall_clock_ns(&self) -> u64;
-    /// A future that completes `duration_ns` nanoseconds from now.
+    /// A future that completes `duration_ns` nanoseconds after this call
+    /// (the deadline counts from the call, not from the first poll).
     fn sleep(&self, duration_ns: u64) -> BoxFuture<()>;
     /// A uniformly random 64-bit value (identifiers, tie-breaking).
     fn random_u64(&self) -> u64;
@@ -62,11 +63,7 @@ impl Env for SystemEnv {
         while filled < bytes.len() {
             // SAFETY: the pointer and length describe the unfilled tail of `bytes`.
             let result = unsafe {
-                libc::getrandom(
-                    bytes[filled..].as_mut_ptr().cast(),
-                    bytes.len() - filled,
-                    0,
-                )
+                libc::getrandom(bytes[filled..].as_mut_ptr().cast(), bytes.len() - filled, 0)
             };
             if result > 0 {
                 filled += result as usize;

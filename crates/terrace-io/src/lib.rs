@@ -47,6 +47,7 @@ pub const DIRECT_IO_ALIGNMENT: usize = 4096;
 /// report names the operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Operation {
+    Open,
     Read,
     Write,
     WriteZeroes,
@@ -56,6 +57,7 @@ pub enum Operation {
 impl fmt::Display for Operation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
+            Operation::Open => "open",
             Operation::Read => "read",
             Operation::Write => "write",
             Operation::WriteZeroes => "write-zeroes",
@@ -148,6 +150,9 @@ pub type IoResult<T> = Result<T, IoError>;
 /// * Offsets and lengths are multiples of [`DIRECT_IO_ALIGNMENT`] for devices
 ///   whose [`BlockDevice::alignment`] says so; the backend copies through an
 ///   aligned bounce buffer if the memory itself is not aligned.
+///
+/// Returned futures own everything they need (they never borrow the device)
+/// and may outlive it; an operation polled after its device is gone fails.
 pub trait BlockDevice: Send + Sync + 'static {
     /// A human-readable name: a path, or `memory:3`.
     fn name(&self) -> &str;

@@ -67,12 +67,14 @@ impl BlockDevice for MemoryDevice {
     }
 
     fn read(&self, offset: u64, mut buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
-        let result = self.check(Operation::Read, offset, buf.len() as u64).map(|()| {
-            let image = self.image.read().unwrap_or_else(|e| e.into_inner());
-            let start = offset as usize;
-            let end = start + buf.len();
-            buf.copy_from_slice(&image[start..end]);
-        });
+        let result = self
+            .check(Operation::Read, offset, buf.len() as u64)
+            .map(|()| {
+                let image = self.image.read().unwrap_or_else(|e| e.into_inner());
+                let start = offset as usize;
+                let end = start + buf.len();
+                buf.copy_from_slice(&image[start..end]);
+            });
         Box::pin(future::ready((buf, result)))
     }
 
@@ -84,10 +86,12 @@ impl BlockDevice for MemoryDevice {
     }
 
     fn write_zeroes(&self, offset: u64, length: u64, _fua: bool) -> BoxFuture<IoResult<()>> {
-        let result = self.check(Operation::WriteZeroes, offset, length).map(|()| {
-            let mut image = self.image.write().unwrap_or_else(|e| e.into_inner());
-            image[offset as usize..(offset + length) as usize].fill(0);
-        });
+        let result = self
+            .check(Operation::WriteZeroes, offset, length)
+            .map(|()| {
+                let mut image = self.image.write().unwrap_or_else(|e| e.into_inner());
+                image[offset as usize..(offset + length) as usize].fill(0);
+            });
         Box::pin(future::ready(result))
     }
 

@@ -1,0 +1,181 @@
+//! Thin, checked wrappers around the system calls the file backend needs.
+//!
+//! Every function here turns a C return value into an `io::Result` and
+//! retries `EINTR` itself, so the engines above never see a signal
+//! interruption. The `unsafe` blocks are confined to this file and the
+//! io_uring reactor.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+/// `BLKGETSIZE64` from `<linux/fs.h>`: `_IOR(0x12, 114, size_t)`. The libc
+/// crate does not export it.
+const BLKGETSIZE64: libc::Ioctl = libc::_IOR::<u64>(0x12, 114);
+
+/// Run `call` until it stops failing with `EINTR`.
+fn retry_eintr(mut call: impl FnMut() -> isize) -> io::Result<usize> {
+    loop {
+        let result = call();
+        if result >= 0 {
+            return Ok(result as usize);
+        }
+        let error = io::Error::last_os_error();
+        if error.kind() != io::ErrorKind::Interrupted {
+            return Err(error);
+        }
+    }
+}
+
+/// Offsets past `i64::MAX` cannot be expressed to the kernel.
+fn to_off(offset: u64) -> io::Result<libc::off_t> {
+    libc::off_t::try_from(offset).map_err(|_| io::Error::from_raw_os_error(libc::EOVERFLOW))
+}
+
+/// Read into `buf` from `offset` until it is full, the file ends, or an error
+/// occurs. Returns how many bytes were read (fewer than `buf.len()` only at
+/// end of file).
+pub fn pread_full(file: &File, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        let position = to_off(offset + done as u64)?;
+        let rest = &mut buf[done..];
+        // SAFETY: the pointer and length describe `rest`, which we borrow
+        // mutably for the duration of the call; the fd is open.
+        let count = retry_eintr(|| unsafe {
+            libc::pread(
+                file.as_raw_fd(),
+                rest.as_mut_ptr().cast(),
+                rest.len(),
+                position,
+            )
+        })?;
+        if count == 0 {
+            break;
+        }
+        done += count;
+    }
+    Ok(done)
+}
+
+/// Write all of `data` at `offset`, with `RWF_DSYNC` per call when `dsync` is
+/// set. Returns the bytes written (fewer only if the kernel wrote zero bytes,
+/// which the caller reports as a short write).
+pub fn pwrite_full(file: &File, data: &[u8], offset: u64, dsync: bool) -> io::Result<usize> {
+    let mut done = 0;
+    while done < data.len() {
+        let position = to_off(offset + done as u64)?;
+        let rest = &data[done..];
+        let count = if dsync {
+            let iov = libc::iovec {
+                iov_base: rest.as_ptr() as *mut libc::c_void,
+                iov_len: rest.len(),
+            };
+            // SAFETY: `iov` describes `rest`, which outlives the call; the
+            // kernel only reads from it for a write.
+            retry_eintr(|| unsafe {
+                libc::pwritev2(file.as_raw_fd(), &iov, 1, position, libc::RWF_DSYNC)
+            })?
+        } else {
+            // SAFETY: the pointer and length describe `rest`; the fd is open.
+            retry_eintr(|| unsafe {
+                libc::pwrite(file.as_raw_fd(), rest.as_ptr().cast(), rest.len(), position)
+            })?
+        };
+        if count == 0 {
+            break;
+        }
+        done += count;
+    }
+    Ok(done)
+}
+
+pub fn fdatasync(file: &File) -> io::Result<()> {
+    // SAFETY: plain syscall on an open fd.
+    retry_eintr(|| unsafe { libc::fdatasync(file.as_raw_fd()) as isize }).map(drop)
+}
+
+pub fn fallocate(file: &File, mode: i32, offset: u64, length: u64) -> io::Result<()> {
+    let position = to_off(offset)?;
+    let length = to_off(length)?;
+    // SAFETY: plain syscall on an open fd with integer arguments.
+    retry_eintr(|| unsafe { libc::fallocate(file.as_raw_fd(), mode, position, length) as isize })
+        .map(drop)
+}
+
+/// Size in bytes of the block device behind `file`.
+pub fn block_device_size(file: &File) -> io::Result<u64> {
+    let mut size: u64 = 0;
+    // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which points
+    // at a live local.
+    retry_eintr(|| unsafe {
+        libc::ioctl(file.as_raw_fd(), BLKGETSIZE64, &mut size as *mut u64) as isize
+    })?;
+    Ok(size)
+}
+
+/// Logical block size of the block device behind `file`.
+pub fn logical_block_size(file: &File) -> io::Result<u64> {
+    let mut size: libc::c_int = 0;
+    // SAFETY: BLKSSZGET writes one int through the pointer, which points at a
+    // live local.
+    retry_eintr(|| unsafe {
+        libc::ioctl(
+            file.as_raw_fd(),
+            libc::BLKSSZGET,
+            &mut size as *mut libc::c_int,
+        ) as isize
+    })?;
+    u64::try_from(size)
+        .ok()
+        .filter(|&size| size > 0)
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// A non-blocking eventfd, used to wake the io_uring reactor.
+pub fn eventfd() -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall; on success we own the returned descriptor.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Add one to the eventfd counter. Cannot block: the fd is non-blocking and
+/// the counter would need 2^64 - 1 unread signals to saturate.
+pub fn eventfd_signal(fd: RawFd) {
+    let one: u64 = 1;
+    // SAFETY: writes the 8 bytes of a live local to an eventfd. A failure
+    // (EAGAIN on a saturated counter) still leaves the fd readable, which is
+    // all the reader needs, so the result is ignored.
+    let _ = retry_eintr(|| unsafe { libc::write(fd, (&one as *const u64).cast(), 8) });
+}
+
+/// Reset the eventfd counter to zero (EAGAIN when it already is).
+pub fn eventfd_drain(fd: RawFd) {
+    let mut value: u64 = 0;
+    // SAFETY: reads 8 bytes into a live local from an eventfd.
+    let _ = retry_eintr(|| unsafe { libc::read(fd, (&mut value as *mut u64).cast(), 8) });
+}
+
+/// The file offset alignment O_DIRECT needs on this file's filesystem, where
+/// the kernel reports it (`statx` with `STATX_DIOALIGN`, Linux 6.1+).
+pub fn direct_io_offset_align(file: &File) -> Option<u64> {
+    // SAFETY: an all-zero statx is a valid value of this plain C struct.
+    let mut info: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: the empty path with AT_EMPTY_PATH makes statx describe the open
+    // fd; the kernel writes into `info`, a live local of the right type.
+    let result = unsafe {
+        libc::statx(
+            file.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_DIOALIGN,
+            &mut info,
+        )
+    };
+    let reported = result == 0 && info.stx_mask & libc::STATX_DIOALIGN != 0;
+    (reported && info.stx_dio_offset_align > 0).then_some(u64::from(info.stx_dio_offset_align))
+}
