@@ -1,0 +1,348 @@
+//! Creating and deleting spaces.
+//!
+//! A new space's columns are chosen (or checked) against the disks and fault
+//! domains that have free slabs; its extents are placed, zeroed on disk and
+//! flushed, and only then committed to the metadata, so a crash never leaves
+//! a visible space over stale bytes. When the chosen width cannot be placed
+//! for lack of free slabs on enough disks, an automatic choice narrows until
+//! it fits, and the reason says so.
+
+use std::sync::Arc;
+
+use futures::future::join_all;
+use terrace_layout::{choose_columns, ColumnChoice, Geometry, Layout, INTERLEAVE_DEFAULT_BYTES};
+use terrace_meta::{
+    Allocator, DiskRecord, ExtentRecord, FaultDomain, PlacementError, PoolMetadata, Provisioning,
+    SlabRef, SpaceId, SpaceRecord,
+};
+
+use crate::control::PoolShared;
+use crate::error::EngineError;
+use crate::pool::{validate_name, Pool};
+use crate::space::{Space, SpaceMap, Target};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpaceSize {
+    Bytes(u64),
+    /// As large as the pool's free slabs allow.
+    Max,
+}
+
+#[derive(Debug, Clone)]
+pub struct SpaceConfig {
+    pub name: String,
+    pub layout: Layout,
+    pub columns: Option<u32>,
+    /// `None`: 256 KiB, or the slab size if slabs are smaller.
+    pub interleave_bytes: Option<u64>,
+    pub size: SpaceSize,
+    /// Fault-domain level; `None` picks the coarsest level the disks label.
+    pub fault_domain: Option<FaultDomain>,
+}
+
+impl SpaceConfig {
+    pub fn new(name: impl Into<String>, layout: Layout, size: SpaceSize) -> SpaceConfig {
+        SpaceConfig {
+            name: name.into(),
+            layout,
+            columns: None,
+            interleave_bytes: None,
+            size,
+            fault_domain: None,
+        }
+    }
+}
+
+/// The coarsest fault-domain level that every capacity disk is labelled
+/// with and that has at least two domains.
+pub fn default_fault_domain(metadata: &PoolMetadata) -> FaultDomain {
+    let capacity: Vec<(usize, &DiskRecord)> = metadata
+        .disks
+        .iter()
+        .enumerate()
+        .filter(|(_, disk)| disk.takes_capacity())
+        .collect();
+    for level in [FaultDomain::Node, FaultDomain::Enclosure] {
+        let labelled = capacity.iter().all(|(_, disk)| match level {
+            FaultDomain::Node => !disk.node.is_empty(),
+            _ => !disk.enclosure.is_empty(),
+        });
+        let domains: std::collections::BTreeSet<String> = capacity
+            .iter()
+            .map(|(index, disk)| disk.domain_key(terrace_meta::DiskIndex(*index as u16), level))
+            .collect();
+        if labelled && !capacity.is_empty() && domains.len() >= 2 {
+            return level;
+        }
+    }
+    FaultDomain::Disk
+}
+
+/// What `create_space` did, for the user.
+#[derive(Clone)]
+pub struct SpaceCreated {
+    pub space: Arc<Space>,
+    pub columns_reason: String,
+}
+
+impl Pool {
+    pub async fn create_space(&self, config: SpaceConfig) -> Result<SpaceCreated, EngineError> {
+        validate_name("space name", &config.name)?;
+        self.shared.check_open()?;
+        self.shared.check_writable()?;
+        let mut control = self.shared.control.lock().await;
+        let metadata = &control.metadata;
+        if metadata.space(&config.name).is_some() {
+            return Err(EngineError::SpaceExists { name: config.name });
+        }
+        let level = config
+            .fault_domain
+            .unwrap_or_else(|| default_fault_domain(metadata));
+        let allocator = Allocator::new(metadata, level, DiskRecord::takes_capacity);
+        let (record, geometry) = plan_space(
+            &config,
+            metadata,
+            allocator,
+            level,
+            self.shared.env.wall_clock_ns(),
+        )?;
+        let mut next = metadata.clone();
+        next.next_space_id += 1;
+        next.spaces.push(record.clone());
+        let space = build_space(&self.shared, &next, &record)?;
+        zero_extents(&space, &geometry).await?;
+        self.shared.commit(&mut control, next).await?;
+        drop(control);
+        let space = Arc::new(space);
+        self.spaces
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(record.name.clone(), space.clone());
+        Ok(SpaceCreated {
+            space,
+            columns_reason: record.columns_reason,
+        })
+    }
+
+    /// Delete a space and free its slabs. Its data is gone.
+    pub async fn delete_space(&self, name: &str) -> Result<(), EngineError> {
+        self.shared.check_open()?;
+        self.shared.check_writable()?;
+        let mut control = self.shared.control.lock().await;
+        let mut next = control.metadata.clone();
+        let before = next.spaces.len();
+        next.spaces.retain(|space| space.name != name);
+        if next.spaces.len() == before {
+            return Err(EngineError::NoSuchSpace {
+                name: name.to_string(),
+            });
+        }
+        self.shared.commit(&mut control, next).await?;
+        if let Some(space) = self
+            .spaces
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name)
+        {
+            space.mark_deleted();
+        }
+        Ok(())
+    }
+}
+
+/// Choose columns and place every extent; nothing is written.
+fn plan_space(
+    config: &SpaceConfig,
+    metadata: &PoolMetadata,
+    allocator: Allocator,
+    level: FaultDomain,
+    now: u64,
+) -> Result<(SpaceRecord, Geometry), EngineError> {
+    let layout = config.layout;
+    let (disks, domains) = allocator.usable_disks_and_domains();
+    let usable = match layout {
+        Layout::Parity { .. } => disks.min(domains as u32),
+        Layout::Simple | Layout::Mirror { .. } => disks,
+    };
+    let mut choice = choose_columns(layout, config.columns, usable)?;
+    if level != FaultDomain::Disk {
+        choice
+            .reason
+            .push_str(&format!("; {domains} {level:?} fault domains"));
+    }
+    let first_columns = choice.columns;
+    let interleave_bytes = config
+        .interleave_bytes
+        .unwrap_or(INTERLEAVE_DEFAULT_BYTES.min(metadata.slab_bytes));
+    loop {
+        let geometry = Geometry::new(
+            layout,
+            choice.columns,
+            interleave_bytes,
+            metadata.slab_bytes,
+        )?;
+        match place(config.size, &geometry, allocator.clone()) {
+            Ok((size_bytes, extents)) => {
+                if choice.columns < first_columns {
+                    choice.reason = format!(
+                        "{} columns: reduced from {first_columns} because free slabs remain on too few disks for wider extents",
+                        choice.columns
+                    );
+                }
+                let planned = Planned {
+                    choice,
+                    level,
+                    created_ns: now,
+                    geometry,
+                    size_bytes,
+                    extents,
+                };
+                return Ok((record(config, metadata, planned), geometry));
+            }
+            Err(error) => {
+                let can_narrow = config.columns.is_none() && choice.columns > layout.min_columns();
+                if !can_narrow
+                    || !matches!(
+                        error,
+                        EngineError::Placement(PlacementError::OutOfSpace { .. })
+                    )
+                {
+                    return Err(error);
+                }
+                choice = ColumnChoice {
+                    columns: choice.columns - 1,
+                    reason: String::new(),
+                };
+            }
+        }
+    }
+}
+
+/// A space fully planned: its shape and where every extent goes.
+struct Planned {
+    choice: ColumnChoice,
+    level: FaultDomain,
+    created_ns: u64,
+    geometry: Geometry,
+    size_bytes: u64,
+    extents: Vec<Vec<SlabRef>>,
+}
+
+fn record(config: &SpaceConfig, metadata: &PoolMetadata, planned: Planned) -> SpaceRecord {
+    SpaceRecord {
+        id: SpaceId(metadata.next_space_id),
+        name: config.name.clone(),
+        layout: config.layout,
+        columns: planned.choice.columns,
+        interleave_bytes: planned.geometry.interleave_bytes(),
+        size_bytes: planned.size_bytes,
+        provisioning: Provisioning::Fixed,
+        fault_domain: planned.level,
+        created_ns: planned.created_ns,
+        columns_reason: planned.choice.reason,
+        extents: planned
+            .extents
+            .into_iter()
+            .map(|slabs| ExtentRecord { slabs: Some(slabs) })
+            .collect(),
+    }
+}
+
+/// Allocate the extents of a fixed space of `size`.
+fn place(
+    size: SpaceSize,
+    geometry: &Geometry,
+    mut allocator: Allocator,
+) -> Result<(u64, Vec<Vec<SlabRef>>), EngineError> {
+    let block = terrace_layout::BLOCK_BYTES;
+    match size {
+        SpaceSize::Bytes(0) => Err(EngineError::InvalidSetting {
+            what: "space size",
+            value: 0,
+            rule: "at least 4K",
+        }),
+        SpaceSize::Bytes(bytes) => {
+            let size_bytes = bytes.next_multiple_of(block);
+            let extents = (0..geometry.extents_for(size_bytes))
+                .map(|_| allocator.allocate_extent(geometry))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((size_bytes, extents))
+        }
+        SpaceSize::Max => {
+            let mut extents = Vec::new();
+            let first_error = loop {
+                match allocator.allocate_extent(geometry) {
+                    Ok(slabs) => extents.push(slabs),
+                    Err(error) => break error,
+                }
+            };
+            if extents.is_empty() {
+                return Err(first_error.into());
+            }
+            Ok((extents.len() as u64 * geometry.extent_data_bytes(), extents))
+        }
+    }
+}
+
+/// The run-time space for a metadata record.
+pub(crate) fn build_space(
+    shared: &Arc<PoolShared>,
+    metadata: &PoolMetadata,
+    record: &SpaceRecord,
+) -> Result<Space, EngineError> {
+    let geometry = record.geometry(metadata.slab_bytes)?;
+    let disks = shared.disks();
+    let data_start = terrace_meta::format::data_offset(shared.metadata_slot_bytes);
+    let extents = record
+        .extents
+        .iter()
+        .map(|extent| {
+            let slabs = extent.slabs.as_ref().ok_or(EngineError::InvalidSetting {
+                what: "space provisioning",
+                value: 1,
+                rule: "thin provisioning is not supported by this version",
+            })?;
+            Ok(slabs
+                .iter()
+                .map(|slab| Target {
+                    disk: disks[usize::from(slab.disk.0)].clone(),
+                    base: data_start + u64::from(slab.slab.0) * metadata.slab_bytes,
+                })
+                .collect::<Arc<[Target]>>())
+        })
+        .collect::<Result<Vec<_>, EngineError>>()?;
+    let map = SpaceMap {
+        size_bytes: record.size_bytes,
+        extents,
+    };
+    Ok(Space::new(
+        shared.clone(),
+        record.id,
+        record.name.clone(),
+        geometry,
+        map,
+    ))
+}
+
+/// Zero every slab of a new space and make it durable: slabs may hold a
+/// deleted space's bytes, and parity must match the (zero) data from the
+/// first read on.
+async fn zero_extents(space: &Space, geometry: &Geometry) -> Result<(), EngineError> {
+    let map = space.map();
+    for targets in &map.extents {
+        let zeroes = targets.iter().map(|target| {
+            target
+                .disk
+                .write_zeroes(target.base, geometry.slab_bytes(), false)
+        });
+        for result in join_all(zeroes).await {
+            result.map_err(|reason| EngineError::Unavailable {
+                space: space.name.clone(),
+                offset: 0,
+                length: 0,
+                reason: format!("could not zero a new slab: {reason}"),
+            })?;
+        }
+    }
+    space.pool.flush_disks().await
+}

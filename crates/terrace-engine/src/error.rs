@@ -1,0 +1,137 @@
+//! Errors of the engine, by cause. Every variant carries what a user needs
+//! to act: which disk, which space, which range, and the underlying source.
+
+use terrace_io::IoError;
+use terrace_layout::LayoutError;
+use terrace_meta::{DecodeError, LabelError, PlacementError, SlotError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("{0}")]
+    Layout(#[from] LayoutError),
+    #[error("{0}")]
+    Placement(#[from] PlacementError),
+    #[error("invalid {what}: {value:?} ({rule})")]
+    InvalidName {
+        what: &'static str,
+        value: String,
+        rule: &'static str,
+    },
+    #[error("invalid {what}: {value} ({rule})")]
+    InvalidSetting {
+        what: &'static str,
+        value: u64,
+        rule: &'static str,
+    },
+    #[error("no disks given")]
+    NoDisks,
+    #[error("{device} is given twice")]
+    DuplicateDisk { device: String },
+    #[error("{device} already belongs to pool {pool_name} ({pool_id}); import that pool or destroy it first")]
+    DiskInOtherPool {
+        device: String,
+        pool_name: String,
+        pool_id: String,
+    },
+    #[error("{device} carries a damaged terrace label ({source}); it was left untouched")]
+    DamagedLabel {
+        device: String,
+        #[source]
+        source: LabelError,
+    },
+    #[error("{device} cannot be read: {source}")]
+    Unreadable {
+        device: String,
+        #[source]
+        source: IoError,
+    },
+    #[error("{device} is {size_bytes} bytes; a pool disk needs at least {minimum_bytes} (metadata plus one slab)")]
+    DiskTooSmall {
+        device: String,
+        size_bytes: u64,
+        minimum_bytes: u64,
+    },
+    #[error("no terrace pool found on the given disks")]
+    NoPoolFound,
+    #[error("several pools found ({found}); name the one to import")]
+    AmbiguousPool { found: String },
+    #[error("pool {wanted} not found on the given disks (found: {found})")]
+    PoolNotFound { wanted: String, found: String },
+    #[error("pool {pool}: no disk holds readable metadata ({detail})")]
+    NoMetadata { pool: String, detail: String },
+    #[error(
+        "metadata does not fit its slot: {source}; create the pool with a larger metadata slot"
+    )]
+    MetadataFull {
+        #[source]
+        source: SlotError,
+    },
+    #[error("metadata is malformed: {source}")]
+    Malformed {
+        #[source]
+        source: DecodeError,
+    },
+    #[error("pool {pool}: metadata could not be written to any disk ({detail})")]
+    CommitFailed { pool: String, detail: String },
+    #[error("pool {pool} is read-only: {reason}")]
+    ReadOnly { pool: String, reason: String },
+    #[error("pool {pool} is closed")]
+    Closed { pool: String },
+    #[error("a space named {name} already exists")]
+    SpaceExists { name: String },
+    #[error("no space named {name}")]
+    NoSuchSpace { name: String },
+    #[error(
+        "space {space}: request of {length} bytes at {offset} is outside its {size_bytes} bytes"
+    )]
+    OutOfRange {
+        space: String,
+        offset: u64,
+        length: u64,
+        size_bytes: u64,
+    },
+    #[error(
+        "space {space}: request of {length} bytes at {offset} is not aligned to {alignment} bytes"
+    )]
+    Misaligned {
+        space: String,
+        offset: u64,
+        length: u64,
+        alignment: u64,
+    },
+    #[error("space {space}: request of {length} bytes exceeds the limit of {limit}")]
+    TooLarge {
+        space: String,
+        length: u64,
+        limit: u64,
+    },
+    #[error("space {space}: data at {offset}+{length} is unavailable: {reason}")]
+    Unavailable {
+        space: String,
+        offset: u64,
+        length: u64,
+        reason: String,
+    },
+    #[error("{0}")]
+    Io(#[from] IoError),
+}
+
+impl EngineError {
+    /// The errno an NBD server should answer with.
+    pub fn errno(&self) -> i32 {
+        match self {
+            EngineError::OutOfRange { .. } => libc_errno::ENOSPC,
+            EngineError::Misaligned { .. } | EngineError::TooLarge { .. } => libc_errno::EINVAL,
+            EngineError::ReadOnly { .. } => libc_errno::EROFS,
+            _ => libc_errno::EIO,
+        }
+    }
+}
+
+/// The few errno values the engine reports (Linux numbering, as NBD uses).
+pub mod libc_errno {
+    pub const EIO: i32 = 5;
+    pub const EINVAL: i32 = 22;
+    pub const ENOSPC: i32 = 28;
+    pub const EROFS: i32 = 30;
+}

@@ -1,0 +1,47 @@
+//! The terrace engine: pools of disks and the spaces carved from them.
+//!
+//! ```text
+//! Space::read/write/flush/write_zeroes/trim      (space.rs: validation, the split into rows)
+//!   └─ simple.rs / mirror.rs / parity.rs          (one row at a time; row locks)
+//!        └─ terrace_ec                            (P/Q encode, update, rebuild)
+//!        └─ row.rs → disk.rs                      (slot → disk offset; error latch)
+//!             └─ terrace_io::BlockDevice          (files, block devices, memory, wrappers)
+//! Pool::create/import/close, create_space         (pool.rs, admin.rs)
+//!   └─ control.rs                                 (the one owner of metadata; commits)
+//!        └─ terrace_meta                          (format, quorum, placement)
+//! ```
+//!
+//! The engine is sans-IO: it reaches drives only through `BlockDevice`,
+//! and time and randomness only through `Env`, and it spawns no tasks. The
+//! same code runs on real disks, on memory disks and in the deterministic
+//! simulator (`terrace-sim`), which drives its futures itself.
+
+mod admin;
+mod control;
+mod disk;
+mod error;
+mod mirror;
+mod parity;
+mod pool;
+mod resync;
+mod row;
+mod row_lock;
+mod simple;
+mod space;
+mod status;
+mod zero;
+
+pub use admin::{default_fault_domain, SpaceConfig, SpaceCreated, SpaceSize};
+pub use disk::Condition;
+pub use error::EngineError;
+pub use pool::{
+    ImportOptions, NewDisk, Pool, PoolConfig, NAME_MAX_BYTES, SLAB_DEFAULT_BYTES, SLAB_MAX_BYTES,
+    SLAB_MIN_BYTES,
+};
+pub use resync::{resync_space, verify_space, RedundancyReport};
+pub use space::{Space, REQUEST_MAX_BYTES};
+pub use status::{DiskStatus, PoolHealth, PoolStatus, SpaceHealth, SpaceStatus};
+
+pub use terrace_io as io;
+pub use terrace_layout as layout;
+pub use terrace_meta as meta;

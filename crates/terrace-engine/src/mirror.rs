@@ -1,0 +1,103 @@
+//! Mirror rows: every column kept on `copies` slots.
+//!
+//! Reads pick one copy, rotating the first choice by row and column so that
+//! streams spread over all copies, and fall back to the others when a copy
+//! fails. Writes go to every online copy under the row lock, so concurrent
+//! writers of a block leave all copies equal; a write succeeds while each of
+//! its pieces reached at least one copy.
+
+use futures::future::join_all;
+use terrace_io::{Bytes, BytesMut};
+use terrace_layout::{ColumnPiece, RowSpan};
+
+use crate::error::EngineError;
+use crate::row::RowIo;
+use crate::simple::piece_range;
+use crate::space::{join_buffer, split_buffer};
+
+pub async fn read(
+    io: &RowIo<'_>,
+    span: &RowSpan,
+    buffer: BytesMut,
+) -> (BytesMut, Result<(), EngineError>) {
+    let pieces: Vec<ColumnPiece> = io.geometry().split_columns(*span).collect();
+    let parts = split_buffer(buffer, pieces.iter().map(|piece| piece.length));
+    let reads = pieces
+        .iter()
+        .zip(parts)
+        .map(|(piece, part)| read_piece(io, piece, part));
+    let mut first_error = None;
+    let mut parts = Vec::with_capacity(pieces.len());
+    for (part, result) in join_all(reads).await {
+        if let Err(error) = result {
+            first_error.get_or_insert(error);
+        }
+        parts.push(part);
+    }
+    let result = match first_error {
+        None => Ok(()),
+        Some(error) => Err(io.unavailable(span, error)),
+    };
+    (join_buffer(parts), result)
+}
+
+async fn read_piece(
+    io: &RowIo<'_>,
+    piece: &ColumnPiece,
+    mut buffer: BytesMut,
+) -> (BytesMut, Result<(), String>) {
+    let geometry = io.geometry();
+    let copies = geometry.layout().copies();
+    let first = ((io.row + u64::from(piece.data_column)) % u64::from(copies)) as u32;
+    let mut last_error = String::from("no copy is online");
+    for attempt in 0..copies {
+        let slot = geometry.slot(piece.data_column, (first + attempt) % copies);
+        if !io.online(slot) {
+            continue;
+        }
+        let (returned, result) = io.read(slot, piece.column_offset, buffer).await;
+        buffer = returned;
+        match result {
+            Ok(()) => return (buffer, Ok(())),
+            Err(error) => last_error = error,
+        }
+    }
+    (buffer, Err(format!("every copy is lost ({last_error})")))
+}
+
+pub async fn write(
+    io: &RowIo<'_>,
+    span: &RowSpan,
+    data: &Bytes,
+    fua: bool,
+) -> Result<(), EngineError> {
+    let _guard = io.space.locks.lock((io.extent, io.row)).await;
+    let geometry = io.geometry();
+    let pieces: Vec<ColumnPiece> = geometry.split_columns(*span).collect();
+    let copies = geometry.layout().copies();
+    let writes = pieces.iter().flat_map(|piece| {
+        let bytes = data.slice(piece_range(piece));
+        (0..copies)
+            .map(move |copy| geometry.slot(piece.data_column, copy))
+            .filter(|&slot| io.online(slot))
+            .map(move |slot| {
+                let bytes = bytes.clone();
+                async move {
+                    (
+                        piece.data_column,
+                        io.write(slot, piece.column_offset, bytes, fua).await,
+                    )
+                }
+            })
+    });
+    let results = join_all(writes).await;
+    for piece in &pieces {
+        let reached = results
+            .iter()
+            .any(|(column, result)| *column == piece.data_column && result.is_ok());
+        if !reached {
+            return Err(io.unavailable(span, "no copy of this column could be written"));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,418 @@
+//! Parity rows: `k` data columns plus P (and Q), rotating.
+//!
+//! # Writes
+//!
+//! A write touches one contiguous piece of some data columns of a row. Parity
+//! is byte-wise, so only the band `[low, high)` of column offsets the pieces
+//! cover (their hull) needs new parity. Two ways to get it:
+//!
+//! ```text
+//!            col0   col1   col2   P
+//!   band ┌─────────────────────────┐   read-modify-write (RMW):
+//!        │ old    NEW    old    old │     read old col1 + old P (+ Q),
+//!        └─────────────────────────┘     P ^= old1 ^ new1, Q ^= g¹·(old1 ^ new1)
+//!                                        reconstruct-write (RCW):
+//!                                        read old col0, col2; encode P from scratch
+//! ```
+//!
+//! The engine picks whichever reads fewer bytes; a full-row write reads
+//! nothing. Either way the whole update runs under the row lock, so
+//! concurrent writers of a row never mix their halves.
+//!
+//! # Degraded rows
+//!
+//! With slots lost, the engine reads every surviving column over the band,
+//! rebuilds the lost ones, applies the new data and re-encodes, then writes
+//! the survivors only. The lost column's content is thereafter defined by
+//! the others, which is exactly what a later degraded read reconstructs.
+//!
+//! # Failures in the middle
+//!
+//! A read that fails marks its disk failed and the row is planned again with
+//! one more loss (at most `redundancy + 1` rounds). A write that fails marks
+//! its disk failed too, and the row stays consistent: every slot that was
+//! written agrees with the new data, and the failed slot is from then on
+//! rebuilt from them. The write succeeds while the row is within tolerance.
+//!
+//! Crashes are another matter: a power cut between the data and parity
+//! writes leaves them disagreeing (the "write hole"). After an unclean
+//! shutdown the pool recomputes parity from data ([`crate::resync`]), which
+//! is correct while no disk is missing; the journal closes the hole fully.
+
+use futures::future::join_all;
+use terrace_io::{aligned_buffer, Bytes, BytesMut};
+use terrace_layout::{ColumnPiece, RowSpan};
+
+use crate::error::EngineError;
+use crate::row::RowIo;
+use crate::simple::piece_range;
+use crate::space::{join_buffer, split_buffer};
+
+/// The columns of one row in logical order: data 0..k, then P, then Q.
+struct Columns {
+    data: usize,
+    redundancy: usize,
+}
+
+impl Columns {
+    fn of(io: &RowIo<'_>) -> Columns {
+        let geometry = io.geometry();
+        Columns {
+            data: geometry.data_columns() as usize,
+            redundancy: geometry.layout().parity_columns() as usize,
+        }
+    }
+
+    fn count(&self) -> usize {
+        self.data + self.redundancy
+    }
+
+    /// Slot of logical column `index` in this row.
+    fn slot(&self, io: &RowIo<'_>, index: usize) -> u32 {
+        let geometry = io.geometry();
+        if index < self.data {
+            geometry.physical_column(io.row, index as u32)
+        } else {
+            geometry.parity_column(io.row, (index - self.data) as u32)
+        }
+    }
+
+    /// Logical columns whose slot is not online.
+    fn lost(&self, io: &RowIo<'_>) -> Vec<usize> {
+        (0..self.count())
+            .filter(|&index| !io.online(self.slot(io, index)))
+            .collect()
+    }
+}
+
+pub async fn read(
+    io: &RowIo<'_>,
+    span: &RowSpan,
+    buffer: BytesMut,
+) -> (BytesMut, Result<(), EngineError>) {
+    let columns = Columns::of(io);
+    let pieces: Vec<ColumnPiece> = io.geometry().split_columns(*span).collect();
+    let parts = split_buffer(buffer, pieces.iter().map(|piece| piece.length));
+    let reads = pieces.iter().zip(parts).map(|(piece, part)| {
+        let slot = columns.slot(io, piece.data_column as usize);
+        async move {
+            if io.online(slot) {
+                io.read(slot, piece.column_offset, part).await
+            } else {
+                (part, Err(String::from("offline")))
+            }
+        }
+    });
+    let results = join_all(reads).await;
+    let failed: Vec<usize> = (0..results.len())
+        .filter(|&i| results[i].1.is_err())
+        .collect();
+    let mut parts: Vec<BytesMut> = results.into_iter().map(|(part, _)| part).collect();
+    let result = if failed.is_empty() {
+        Ok(())
+    } else {
+        let _guard = io.space.locks.lock((io.extent, io.row)).await;
+        let lost_pieces: Vec<(&ColumnPiece, &mut BytesMut)> = pieces
+            .iter()
+            .zip(parts.iter_mut())
+            .enumerate()
+            .filter(|(index, _)| failed.contains(index))
+            .map(|(_, pair)| pair)
+            .collect();
+        rebuild_pieces(io, span, &columns, lost_pieces).await
+    };
+    (join_buffer(parts), result)
+}
+
+/// Rebuild the given pieces from the surviving columns of the row.
+async fn rebuild_pieces(
+    io: &RowIo<'_>,
+    span: &RowSpan,
+    columns: &Columns,
+    mut pieces: Vec<(&ColumnPiece, &mut BytesMut)>,
+) -> Result<(), EngineError> {
+    let low = pieces
+        .iter()
+        .map(|(p, _)| p.column_offset)
+        .min()
+        .unwrap_or(0);
+    let high = pieces
+        .iter()
+        .map(|(p, _)| p.column_offset + p.length)
+        .max()
+        .unwrap_or(0);
+    let band = read_band_rebuilt(io, span, columns, low, high).await?;
+    for (piece, part) in pieces.iter_mut() {
+        let start = (piece.column_offset - low) as usize;
+        part.copy_from_slice(
+            &band[piece.data_column as usize][start..start + piece.length as usize],
+        );
+    }
+    Ok(())
+}
+
+/// Read every column of the band `[low, high)`, rebuilding lost ones.
+async fn read_band_rebuilt(
+    io: &RowIo<'_>,
+    span: &RowSpan,
+    columns: &Columns,
+    low: u64,
+    high: u64,
+) -> Result<Vec<BytesMut>, EngineError> {
+    for _round in 0..=columns.redundancy + 1 {
+        let lost = columns.lost(io);
+        if lost.len() > columns.redundancy {
+            return Err(io.unavailable(span, too_many_lost(columns, &lost)));
+        }
+        let wanted: Vec<bool> = (0..columns.count()).map(|i| !lost.contains(&i)).collect();
+        let Some(mut band) = read_band(io, columns, low, high, &wanted).await else {
+            continue; // a read failed: its disk is now offline, plan again
+        };
+        let mut views: Vec<&mut [u8]> = band.iter_mut().map(|b| &mut b[..]).collect();
+        terrace_ec::reconstruct(&mut views, columns.redundancy, &lost)
+            .map_err(|error| io.unavailable(span, error.to_string()))?;
+        return Ok(band);
+    }
+    Err(io.unavailable(span, "disks kept failing while rebuilding"))
+}
+
+fn too_many_lost(columns: &Columns, lost: &[usize]) -> String {
+    format!(
+        "{} columns of this row are lost; parity rebuilds at most {}",
+        lost.len(),
+        columns.redundancy
+    )
+}
+
+/// Read the band of each wanted logical column; `None` if any read failed.
+/// Unwanted columns get a zeroed buffer of the band's size.
+async fn read_band(
+    io: &RowIo<'_>,
+    columns: &Columns,
+    low: u64,
+    high: u64,
+    wanted: &[bool],
+) -> Option<Vec<BytesMut>> {
+    let width = (high - low) as usize;
+    let reads = (0..columns.count()).map(|index| async move {
+        let buffer = aligned_buffer(width);
+        if wanted[index] {
+            io.read(columns.slot(io, index), low, buffer).await
+        } else {
+            (buffer, Ok(()))
+        }
+    });
+    let mut band = Vec::with_capacity(columns.count());
+    let mut failed = false;
+    for (buffer, result) in join_all(reads).await {
+        failed |= result.is_err();
+        band.push(buffer);
+    }
+    (!failed).then_some(band)
+}
+
+/// How a write covers each data column of its row.
+struct WritePlan<'a> {
+    pieces: Vec<Option<ColumnPiece>>,
+    low: u64,
+    high: u64,
+    data: &'a Bytes,
+}
+
+impl WritePlan<'_> {
+    fn width(&self) -> u64 {
+        self.high - self.low
+    }
+
+    fn fully_covers(&self, column: usize) -> bool {
+        self.pieces[column].is_some_and(|p| p.column_offset == self.low && p.length == self.width())
+    }
+
+    /// Bytes each strategy reads: (read-modify-write, reconstruct-write).
+    fn read_costs(&self, columns: &Columns) -> (u64, u64) {
+        let touched: u64 = self.pieces.iter().flatten().map(|p| p.length).sum();
+        let rmw = touched + columns.redundancy as u64 * self.width();
+        let untouched = (0..columns.data).filter(|&c| !self.fully_covers(c)).count() as u64;
+        (rmw, untouched * self.width())
+    }
+
+    fn new_bytes(&self, column: usize) -> Option<Bytes> {
+        self.pieces[column].map(|piece| self.data.slice(piece_range(&piece)))
+    }
+}
+
+enum Attempt {
+    Done,
+    /// A read failed; the disk is offline now and the row must be planned again.
+    Replan,
+}
+
+pub async fn write(
+    io: &RowIo<'_>,
+    span: &RowSpan,
+    data: &Bytes,
+    fua: bool,
+) -> Result<(), EngineError> {
+    let columns = Columns::of(io);
+    let mut pieces = vec![None; columns.data];
+    for piece in io.geometry().split_columns(*span) {
+        pieces[piece.data_column as usize] = Some(piece);
+    }
+    let low = pieces
+        .iter()
+        .flatten()
+        .map(|p| p.column_offset)
+        .min()
+        .unwrap_or(0);
+    let high = pieces
+        .iter()
+        .flatten()
+        .map(|p| p.column_offset + p.length)
+        .max()
+        .unwrap_or(0);
+    let plan = WritePlan {
+        pieces,
+        low,
+        high,
+        data,
+    };
+    let _guard = io.space.locks.lock((io.extent, io.row)).await;
+    for _round in 0..=columns.redundancy + 1 {
+        let lost = columns.lost(io);
+        if lost.len() > columns.redundancy {
+            return Err(io.unavailable(span, too_many_lost(&columns, &lost)));
+        }
+        let (rmw, rcw) = plan.read_costs(&columns);
+        let attempt = if lost.is_empty() && rmw < rcw {
+            read_modify_write(io, &columns, &plan, fua).await
+        } else {
+            reconstruct_write(io, span, &columns, &plan, &lost, fua).await?
+        };
+        if let Attempt::Done = attempt {
+            let lost = columns.lost(io);
+            if lost.len() > columns.redundancy {
+                return Err(io.unavailable(span, too_many_lost(&columns, &lost)));
+            }
+            return Ok(());
+        }
+    }
+    Err(io.unavailable(span, "disks kept failing while writing"))
+}
+
+async fn read_modify_write(
+    io: &RowIo<'_>,
+    columns: &Columns,
+    plan: &WritePlan<'_>,
+    fua: bool,
+) -> Attempt {
+    let old_data = plan
+        .pieces
+        .iter()
+        .enumerate()
+        .map(|(column, piece)| async move {
+            match piece {
+                Some(piece) => {
+                    let buffer = aligned_buffer(piece.length as usize);
+                    let (buffer, result) = io
+                        .read(columns.slot(io, column), piece.column_offset, buffer)
+                        .await;
+                    (Some(buffer), result)
+                }
+                None => (None, Ok(())),
+            }
+        });
+    let parity_wanted: Vec<bool> = (0..columns.count()).map(|i| i >= columns.data).collect();
+    let (old_data, old_parity) = futures::join!(
+        join_all(old_data),
+        read_band(io, columns, plan.low, plan.high, &parity_wanted)
+    );
+    let Some(mut band) = old_parity else {
+        return Attempt::Replan;
+    };
+    if old_data.iter().any(|(_, result)| result.is_err()) {
+        return Attempt::Replan;
+    }
+    let mut parity = band.split_off(columns.data);
+    for (column, (old, _)) in old_data.into_iter().enumerate() {
+        let (Some(mut delta), Some(piece)) = (old, plan.pieces[column]) else {
+            continue;
+        };
+        let new = plan.data.slice(piece_range(&piece));
+        terrace_ec::xor_into(&mut delta, &new);
+        let start = (piece.column_offset - plan.low) as usize;
+        let end = start + piece.length as usize;
+        terrace_ec::xor_into(&mut parity[0][start..end], &delta);
+        if columns.redundancy == 2 {
+            let coefficient = terrace_ec::q_coefficient(column);
+            terrace_ec::mul_xor_into(&mut parity[1][start..end], &delta, coefficient);
+        }
+    }
+    write_row(io, columns, plan, parity, &[], fua).await;
+    Attempt::Done
+}
+
+async fn reconstruct_write(
+    io: &RowIo<'_>,
+    span: &RowSpan,
+    columns: &Columns,
+    plan: &WritePlan<'_>,
+    lost: &[usize],
+    fua: bool,
+) -> Result<Attempt, EngineError> {
+    // Old contents are needed for data columns the write does not fully
+    // cover; if one of those is lost, rebuild it from all the survivors.
+    let rebuild = lost
+        .iter()
+        .any(|&c| c < columns.data && !plan.fully_covers(c));
+    let wanted: Vec<bool> = (0..columns.count())
+        .map(|c| !lost.contains(&c) && (rebuild || (c < columns.data && !plan.fully_covers(c))))
+        .collect();
+    let Some(mut band) = read_band(io, columns, plan.low, plan.high, &wanted).await else {
+        return Ok(Attempt::Replan);
+    };
+    if rebuild {
+        let mut views: Vec<&mut [u8]> = band.iter_mut().map(|b| &mut b[..]).collect();
+        terrace_ec::reconstruct(&mut views, columns.redundancy, lost)
+            .map_err(|error| io.unavailable(span, error.to_string()))?;
+    }
+    let mut parity = band.split_off(columns.data);
+    for (column, old) in band.iter_mut().enumerate() {
+        if let (Some(piece), Some(new)) = (plan.pieces[column], plan.new_bytes(column)) {
+            let start = (piece.column_offset - plan.low) as usize;
+            old[start..start + new.len()].copy_from_slice(&new);
+        }
+    }
+    let data: Vec<&[u8]> = band.iter().map(|b| &b[..]).collect();
+    match parity.as_mut_slice() {
+        [p] => terrace_ec::encode_p(&data, p),
+        [p, q] => terrace_ec::encode_pq(&data, p, q),
+        _ => unreachable!("parity layouts have one or two parity columns"),
+    }
+    write_row(io, columns, plan, parity, lost, fua).await;
+    Ok(Attempt::Done)
+}
+
+/// Write the new data pieces and the parity band to every surviving slot.
+/// Failures mark disks failed; the caller re-checks the row's tolerance.
+async fn write_row(
+    io: &RowIo<'_>,
+    columns: &Columns,
+    plan: &WritePlan<'_>,
+    parity: Vec<BytesMut>,
+    lost: &[usize],
+    fua: bool,
+) {
+    let data_writes = (0..columns.data).filter_map(|column| {
+        let piece = plan.pieces[column]?;
+        let bytes = plan.new_bytes(column)?;
+        (!lost.contains(&column))
+            .then(|| io.write(columns.slot(io, column), piece.column_offset, bytes, fua))
+    });
+    let parity_writes = parity.into_iter().enumerate().filter_map(|(index, band)| {
+        let column = columns.data + index;
+        (!lost.contains(&column))
+            .then(|| io.write(columns.slot(io, column), plan.low, band.freeze(), fua))
+    });
+    let writes: Vec<_> = data_writes.chain(parity_writes).collect();
+    join_all(writes).await;
+}

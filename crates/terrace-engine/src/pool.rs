@@ -1,0 +1,512 @@
+//! Pools: creating one on blank disks, importing one from its disks, and
+//! closing it cleanly.
+//!
+//! Creation checks every disk before writing anything, so a refused disk
+//! (another pool's, a damaged label, too small) leaves every disk untouched.
+//! It then writes the first metadata generation to every disk and the labels
+//! last: a crash before the labels leaves disks that still read as blank.
+//!
+//! Import reads every label and both metadata slots, keeps the disks of the
+//! chosen pool, and applies the quorum rule of `terrace_meta::quorum`. A pool
+//! whose metadata says it was not closed cleanly gets its redundancy
+//! resynchronised before it serves I/O (see [`crate::resync`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use futures::future::join_all;
+use terrace_io::{BlockDevice, Env};
+use terrace_meta::format::{
+    data_offset, Label, METADATA_SLOT_DEFAULT_BYTES, METADATA_SLOT_MIN_BYTES,
+};
+use terrace_meta::quorum::{self, Candidate};
+use terrace_meta::store::{self, Probe};
+use terrace_meta::{DiskId, DiskIndex, DiskRecord, DiskState, Media, PoolId, PoolMetadata, Usage};
+
+use crate::control::PoolShared;
+use crate::disk::{Condition, Disk};
+use crate::error::EngineError;
+use crate::space::Space;
+
+/// Default slab: 256 MiB, as the allocation unit of Storage Spaces.
+pub const SLAB_DEFAULT_BYTES: u64 = 256 << 20;
+/// Smallest slab: 64 KiB, for tests (must hold at least one 4 KiB row per
+/// column and leave a realistic number of rows per slab).
+pub const SLAB_MIN_BYTES: u64 = 64 << 10;
+/// Largest slab: 64 GiB; beyond that a single extent pins too much capacity.
+pub const SLAB_MAX_BYTES: u64 = 64 << 30;
+/// Pool and space names: short enough to print in tables and NBD export names.
+pub const NAME_MAX_BYTES: usize = 64;
+
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    pub name: String,
+    pub slab_bytes: u64,
+    pub metadata_slot_bytes: u64,
+}
+
+impl PoolConfig {
+    pub fn new(name: impl Into<String>) -> PoolConfig {
+        PoolConfig {
+            name: name.into(),
+            slab_bytes: SLAB_DEFAULT_BYTES,
+            metadata_slot_bytes: METADATA_SLOT_DEFAULT_BYTES,
+        }
+    }
+}
+
+/// A disk joining a pool.
+pub struct NewDisk {
+    pub device: Arc<dyn BlockDevice>,
+    pub media: Media,
+    pub usage: Usage,
+    pub enclosure: String,
+    pub node: String,
+}
+
+impl NewDisk {
+    pub fn new(device: Arc<dyn BlockDevice>) -> NewDisk {
+        NewDisk {
+            device,
+            media: Media::Unknown,
+            usage: Usage::Auto,
+            enclosure: String::new(),
+            node: String::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ImportOptions {
+    /// Name or id (prefix) of the pool to import; needed when the devices
+    /// hold more than one.
+    pub pool: Option<String>,
+    /// Open read-write even without a metadata majority.
+    pub force: bool,
+    /// Open read-only whatever the quorum.
+    pub read_only: bool,
+}
+
+/// An open pool.
+pub struct Pool {
+    pub(crate) shared: Arc<PoolShared>,
+    pub(crate) spaces: RwLock<BTreeMap<String, Arc<Space>>>,
+}
+
+pub(crate) fn validate_name(what: &'static str, name: &str) -> Result<(), EngineError> {
+    let valid = !name.is_empty()
+        && name.len() <= NAME_MAX_BYTES
+        && !name.starts_with('-')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if valid {
+        Ok(())
+    } else {
+        Err(EngineError::InvalidName {
+            what,
+            value: name.to_string(),
+            rule: "1 to 64 characters from A-Z a-z 0-9 - _ . not starting with -",
+        })
+    }
+}
+
+fn validate_config(config: &PoolConfig) -> Result<(), EngineError> {
+    validate_name("pool name", &config.name)?;
+    let slab = config.slab_bytes;
+    if !slab.is_power_of_two() || !(SLAB_MIN_BYTES..=SLAB_MAX_BYTES).contains(&slab) {
+        return Err(EngineError::InvalidSetting {
+            what: "slab size",
+            value: slab,
+            rule: "a power of two from 64K to 64G",
+        });
+    }
+    let slot = config.metadata_slot_bytes;
+    if slot < METADATA_SLOT_MIN_BYTES || !slot.is_multiple_of(4096) || slot > 1 << 30 {
+        return Err(EngineError::InvalidSetting {
+            what: "metadata slot size",
+            value: slot,
+            rule: "a multiple of 4K from 64K to 1G",
+        });
+    }
+    Ok(())
+}
+
+/// Refuse any disk that is not blank, readable and big enough.
+async fn check_new_disks(disks: &[NewDisk], minimum_bytes: u64) -> Result<(), EngineError> {
+    let mut names = BTreeSet::new();
+    for disk in disks {
+        let device = disk.device.name().to_string();
+        if !names.insert(device.clone()) {
+            return Err(EngineError::DuplicateDisk { device });
+        }
+        match store::probe(disk.device.as_ref()).await {
+            Probe::Blank => {}
+            Probe::Member { label, .. } => {
+                return Err(EngineError::DiskInOtherPool {
+                    device,
+                    pool_name: label.pool_name,
+                    pool_id: label.pool_id.to_string(),
+                })
+            }
+            Probe::Damaged(source) => return Err(EngineError::DamagedLabel { device, source }),
+            Probe::Unreadable(source) => return Err(EngineError::Unreadable { device, source }),
+        }
+        if disk.device.size_bytes() < minimum_bytes {
+            return Err(EngineError::DiskTooSmall {
+                device,
+                size_bytes: disk.device.size_bytes(),
+                minimum_bytes,
+            });
+        }
+    }
+    Ok(())
+}
+
+fn random_id(env: &dyn Env) -> [u8; 16] {
+    PoolId::from_random(env.random_u64(), env.random_u64()).0
+}
+
+impl Pool {
+    /// Create a pool on blank disks. Nothing is written unless every disk
+    /// passes its checks.
+    pub async fn create(
+        env: Arc<dyn Env>,
+        config: PoolConfig,
+        disks: Vec<NewDisk>,
+    ) -> Result<Pool, EngineError> {
+        validate_config(&config)?;
+        if disks.is_empty() {
+            return Err(EngineError::NoDisks);
+        }
+        let data_start = data_offset(config.metadata_slot_bytes);
+        check_new_disks(&disks, data_start + config.slab_bytes).await?;
+        let now = env.wall_clock_ns();
+        let pool_id = PoolId(random_id(env.as_ref()));
+        let mut metadata = PoolMetadata {
+            pool_id,
+            name: config.name.clone(),
+            generation: 0,
+            created_ns: now,
+            committed_ns: now,
+            slab_bytes: config.slab_bytes,
+            clean: false,
+            next_space_id: 1,
+            disks: Vec::new(),
+            spaces: Vec::new(),
+        };
+        let failures = Arc::new(AtomicU64::new(0));
+        let mut runtime = Vec::new();
+        let mut labels = Vec::new();
+        for (position, disk) in disks.into_iter().enumerate() {
+            let size_bytes = disk.device.size_bytes();
+            let label = Label {
+                pool_id,
+                disk_id: DiskId(random_id(env.as_ref())),
+                created_ns: now,
+                device_bytes: size_bytes,
+                metadata_slot_bytes: config.metadata_slot_bytes,
+                data_offset: data_start,
+                slab_bytes: config.slab_bytes,
+                pool_name: config.name.clone(),
+            };
+            metadata.disks.push(DiskRecord {
+                id: label.disk_id,
+                size_bytes,
+                slab_count: ((size_bytes - data_start) / config.slab_bytes) as u32,
+                media: disk.media,
+                usage: disk.usage,
+                state: DiskState::Active,
+                enclosure: disk.enclosure,
+                node: disk.node,
+                path_hint: disk.device.name().to_string(),
+                state_reason: String::new(),
+            });
+            let index = DiskIndex(position as u16);
+            labels.push((disk.device.clone(), label.clone()));
+            runtime.push(Arc::new(Disk::present(
+                index,
+                disk.device,
+                label,
+                failures.clone(),
+            )));
+        }
+        let shared = Arc::new(PoolShared::new(
+            env,
+            metadata.clone(),
+            config.metadata_slot_bytes,
+            None,
+            runtime,
+            failures,
+        ));
+        {
+            let mut control = shared.control.lock().await;
+            shared.commit(&mut control, metadata).await?;
+        }
+        let writes = labels
+            .iter()
+            .map(|(device, label)| store::write_label(device.as_ref(), label));
+        for result in join_all(writes).await {
+            result?;
+        }
+        Ok(Pool {
+            shared,
+            spaces: RwLock::new(BTreeMap::new()),
+        })
+    }
+
+    /// Import a pool from the given devices (any order; other pools' disks
+    /// and blank disks among them are ignored).
+    pub async fn import(
+        env: Arc<dyn Env>,
+        devices: Vec<Arc<dyn BlockDevice>>,
+        options: ImportOptions,
+    ) -> Result<Pool, EngineError> {
+        let probes = join_all(devices.iter().map(|device| store::probe(device.as_ref()))).await;
+        let members: Vec<(Arc<dyn BlockDevice>, Label, &Probe)> = devices
+            .iter()
+            .zip(&probes)
+            .filter_map(|(device, probe)| match probe {
+                Probe::Member { label, .. } => Some((device.clone(), label.clone(), probe)),
+                _ => None,
+            })
+            .collect();
+        let pool_id = choose_pool(&members, options.pool.as_deref())?;
+        let members: Vec<_> = members
+            .into_iter()
+            .filter(|(_, label, _)| label.pool_id == pool_id)
+            .collect();
+        let candidates: Vec<Candidate> = members
+            .iter()
+            .map(|(_, label, probe)| Candidate {
+                disk_id: label.disk_id,
+                copies: probe.generations(),
+            })
+            .collect();
+        let Some(selection) = quorum::select(&candidates) else {
+            return Err(no_metadata(&members));
+        };
+        let mut read_only = if options.force {
+            None
+        } else {
+            selection.shortfall()
+        };
+        if options.read_only {
+            read_only = Some("imported read-only on request".into());
+        }
+        let present: Vec<(Arc<dyn BlockDevice>, Label)> = members
+            .into_iter()
+            .map(|(device, label, _)| (device, label))
+            .collect();
+        open(env, selection.metadata, present, read_only).await
+    }
+
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// Why the pool refuses writes, if it does.
+    pub fn read_only_reason(&self) -> Option<&str> {
+        self.shared.read_only.as_deref()
+    }
+
+    pub fn space(&self, name: &str) -> Option<Arc<Space>> {
+        self.spaces
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    pub fn spaces(&self) -> Vec<Arc<Space>> {
+        self.spaces
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// A copy of the current metadata.
+    pub async fn metadata(&self) -> PoolMetadata {
+        self.shared.control.lock().await.metadata.clone()
+    }
+
+    /// Flush everything and mark the pool cleanly closed.
+    pub async fn close(self) -> Result<(), EngineError> {
+        self.shared.check_open()?;
+        let result = self.close_inner().await;
+        self.shared.closed.store(true, Ordering::Release);
+        result
+    }
+
+    async fn close_inner(&self) -> Result<(), EngineError> {
+        self.shared.flush_disks().await?;
+        if self.shared.read_only.is_some() {
+            return Ok(());
+        }
+        let mut control = self.shared.control.lock().await;
+        let mut next = control.metadata.clone();
+        next.clean = true;
+        self.shared.commit(&mut control, next).await
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // Spaces point back at the pool; dropping the map breaks the cycle.
+        self.spaces
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+}
+
+fn choose_pool(
+    members: &[(Arc<dyn BlockDevice>, Label, &Probe)],
+    wanted: Option<&str>,
+) -> Result<PoolId, EngineError> {
+    let mut pools: BTreeMap<PoolId, String> = BTreeMap::new();
+    for (_, label, _) in members {
+        pools.insert(label.pool_id, label.pool_name.clone());
+    }
+    let listing = || {
+        pools
+            .iter()
+            .map(|(id, name)| format!("{name} ({})", id.short()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let matching: Vec<PoolId> = pools
+        .iter()
+        .filter(|(id, name)| wanted.is_none_or(|w| *name == w || id.to_string().starts_with(w)))
+        .map(|(id, _)| *id)
+        .collect();
+    match (matching.as_slice(), wanted) {
+        ([id], _) => Ok(*id),
+        ([], None) => Err(EngineError::NoPoolFound),
+        ([], Some(wanted)) => Err(EngineError::PoolNotFound {
+            wanted: wanted.to_string(),
+            found: listing(),
+        }),
+        (_, _) => Err(EngineError::AmbiguousPool { found: listing() }),
+    }
+}
+
+fn no_metadata(members: &[(Arc<dyn BlockDevice>, Label, &Probe)]) -> EngineError {
+    let detail = members
+        .iter()
+        .map(|(device, _, probe)| match probe {
+            Probe::Member { slots, .. } => format!(
+                "{}: {}; {}",
+                device.name(),
+                slots[0]
+                    .as_ref()
+                    .err()
+                    .map_or("ok".into(), ToString::to_string),
+                slots[1]
+                    .as_ref()
+                    .err()
+                    .map_or("ok".into(), ToString::to_string)
+            ),
+            _ => device.name().to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    EngineError::NoMetadata {
+        pool: members
+            .first()
+            .map(|m| m.1.pool_name.clone())
+            .unwrap_or_default(),
+        detail,
+    }
+}
+
+/// Build the run-time pool from chosen metadata and the devices present.
+async fn open(
+    env: Arc<dyn Env>,
+    metadata: PoolMetadata,
+    present: Vec<(Arc<dyn BlockDevice>, Label)>,
+    read_only: Option<String>,
+) -> Result<Pool, EngineError> {
+    let failures = Arc::new(AtomicU64::new(0));
+    let slot_bytes = present
+        .first()
+        .map(|(_, label)| label.metadata_slot_bytes)
+        .unwrap_or(METADATA_SLOT_DEFAULT_BYTES);
+    let mut by_id: BTreeMap<DiskId, (Arc<dyn BlockDevice>, Label)> = present
+        .into_iter()
+        .map(|(device, label)| (label.disk_id, (device, label)))
+        .collect();
+    let disks: Vec<Arc<Disk>> = metadata
+        .disks
+        .iter()
+        .enumerate()
+        .map(|(position, record)| {
+            let index = DiskIndex(position as u16);
+            let found = by_id.remove(&record.id);
+            Arc::new(runtime_disk(index, record, found, failures.clone()))
+        })
+        .collect();
+    let was_clean = metadata.clean;
+    let shared = Arc::new(PoolShared::new(
+        env,
+        metadata.clone(),
+        slot_bytes,
+        read_only,
+        disks,
+        failures,
+    ));
+    let pool = Pool {
+        shared,
+        spaces: RwLock::new(BTreeMap::new()),
+    };
+    if pool.shared.read_only.is_none() {
+        let mut control = pool.shared.control.lock().await;
+        let mut next = metadata.clone();
+        next.clean = false;
+        pool.shared.commit(&mut control, next).await?;
+    }
+    for record in &metadata.spaces {
+        let space = crate::admin::build_space(&pool.shared, &metadata, record)?;
+        pool.spaces
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(record.name.clone(), Arc::new(space));
+    }
+    if !was_clean && pool.shared.read_only.is_none() {
+        for space in pool.spaces() {
+            crate::resync::resync_space(&space).await?;
+        }
+        pool.shared.flush_disks().await?;
+    }
+    Ok(pool)
+}
+
+fn runtime_disk(
+    index: DiskIndex,
+    record: &DiskRecord,
+    found: Option<(Arc<dyn BlockDevice>, Label)>,
+    failures: Arc<AtomicU64>,
+) -> Disk {
+    match (record.state, found) {
+        (DiskState::Active, Some((device, label))) => Disk::present(index, device, label, failures),
+        (DiskState::Active, None) => Disk::absent(index, "not found at import", failures),
+        (DiskState::Removed, _) => Disk::absent(index, "removed from the pool", failures),
+        (state, Some((device, label))) => {
+            let disk = Disk::present(index, device, label, failures);
+            let condition = if state == DiskState::Failed {
+                Condition::Failed
+            } else {
+                Condition::Standby
+            };
+            disk.set_condition(
+                condition,
+                format!("{}; present but stale", record.state_reason),
+            );
+            disk
+        }
+        (_, None) => Disk::absent(index, record.state_reason.clone(), failures),
+    }
+}

@@ -1,0 +1,65 @@
+//! I/O on one row of one extent: the only thing layout handlers see.
+
+use terrace_io::{Bytes, BytesMut};
+use terrace_layout::{Geometry, RowSpan};
+
+use crate::error::EngineError;
+use crate::space::{Space, Target};
+
+pub struct RowIo<'a> {
+    pub space: &'a Space,
+    pub extent: u64,
+    pub row: u64,
+    pub targets: &'a [Target],
+}
+
+impl RowIo<'_> {
+    pub fn geometry(&self) -> &Geometry {
+        &self.space.geometry
+    }
+
+    pub fn online(&self, slot: u32) -> bool {
+        self.targets[slot as usize].disk.is_online()
+    }
+
+    fn disk_offset(&self, slot: u32, column_offset: u64) -> u64 {
+        self.targets[slot as usize].base + self.geometry().slab_offset(self.row, column_offset)
+    }
+
+    pub async fn read(
+        &self,
+        slot: u32,
+        column_offset: u64,
+        buf: BytesMut,
+    ) -> (BytesMut, Result<(), String>) {
+        let offset = self.disk_offset(slot, column_offset);
+        self.targets[slot as usize].disk.read(offset, buf).await
+    }
+
+    pub async fn write(
+        &self,
+        slot: u32,
+        column_offset: u64,
+        data: Bytes,
+        fua: bool,
+    ) -> Result<(), String> {
+        let offset = self.disk_offset(slot, column_offset);
+        self.targets[slot as usize]
+            .disk
+            .write(offset, data, fua)
+            .await
+    }
+
+    /// The error for a span whose data cannot be served.
+    pub fn unavailable(&self, span: &RowSpan, reason: impl Into<String>) -> EngineError {
+        let geometry = self.geometry();
+        EngineError::Unavailable {
+            space: self.space.name.clone(),
+            offset: span.extent * geometry.extent_data_bytes()
+                + span.row * geometry.row_data_bytes()
+                + span.row_offset,
+            length: span.length,
+            reason: reason.into(),
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! Write-zeroes and trim.
+//!
+//! Whole rows are zeroed on every slot at the device level (a hole punched
+//! in a file, a zero-out on a block device): all-zero data has all-zero P and
+//! Q, so parity stays consistent without computing anything, and consecutive
+//! rows of an extent are contiguous on each slab, so a long range becomes one
+//! device call per slot per chunk. Partial rows of simple and mirror spaces
+//! are zeroed the same way, piece by piece; partial parity rows are written
+//! with zeroes through the ordinary write path (write-zeroes) or left alone
+//! (trim, which is advisory).
+
+use futures::future::join_all;
+use terrace_io::Bytes;
+use terrace_layout::{Layout, RowSpan};
+
+use crate::error::EngineError;
+use crate::parity;
+use crate::row::RowIo;
+use crate::space::{Space, SpaceMap};
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Zeroes { fua: bool },
+    Trim,
+}
+
+impl Mode {
+    fn fua(self) -> bool {
+        matches!(self, Mode::Zeroes { fua: true })
+    }
+}
+
+/// Rows locked and zeroed together: bounds the locks one request holds and
+/// the size of one device call (256 rows of 256 KiB = 64 MiB per slot).
+const CHUNK_ROWS: u64 = 256;
+
+pub async fn zero_range(
+    space: &Space,
+    map: &SpaceMap,
+    offset: u64,
+    length: u64,
+    mode: Mode,
+) -> Result<(), EngineError> {
+    let geometry = &space.geometry;
+    let row_bytes = geometry.row_data_bytes();
+    let end = offset + length;
+    let body_start = offset.next_multiple_of(row_bytes).min(end);
+    let body_end = (end / row_bytes * row_bytes).max(body_start);
+    let mut partials = Vec::new();
+    for (start, stop) in [(offset, body_start), (body_end, end)] {
+        if stop > start {
+            partials.push(zero_partial(space, map, start, stop - start, mode));
+        }
+    }
+    let mut chunks = Vec::new();
+    let mut row_start = body_start;
+    while row_start < body_end {
+        let location = geometry.locate(row_start);
+        let rows_left_in_extent = geometry.rows_per_extent() - location.row;
+        let rows = ((body_end - row_start) / row_bytes)
+            .min(rows_left_in_extent)
+            .min(CHUNK_ROWS);
+        chunks.push(zero_rows(
+            space,
+            map,
+            location.extent,
+            location.row,
+            rows,
+            mode,
+        ));
+        row_start += rows * row_bytes;
+    }
+    let (partials, chunks) = futures::join!(join_all(partials), join_all(chunks));
+    partials.into_iter().chain(chunks).collect()
+}
+
+/// Zero `rows` whole rows from `first_row` of `extent` on every slot.
+async fn zero_rows(
+    space: &Space,
+    map: &SpaceMap,
+    extent: u64,
+    first_row: u64,
+    rows: u64,
+    mode: Mode,
+) -> Result<(), EngineError> {
+    let geometry = &space.geometry;
+    let mut guards = Vec::new();
+    if geometry.layout() != Layout::Simple {
+        for row in first_row..first_row + rows {
+            guards.push(space.locks.lock((extent, row)).await);
+        }
+    }
+    let targets = &map.extents[extent as usize];
+    let offset_in_slab = geometry.slab_offset(first_row, 0);
+    let length = rows * geometry.interleave_bytes();
+    let zeroes = targets
+        .iter()
+        .filter(|target| target.disk.is_online())
+        .map(|target| {
+            target
+                .disk
+                .write_zeroes(target.base + offset_in_slab, length, mode.fua())
+        });
+    join_all(zeroes).await;
+    if geometry
+        .remaining_tolerance(|slot| !targets[slot as usize].disk.is_online())
+        .is_none()
+    {
+        return Err(EngineError::Unavailable {
+            space: space.name.clone(),
+            offset: extent * geometry.extent_data_bytes() + first_row * geometry.row_data_bytes(),
+            length: rows * geometry.row_data_bytes(),
+            reason: "more disks of this extent are lost than the layout tolerates".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Zero a range that lies within single rows (at most two of them).
+async fn zero_partial(
+    space: &Space,
+    map: &SpaceMap,
+    offset: u64,
+    length: u64,
+    mode: Mode,
+) -> Result<(), EngineError> {
+    let spans: Vec<RowSpan> = space.geometry.split_rows(offset, length).collect();
+    match space.geometry.layout() {
+        Layout::Parity { .. } => {
+            let Mode::Zeroes { fua } = mode else {
+                return Ok(());
+            };
+            let zeroes = Bytes::from(vec![0u8; length as usize]);
+            for span in &spans {
+                parity::write(&space.row_io(map, span), span, &zeroes, fua).await?;
+            }
+            Ok(())
+        }
+        Layout::Simple | Layout::Mirror { .. } => {
+            for span in &spans {
+                zero_pieces(&space.row_io(map, span), span, mode).await?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Zero each piece of a simple or mirror row span on every online copy.
+async fn zero_pieces(io: &RowIo<'_>, span: &RowSpan, mode: Mode) -> Result<(), EngineError> {
+    let geometry = io.geometry();
+    let copies = geometry.layout().copies();
+    let _guard = match geometry.layout() {
+        Layout::Simple => None,
+        _ => Some(io.space.locks.lock((io.extent, io.row)).await),
+    };
+    for piece in geometry.split_columns(*span) {
+        let zeroes = (0..copies)
+            .map(|copy| geometry.slot(piece.data_column, copy))
+            .filter(|&slot| io.online(slot))
+            .map(|slot| {
+                let target = &io.targets[slot as usize];
+                let offset = target.base + geometry.slab_offset(io.row, piece.column_offset);
+                target.disk.write_zeroes(offset, piece.length, mode.fua())
+            });
+        let reached = join_all(zeroes).await.iter().any(Result::is_ok);
+        if !reached {
+            return Err(io.unavailable(span, "no copy of this column could be zeroed"));
+        }
+    }
+    Ok(())
+}

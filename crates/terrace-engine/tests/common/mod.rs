@@ -1,0 +1,143 @@
+//! Shared helpers for the engine's integration tests.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use terrace_engine::io::fault::{FaultControls, FaultDevice};
+use terrace_engine::io::memory::MemoryDevice;
+use terrace_engine::io::{BlockDevice, Bytes, Env, SystemEnv};
+use terrace_engine::layout::Layout;
+use terrace_engine::meta::format::METADATA_SLOT_MIN_BYTES;
+use terrace_engine::{NewDisk, Pool, PoolConfig};
+
+pub const SLAB: u64 = 64 << 10;
+
+pub fn env() -> Arc<dyn Env> {
+    Arc::new(SystemEnv::new())
+}
+
+/// A small deterministic generator for test data and offsets.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    pub fn below(&mut self, bound: u64) -> u64 {
+        self.next() % bound
+    }
+
+    pub fn bytes(&mut self, length: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(length + 8);
+        while out.len() < length {
+            out.extend_from_slice(&self.next().to_le_bytes());
+        }
+        out.truncate(length);
+        out
+    }
+}
+
+/// Memory disks wrapped in fault injectors.
+pub struct Disks {
+    pub memory: Vec<Arc<MemoryDevice>>,
+    pub faults: Vec<FaultControls>,
+    pub devices: Vec<Arc<dyn BlockDevice>>,
+}
+
+impl Disks {
+    pub fn new(count: usize, size_bytes: u64) -> Disks {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let memory: Vec<Arc<MemoryDevice>> = (0..count)
+            .map(|_| {
+                let number = NEXT.fetch_add(1, Ordering::Relaxed);
+                Arc::new(MemoryDevice::new(format!("memory:{number}"), size_bytes))
+            })
+            .collect();
+        let wrapped: Vec<FaultDevice> =
+            memory.iter().map(|m| FaultDevice::new(m.clone())).collect();
+        let faults = wrapped.iter().map(FaultDevice::controls).collect();
+        let devices = wrapped
+            .into_iter()
+            .map(|device| Arc::new(device) as Arc<dyn BlockDevice>)
+            .collect();
+        Disks {
+            memory,
+            faults,
+            devices,
+        }
+    }
+
+    pub fn new_disks(&self) -> Vec<NewDisk> {
+        self.devices
+            .iter()
+            .map(|device| NewDisk::new(device.clone()))
+            .collect()
+    }
+}
+
+pub fn small_config(name: &str) -> PoolConfig {
+    PoolConfig {
+        name: name.into(),
+        slab_bytes: SLAB,
+        metadata_slot_bytes: METADATA_SLOT_MIN_BYTES,
+    }
+}
+
+pub async fn create_pool(disks: &Disks) -> Pool {
+    Pool::create(env(), small_config("tank"), disks.new_disks())
+        .await
+        .expect("create pool")
+}
+
+pub fn layouts() -> Vec<(Layout, &'static str)> {
+    vec![
+        (Layout::Simple, "simple"),
+        (Layout::Mirror { copies: 2 }, "mirror2"),
+        (Layout::Mirror { copies: 3 }, "mirror3"),
+        (Layout::Parity { redundancy: 1 }, "parity1"),
+        (Layout::Parity { redundancy: 2 }, "parity2"),
+    ]
+}
+
+/// A reference copy of a space's contents.
+pub struct Model {
+    pub bytes: Vec<u8>,
+}
+
+impl Model {
+    pub fn new(size: u64) -> Model {
+        Model {
+            bytes: vec![0; size as usize],
+        }
+    }
+
+    pub fn write(&mut self, offset: u64, data: &[u8]) {
+        self.bytes[offset as usize..offset as usize + data.len()].copy_from_slice(data);
+    }
+
+    pub fn zero(&mut self, offset: u64, length: u64) {
+        self.bytes[offset as usize..(offset + length) as usize].fill(0);
+    }
+
+    pub fn slice(&self, offset: u64, length: u64) -> &[u8] {
+        &self.bytes[offset as usize..(offset + length) as usize]
+    }
+}
+
+/// A random block-aligned (offset, length) within `size`, up to `max` bytes.
+pub fn random_range(rng: &mut Rng, size: u64, max: u64) -> (u64, u64) {
+    let blocks = size / 4096;
+    let offset = rng.below(blocks) * 4096;
+    let length = (1 + rng.below(max / 4096)) * 4096;
+    (offset, length.min(size - offset))
+}
+
+pub fn bytes(data: Vec<u8>) -> Bytes {
+    Bytes::from(data)
+}
