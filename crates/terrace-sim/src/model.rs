@@ -1,0 +1,258 @@
+//! The reference model: what each block of a space may contain.
+//!
+//! Every block is written by one client at a time, so its writes have one
+//! order. The model keeps, per block, the contents written since the last
+//! point it was known durable:
+//!
+//! ```text
+//! history: [durable baseline] [acked] [acked] [in flight]
+//!            ▲ flushed or FUA           ▲ current (what a read must return)
+//! ```
+//!
+//! While the pool runs, a read must return exactly the newest acknowledged
+//! content. After a crash, each 512-byte sector may hold any content in the
+//! history (a flush or FUA write moves the baseline forward, so flushed data
+//! can never be lost). Contents are generated patterns, so a sector names the
+//! write it came from.
+
+/// Bytes per block: the space's I/O granularity.
+pub const BLOCK_BYTES: u64 = 4096;
+/// Crash tearing granularity.
+pub const SECTOR_BYTES: usize = 512;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Content {
+    /// Zeroes.
+    Zero,
+    /// The pattern of write number `tag`.
+    Tag(u64),
+    /// Exactly these bytes (what a recovery left).
+    Bytes(Vec<u8>),
+}
+
+/// The 8-byte word repeated through one sector of a tagged block.
+fn word(tag: u64, block: u64, sector: usize) -> u64 {
+    let mut z = tag
+        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        .wrapping_add(block.rotate_left(20))
+        .wrapping_add(sector as u64);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)) | 1 // never zero, so a tagged sector never looks zeroed
+}
+
+impl Content {
+    pub fn fill(&self, block: u64, out: &mut [u8]) {
+        match self {
+            Content::Zero => out.fill(0),
+            Content::Bytes(bytes) => out.copy_from_slice(bytes),
+            Content::Tag(tag) => {
+                for (sector, chunk) in out.chunks_mut(SECTOR_BYTES).enumerate() {
+                    let bytes = word(*tag, block, sector).to_le_bytes();
+                    for word_bytes in chunk.chunks_mut(8) {
+                        word_bytes.copy_from_slice(&bytes);
+                    }
+                }
+            }
+        }
+    }
+
+    fn sector_matches(&self, block: u64, sector: usize, bytes: &[u8]) -> bool {
+        match self {
+            Content::Zero => bytes.iter().all(|&b| b == 0),
+            Content::Bytes(expected) => expected[sector * SECTOR_BYTES..][..SECTOR_BYTES] == *bytes,
+            Content::Tag(tag) => {
+                let expected = word(*tag, block, sector).to_le_bytes();
+                bytes.chunks(8).all(|chunk| chunk == expected)
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    content: Content,
+    /// Acknowledgement sequence number; `None` while in flight.
+    acked: Option<u64>,
+}
+
+#[derive(Debug)]
+pub struct Model {
+    blocks: Vec<Vec<Entry>>,
+    next_ack: u64,
+    next_tag: u64,
+}
+
+/// A write the model was told about, to be acknowledged later.
+#[derive(Debug, Clone, Copy)]
+pub struct Pending {
+    pub first_block: u64,
+    pub blocks: u64,
+}
+
+impl Model {
+    pub fn new(blocks: u64) -> Model {
+        Model {
+            blocks: (0..blocks)
+                .map(|_| {
+                    vec![Entry {
+                        content: Content::Zero,
+                        acked: Some(0),
+                    }]
+                })
+                .collect(),
+            next_ack: 1,
+            next_tag: 1,
+        }
+    }
+
+    pub fn blocks(&self) -> u64 {
+        self.blocks.len() as u64
+    }
+
+    /// Record a write about to be issued; returns its bytes.
+    pub fn issue_write(&mut self, first_block: u64, blocks: u64, zero: bool) -> (Pending, Vec<u8>) {
+        let mut data = vec![0u8; (blocks * BLOCK_BYTES) as usize];
+        for (index, block) in (first_block..first_block + blocks).enumerate() {
+            let content = if zero {
+                Content::Zero
+            } else {
+                self.next_tag += 1;
+                Content::Tag(self.next_tag)
+            };
+            content.fill(
+                block,
+                &mut data[index * BLOCK_BYTES as usize..][..BLOCK_BYTES as usize],
+            );
+            self.blocks[block as usize].push(Entry {
+                content,
+                acked: None,
+            });
+        }
+        (
+            Pending {
+                first_block,
+                blocks,
+            },
+            data,
+        )
+    }
+
+    /// The write completed; with `fua` it is durable too.
+    pub fn acknowledge(&mut self, pending: Pending, fua: bool) {
+        let sequence = self.next_ack;
+        self.next_ack += 1;
+        for block in pending.first_block..pending.first_block + pending.blocks {
+            let history = &mut self.blocks[block as usize];
+            let entry = history
+                .iter_mut()
+                .rev()
+                .find(|e| e.acked.is_none())
+                .expect("a pending entry");
+            entry.acked = Some(sequence);
+            if fua {
+                let keep_from = history.len() - 1;
+                history.drain(..keep_from);
+            }
+        }
+    }
+
+    /// A flush is being issued: everything acknowledged so far is covered.
+    pub fn flush_point(&self) -> u64 {
+        self.next_ack
+    }
+
+    /// A flush issued at `point` completed.
+    pub fn flushed(&mut self, point: u64) {
+        for history in &mut self.blocks {
+            if let Some(newest_covered) = history
+                .iter()
+                .rposition(|entry| entry.acked.is_some_and(|acked| acked < point))
+            {
+                history.drain(..newest_covered);
+            }
+        }
+    }
+
+    /// What a read of `block` must return while the pool runs.
+    pub fn current(&self, block: u64) -> &Content {
+        let history = &self.blocks[block as usize];
+        &history
+            .iter()
+            .rev()
+            .find(|e| e.acked.is_some())
+            .expect("baseline")
+            .content
+    }
+
+    pub fn check_current(&self, block: u64, bytes: &[u8]) -> Result<(), String> {
+        let current = self.current(block);
+        for (sector, chunk) in bytes.chunks(SECTOR_BYTES).enumerate() {
+            if !current.sector_matches(block, sector, chunk) {
+                return Err(format!("block {block} sector {sector}: read does not match the last acknowledged write {current:?}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// After a crash: every sector must come from the block's history. The
+    /// observed bytes become the new durable baseline.
+    pub fn recover(&mut self, block: u64, bytes: &[u8]) -> Result<(), String> {
+        let history = &self.blocks[block as usize];
+        for (sector, chunk) in bytes.chunks(SECTOR_BYTES).enumerate() {
+            if !history
+                .iter()
+                .any(|e| e.content.sector_matches(block, sector, chunk))
+            {
+                let contents: Vec<&Content> = history.iter().map(|e| &e.content).collect();
+                return Err(format!(
+                    "block {block} sector {sector} after a crash holds data never written there since it was last durable (history {contents:?})"
+                ));
+            }
+        }
+        self.blocks[block as usize] = vec![Entry {
+            content: Content::Bytes(bytes.to_vec()),
+            acked: Some(0),
+        }];
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flushed_data_is_the_floor_and_unflushed_may_vanish() {
+        let mut model = Model::new(2);
+        let (first, data_one) = model.issue_write(0, 1, false);
+        model.acknowledge(first, false);
+        let point = model.flush_point();
+        let (second, data_two) = model.issue_write(0, 1, false);
+        model.flushed(point);
+        model.acknowledge(second, false);
+        assert!(model.check_current(0, &data_two).is_ok());
+        assert!(model.check_current(0, &data_one).is_err());
+        // After a crash either is fine, zeroes (pre-flush) are not.
+        let mut crashed = Model::new(1);
+        std::mem::swap(&mut crashed.blocks[0], &mut model.blocks[0]);
+        assert!(crashed.recover(0, &data_one).is_ok());
+        let mut torn = data_two.clone();
+        torn[..512].copy_from_slice(&data_one[..512]);
+        let mut again = Model::new(1);
+        let (w1, _) = again.issue_write(0, 1, false);
+        again.acknowledge(w1, false);
+        assert!(
+            again.recover(0, &vec![0u8; 4096]).is_ok(),
+            "unflushed write may vanish"
+        );
+        let mut fua = Model::new(1);
+        let (w, data) = fua.issue_write(0, 1, false);
+        fua.acknowledge(w, true);
+        assert!(
+            fua.recover(0, &vec![0u8; 4096]).is_err(),
+            "FUA data must survive"
+        );
+        assert!(fua.recover(0, &data).is_ok());
+    }
+}

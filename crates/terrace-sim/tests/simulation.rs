@@ -1,0 +1,39 @@
+//! Seeded whole-engine simulation: a few hundred runs in the suite,
+//! `TERRACE_SIM_SEEDS=N` for more, `TERRACE_SIM_SEED=S` to replay one.
+
+#[test]
+fn simulated_runs_keep_every_acknowledged_write() {
+    let seeds = terrace_sim::seeds(500);
+    let mut failures = Vec::new();
+    let mut totals = terrace_sim::Report::default();
+    for &seed in &seeds {
+        match terrace_sim::run(seed) {
+            Ok(report) => {
+                totals.crashes += report.crashes;
+                totals.losses += report.losses;
+                totals.writes += report.writes;
+                totals.reads += report.reads;
+            }
+            Err(message) => {
+                eprintln!("seed {seed} FAILED: {message}\n  replay: TERRACE_SIM_SEED={seed} cargo test -p terrace-sim");
+                failures.push(seed);
+            }
+        }
+    }
+    eprintln!(
+        "{} runs: {} power cuts, {} disks lost, {} writes, {} verified reads",
+        seeds.len(),
+        totals.crashes,
+        totals.losses,
+        totals.writes,
+        totals.reads
+    );
+    assert!(failures.is_empty(), "failing seeds: {failures:?}");
+    if seeds.len() >= 100 {
+        assert!(
+            totals.crashes > seeds.len() / 4,
+            "the suite must actually cut the power"
+        );
+        assert!(totals.losses > 0, "the suite must actually lose disks");
+    }
+}
