@@ -13,10 +13,14 @@ pub fn decode_anything(data: &[u8]) {
         assert_eq!(again, metadata);
     }
     if let Ok(label) = Label::decode(data) {
-        assert_eq!(Label::decode(&label.encode()).expect("re-encoded label decodes"), label);
+        assert_eq!(
+            Label::decode(&label.encode()).expect("re-encoded label decodes"),
+            label
+        );
     }
     if let Ok(header) = SlotHeader::decode(data, METADATA_SLOT_MIN_BYTES) {
-        let again = SlotHeader::decode(&header.encode(), METADATA_SLOT_MIN_BYTES).expect("re-encoded header decodes");
+        let again = SlotHeader::decode(&header.encode(), METADATA_SLOT_MIN_BYTES)
+            .expect("re-encoded header decodes");
         assert_eq!(again, header);
     }
 }
