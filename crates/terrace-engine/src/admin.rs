@@ -164,6 +164,18 @@ fn plan_space(
         Layout::Parity { .. } => disks.min(domains as u32),
         Layout::Simple | Layout::Mirror { .. } => disks,
     };
+    let group = match layout {
+        Layout::Parity { .. } => layout.min_columns(),
+        Layout::Simple | Layout::Mirror { .. } => layout.copies(),
+    };
+    if level != FaultDomain::Disk && (domains as u32) < group {
+        return Err(PlacementError::FaultDomains {
+            level,
+            needed: group as usize,
+            available: domains,
+        }
+        .into());
+    }
     let mut choice = choose_columns(layout, config.columns, usable)?;
     if level != FaultDomain::Disk {
         choice

@@ -554,3 +554,122 @@ fn several_pools_on_the_same_devices_list_are_told_apart() {
         ));
     });
 }
+
+#[test]
+fn fault_domains_keep_redundant_slabs_apart_or_refuse() {
+    block_on(async {
+        let disks = Disks::new(6, DISK_BYTES);
+        let mut new_disks = disks.new_disks();
+        for (index, disk) in new_disks.iter_mut().enumerate() {
+            disk.enclosure = format!("shelf-{}", index % 3);
+        }
+        let pool = Pool::create(env(), small_config("domains"), new_disks)
+            .await
+            .unwrap();
+        let metadata = pool.metadata().await;
+        assert_eq!(
+            terrace_engine::default_fault_domain(&metadata),
+            terrace_engine::meta::FaultDomain::Enclosure
+        );
+        let created = pool
+            .create_space(SpaceConfig::new(
+                "m",
+                Layout::Mirror { copies: 3 },
+                SpaceSize::Bytes(1 << 20),
+            ))
+            .await
+            .unwrap();
+        let metadata = pool.metadata().await;
+        let record = metadata.space("m").unwrap();
+        for extent in &record.extents {
+            let slabs = extent.slabs.as_ref().unwrap();
+            for column in slabs.chunks(3) {
+                let mut shelves: Vec<&str> = column
+                    .iter()
+                    .map(|slab| metadata.disks[usize::from(slab.disk.0)].enclosure.as_str())
+                    .collect();
+                shelves.sort_unstable();
+                shelves.dedup();
+                assert_eq!(shelves.len(), 3, "copies share an enclosure");
+            }
+        }
+        // Parity over three enclosures can span at most three columns.
+        let parity = pool
+            .create_space(SpaceConfig::new(
+                "p",
+                Layout::Parity { redundancy: 1 },
+                SpaceSize::Bytes(1 << 20),
+            ))
+            .await
+            .unwrap();
+        assert_eq!(parity.space.geometry().columns(), 3);
+        assert!(
+            parity.columns_reason.contains("Enclosure fault domains"),
+            "{}",
+            parity.columns_reason
+        );
+        // Dual parity needs four distinct enclosures: refused, nothing changes.
+        let generation = pool.metadata().await.generation;
+        let error = pool
+            .create_space(SpaceConfig::new(
+                "d",
+                Layout::Parity { redundancy: 2 },
+                SpaceSize::Bytes(1 << 20),
+            ))
+            .await
+            .err()
+            .unwrap();
+        assert!(
+            error
+                .to_string()
+                .contains("distinct Enclosure fault domains"),
+            "{error}"
+        );
+        assert_eq!(pool.metadata().await.generation, generation);
+        drop(created);
+    });
+}
+
+#[test]
+fn trim_zeroes_whole_rows_and_leaves_partial_parity_rows() {
+    block_on(async {
+        let disks = Disks::new(4, DISK_BYTES);
+        let pool = create_pool(&disks).await;
+        for (layout, name) in layouts() {
+            let space = pool
+                .create_space(space_config(name, layout, 512 << 10, 4096))
+                .await
+                .unwrap()
+                .space;
+            let size = space.size_bytes();
+            space
+                .write(0, bytes(vec![0xee; size as usize]), false)
+                .await
+                .unwrap();
+            let row = space.geometry().row_data_bytes();
+            // Trim from the middle of row 1 to the end of row 3.
+            let start = row + 4096;
+            let end = 4 * row;
+            space.trim(start, end - start).await.unwrap();
+            let read = space.read(0, size).await.unwrap();
+            let partial_kept = matches!(layout, Layout::Parity { .. });
+            for block in 0..size / 4096 {
+                let offset = block * 4096;
+                let value = read[offset as usize];
+                let trimmed_whole_row = offset >= 2 * row && offset < end;
+                let trimmed_partial = offset >= start && offset < 2 * row;
+                let expected = if trimmed_whole_row || (trimmed_partial && !partial_kept) {
+                    0
+                } else {
+                    0xee
+                };
+                assert_eq!(value, expected, "{name}: block {block}");
+            }
+            assert_eq!(
+                verify_space(&space).await.unwrap().mismatched_rows,
+                vec![],
+                "{name}"
+            );
+        }
+    });
+}

@@ -8,6 +8,7 @@
 //! mirror copies are equal and parity is consistent. A failing run reports
 //! its seed; `TERRACE_SIM_SEED=<seed>` replays exactly that run.
 
+pub mod disks;
 pub mod executor;
 pub mod model;
 pub mod random;

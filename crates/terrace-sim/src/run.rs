@@ -14,22 +14,18 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use terrace_engine::io::crash::CrashDevice;
-use terrace_engine::io::fault::{FaultControls, FaultDevice};
-use terrace_engine::io::memory::MemoryDevice;
 use terrace_engine::io::{BlockDevice, Bytes, Env};
 use terrace_engine::layout::Layout;
-use terrace_engine::meta::format::{data_offset, METADATA_SLOT_MIN_BYTES};
+use terrace_engine::meta::format::METADATA_SLOT_MIN_BYTES;
 use terrace_engine::{
     verify_space, ImportOptions, NewDisk, Pool, PoolConfig, Space, SpaceConfig, SpaceSize,
 };
 
+use crate::disks::{SimDisks, SLAB_BYTES};
 use crate::executor::{Executor, Stop};
 use crate::model::{Model, BLOCK_BYTES};
 use crate::random::Random;
-use crate::world::{SimDisk, SimEnv, World};
-
-const SLAB_BYTES: u64 = 64 << 10;
+use crate::world::World;
 
 /// The shape of one run, all drawn from the seed.
 #[derive(Debug, Clone)]
@@ -90,39 +86,6 @@ impl Plan {
     }
 }
 
-struct SimPool {
-    world: Arc<World>,
-    env: Arc<dyn Env>,
-    crash: Vec<Arc<CrashDevice>>,
-    faults: Vec<FaultControls>,
-    devices: Vec<Arc<dyn BlockDevice>>,
-}
-
-impl SimPool {
-    fn new(world: Arc<World>, plan: &Plan) -> SimPool {
-        let size = data_offset(METADATA_SLOT_MIN_BYTES) + plan.slabs_per_disk * SLAB_BYTES;
-        let mut crash = Vec::new();
-        let mut faults = Vec::new();
-        let mut devices: Vec<Arc<dyn BlockDevice>> = Vec::new();
-        for index in 0..plan.disks {
-            let memory = Arc::new(MemoryDevice::new(format!("sim:{index}"), size));
-            let crashing = Arc::new(CrashDevice::new(memory));
-            let gated = Arc::new(SimDisk::new(world.clone(), crashing.clone()));
-            let fault = FaultDevice::new(gated);
-            faults.push(fault.controls());
-            crash.push(crashing);
-            devices.push(Arc::new(fault));
-        }
-        SimPool {
-            env: SimEnv::new(world.clone()),
-            world,
-            crash,
-            faults,
-            devices,
-        }
-    }
-}
-
 /// What a run did, for the test's summary line.
 #[derive(Debug, Default, Clone)]
 pub struct Report {
@@ -138,7 +101,7 @@ type Shared<T> = Rc<RefCell<T>>;
 struct Run {
     plan: Plan,
     random: Shared<Random>,
-    sim: SimPool,
+    sim: SimDisks,
     model: Shared<Model>,
     counters: Shared<Counters>,
     lost: Vec<usize>,
@@ -150,7 +113,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
     let mut random = Random::new(seed);
     let plan = Plan::draw(&mut random);
     let random = Rc::new(RefCell::new(random));
-    let sim = SimPool::new(World::new(seed), &plan);
+    let sim = SimDisks::new(World::new(seed), plan.disks, plan.slabs_per_disk);
     let (pool, space) = setup(&sim, &plan, random.clone()).map_err(|e| format!("{plan:?}: {e}"))?;
     let mut run = Run {
         model: Rc::new(RefCell::new(Model::new(space.size_bytes() / BLOCK_BYTES))),
@@ -251,7 +214,7 @@ impl Run {
         drop(space);
         drop(pool);
         self.crashes += 1;
-        power_cut(&self.sim, &self.random)?;
+        self.sim.power_cut(&mut self.random.borrow_mut())?;
         recover(&self.sim, &self.random, &self.model)
             .map_err(|e| format!("after power cut {}: {e}", self.crashes))
     }
@@ -266,7 +229,11 @@ fn pick_unlost(random: &mut Random, disks: usize, lost: &[usize]) -> usize {
     }
 }
 
-fn setup(sim: &SimPool, plan: &Plan, random: Shared<Random>) -> Result<(Pool, Arc<Space>), String> {
+fn setup(
+    sim: &SimDisks,
+    plan: &Plan,
+    random: Shared<Random>,
+) -> Result<(Pool, Arc<Space>), String> {
     let mut executor = Executor::new(random, sim.world.clone());
     let env = sim.env.clone();
     let disks: Vec<NewDisk> = sim
@@ -398,17 +365,6 @@ async fn flush(space: &Space, model: &Shared<Model>) -> Result<(), String> {
     Ok(())
 }
 
-fn power_cut(sim: &SimPool, random: &Shared<Random>) -> Result<(), String> {
-    sim.world.reset();
-    for device in &sim.crash {
-        let mut choose = || random.borrow_mut().next_u64();
-        device
-            .crash(&mut choose)
-            .map_err(|e| format!("crash: {e}"))?;
-    }
-    Ok(())
-}
-
 /// Blocks read per request when a checker walks the whole space.
 const CHECK_BLOCKS: u64 = 32;
 
@@ -461,7 +417,7 @@ async fn check_space(space: &Space, model: &Shared<Model>, recovering: bool) -> 
 }
 
 fn recover(
-    sim: &SimPool,
+    sim: &SimDisks,
     random: &Shared<Random>,
     model: &Shared<Model>,
 ) -> Result<(Pool, Arc<Space>), String> {
@@ -475,7 +431,7 @@ fn recover(
 }
 
 fn finish(
-    sim: &SimPool,
+    sim: &SimDisks,
     random: &Shared<Random>,
     pool: Pool,
     space: Arc<Space>,

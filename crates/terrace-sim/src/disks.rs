@@ -1,0 +1,64 @@
+//! A set of simulated disks: fault injection → the world's gate → crash
+//! wrapper (volatile cache) → memory.
+
+use std::sync::Arc;
+
+use terrace_engine::io::crash::CrashDevice;
+use terrace_engine::io::fault::{FaultControls, FaultDevice};
+use terrace_engine::io::memory::MemoryDevice;
+use terrace_engine::io::{BlockDevice, Env};
+use terrace_engine::meta::format::{data_offset, METADATA_SLOT_MIN_BYTES};
+
+use crate::random::Random;
+use crate::world::{SimDisk, SimEnv, World};
+
+/// Slab size of simulated pools: small, so a few MiB hold many extents.
+pub const SLAB_BYTES: u64 = 64 << 10;
+
+pub struct SimDisks {
+    pub world: Arc<World>,
+    pub env: Arc<dyn Env>,
+    pub crash: Vec<Arc<CrashDevice>>,
+    pub faults: Vec<FaultControls>,
+    pub devices: Vec<Arc<dyn BlockDevice>>,
+}
+
+impl SimDisks {
+    /// `count` disks with room for `slabs_per_disk` slabs each (and the
+    /// smallest metadata slots).
+    pub fn new(world: Arc<World>, count: usize, slabs_per_disk: u64) -> SimDisks {
+        let size = data_offset(METADATA_SLOT_MIN_BYTES) + slabs_per_disk * SLAB_BYTES;
+        let mut crash = Vec::new();
+        let mut faults = Vec::new();
+        let mut devices: Vec<Arc<dyn BlockDevice>> = Vec::new();
+        for index in 0..count {
+            let memory = Arc::new(MemoryDevice::new(format!("sim:{index}"), size));
+            let crashing = Arc::new(CrashDevice::new(memory));
+            let gated = Arc::new(SimDisk::new(world.clone(), crashing.clone()));
+            let fault = FaultDevice::new(gated);
+            faults.push(fault.controls());
+            crash.push(crashing);
+            devices.push(Arc::new(fault));
+        }
+        SimDisks {
+            env: SimEnv::new(world.clone()),
+            world,
+            crash,
+            faults,
+            devices,
+        }
+    }
+
+    /// Cut the power: everything in flight is forgotten and every unflushed
+    /// write lands, vanishes or tears, as `random` decides.
+    pub fn power_cut(&self, random: &mut Random) -> Result<(), String> {
+        self.world.reset();
+        for device in &self.crash {
+            let mut choose = || random.next_u64();
+            device
+                .crash(&mut choose)
+                .map_err(|e| format!("crash: {e}"))?;
+        }
+        Ok(())
+    }
+}
