@@ -1,10 +1,13 @@
 //! I/O on one row of one extent: the only thing layout handlers see.
 
+use std::future::Future;
+
+use futures::future::join_all;
 use terrace_io::{Bytes, BytesMut};
-use terrace_layout::{Geometry, RowSpan};
+use terrace_layout::{ColumnPiece, Geometry, RowSpan};
 
 use crate::error::EngineError;
-use crate::space::{Space, Target};
+use crate::space::{join_buffer, split_buffer, Space, Target};
 
 pub struct RowIo<'a> {
     pub space: &'a Space,
@@ -62,4 +65,37 @@ impl RowIo<'_> {
             reason: reason.into(),
         }
     }
+}
+
+/// Read every column piece of a span into its part of `buffer` with
+/// `read_piece`, all at once; the first error names the span.
+pub async fn read_pieces<'a, F, R>(
+    io: &'a RowIo<'_>,
+    span: &RowSpan,
+    buffer: BytesMut,
+    read_piece: F,
+) -> (BytesMut, Result<(), EngineError>)
+where
+    F: Fn(ColumnPiece, BytesMut) -> R,
+    R: Future<Output = (BytesMut, Result<(), String>)> + 'a,
+{
+    let pieces: Vec<ColumnPiece> = io.geometry().split_columns(*span).collect();
+    let parts = split_buffer(buffer, pieces.iter().map(|piece| piece.length));
+    let reads = pieces
+        .into_iter()
+        .zip(parts)
+        .map(|(piece, part)| read_piece(piece, part));
+    let mut first_error = None;
+    let mut parts = Vec::new();
+    for (part, result) in join_all(reads).await {
+        if let Err(error) = result {
+            first_error.get_or_insert(error);
+        }
+        parts.push(part);
+    }
+    let result = match first_error {
+        None => Ok(()),
+        Some(error) => Err(io.unavailable(span, error)),
+    };
+    (join_buffer(parts), result)
 }

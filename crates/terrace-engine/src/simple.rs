@@ -7,35 +7,21 @@ use terrace_io::{Bytes, BytesMut};
 use terrace_layout::{ColumnPiece, RowSpan};
 
 use crate::error::EngineError;
-use crate::row::RowIo;
-use crate::space::{join_buffer, split_buffer};
+use crate::row::{read_pieces, RowIo};
 
 pub async fn read(
     io: &RowIo<'_>,
     span: &RowSpan,
     buffer: BytesMut,
 ) -> (BytesMut, Result<(), EngineError>) {
-    let pieces: Vec<ColumnPiece> = io.geometry().split_columns(*span).collect();
-    let parts = split_buffer(buffer, pieces.iter().map(|piece| piece.length));
-    let reads = pieces
-        .iter()
-        .zip(parts)
-        .map(|(piece, part)| io.read(piece.data_column, piece.column_offset, part));
-    let mut first_error = None;
-    let mut parts = Vec::with_capacity(pieces.len());
-    for (part, result) in join_all(reads).await {
-        if let Err(error) = result {
-            first_error.get_or_insert(error);
-        }
-        parts.push(part);
-    }
-    let result = match first_error {
-        None => Ok(()),
-        Some(error) => {
-            Err(io.unavailable(span, format!("simple layout has no redundancy: {error}")))
-        }
-    };
-    (join_buffer(parts), result)
+    read_pieces(io, span, buffer, |piece, part| async move {
+        let (part, result) = io.read(piece.data_column, piece.column_offset, part).await;
+        (
+            part,
+            result.map_err(|error| format!("simple layout has no redundancy: {error}")),
+        )
+    })
+    .await
 }
 
 pub async fn write(
