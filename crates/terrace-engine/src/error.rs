@@ -121,7 +121,7 @@ impl EngineError {
     pub fn errno(&self) -> i32 {
         match self {
             EngineError::OutOfRange { .. } => libc_errno::ENOSPC,
-            EngineError::Misaligned { .. } | EngineError::TooLarge { .. } => libc_errno::EINVAL,
+            EngineError::TooLarge { .. } => libc_errno::EINVAL,
             EngineError::ReadOnly { .. } => libc_errno::EROFS,
             _ => libc_errno::EIO,
         }

@@ -111,7 +111,7 @@ pub async fn read(
     let result = if failed.is_empty() {
         Ok(())
     } else {
-        let _guard = io.space.locks.lock((io.extent, io.row)).await;
+        let _guard = io.lock().await;
         let lost_pieces: Vec<(&ColumnPiece, &mut BytesMut)> = pieces
             .iter()
             .zip(parts.iter_mut())
@@ -276,7 +276,7 @@ pub async fn write(
         high,
         data,
     };
-    let _guard = io.space.locks.lock((io.extent, io.row)).await;
+    let _guard = io.lock().await;
     for _round in 0..=columns.redundancy + 1 {
         let lost = columns.lost(io);
         if lost.len() > columns.redundancy {

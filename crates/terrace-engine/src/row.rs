@@ -7,6 +7,7 @@ use terrace_io::{Bytes, BytesMut};
 use terrace_layout::{ColumnPiece, Geometry, RowSpan};
 
 use crate::error::EngineError;
+use crate::row_lock::RowGuard;
 use crate::space::{join_buffer, split_buffer, Space, Target};
 
 pub struct RowIo<'a> {
@@ -14,9 +15,21 @@ pub struct RowIo<'a> {
     pub extent: u64,
     pub row: u64,
     pub targets: &'a [Target],
+    /// The caller already holds this row's lock (a sub-block write reading
+    /// its edges and writing them back in one critical section).
+    pub lock_held: bool,
 }
 
 impl RowIo<'_> {
+    /// Take the row lock unless the caller holds it already.
+    pub async fn lock(&self) -> Option<RowGuard<'_>> {
+        if self.lock_held {
+            None
+        } else {
+            Some(self.space.locks.lock((self.extent, self.row)).await)
+        }
+    }
+
     pub fn geometry(&self) -> &Geometry {
         &self.space.geometry
     }

@@ -1,6 +1,4 @@
-//! Simple (striped) rows: one slot per column, no redundancy, no locks —
-//! a block lives in exactly one place, so concurrent writers cannot make
-//! copies disagree.
+//! Simple (striped) rows: one slot per column, no redundancy.
 
 use futures::future::join_all;
 use terrace_io::{Bytes, BytesMut};
@@ -30,6 +28,9 @@ pub async fn write(
     data: &Bytes,
     fua: bool,
 ) -> Result<(), EngineError> {
+    // A block lives in one place, but a sub-block write elsewhere may be
+    // reading and rewriting it: writers of a row take turns.
+    let _guard = io.lock().await;
     let writes = io.geometry().split_columns(*span).map(|piece| {
         let bytes = data.slice(piece_range(&piece));
         io.write(piece.data_column, piece.column_offset, bytes, fua)

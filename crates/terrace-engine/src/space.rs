@@ -2,8 +2,10 @@
 //!
 //! # Ordering and durability contract
 //!
-//! * Offsets and lengths are multiples of [`BLOCK_BYTES`] (4 KiB); a request
-//!   is at most [`REQUEST_MAX_BYTES`].
+//! * Offsets and lengths have byte granularity; a request is at most
+//!   [`REQUEST_MAX_BYTES`]. Requests aligned to [`BLOCK_BYTES`] (4 KiB) are
+//!   the efficient ones: a write that starts or ends inside a block reads
+//!   and rewrites that block under the row lock.
 //! * Requests may be issued concurrently, any number at once. Requests that
 //!   overlap and are in flight together complete in an unspecified order, but
 //!   every copy and every parity of a block ends up agreeing with one of them:
@@ -29,6 +31,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
+use bytes::Buf;
 use futures::future::join_all;
 use terrace_io::{aligned_buffer, Bytes, BytesMut};
 use terrace_layout::{Geometry, Layout, RowSpan, BLOCK_BYTES};
@@ -147,14 +150,6 @@ impl Space {
             self.pool.check_writable()?;
         }
         let map = self.map();
-        if !offset.is_multiple_of(BLOCK_BYTES) || !length.is_multiple_of(BLOCK_BYTES) {
-            return Err(EngineError::Misaligned {
-                space: self.name.clone(),
-                offset,
-                length,
-                alignment: BLOCK_BYTES,
-            });
-        }
         if length > REQUEST_MAX_BYTES {
             return Err(EngineError::TooLarge {
                 space: self.name.clone(),
@@ -182,59 +177,123 @@ impl Space {
             extent: span.extent,
             row: span.row,
             targets: &map.extents[span.extent as usize],
+            lock_held: false,
         }
     }
 
-    /// Read `length` bytes at `offset`. The buffer is aligned for direct I/O.
+    /// Read `length` bytes at `offset` (any byte granularity).
     pub async fn read(&self, offset: u64, length: u64) -> Result<BytesMut, EngineError> {
         let map = self.check(offset, length, Access::Read)?;
+        let start = offset / BLOCK_BYTES * BLOCK_BYTES;
+        let end = (offset + length).next_multiple_of(BLOCK_BYTES);
+        let mut buffer = self.read_blocks(&map, start, end - start).await?;
+        buffer.advance((offset - start) as usize);
+        buffer.truncate(length as usize);
+        Ok(buffer)
+    }
+
+    /// Read whole blocks into one aligned buffer, each row span into its part.
+    async fn read_blocks(
+        &self,
+        map: &SpaceMap,
+        offset: u64,
+        length: u64,
+    ) -> Result<BytesMut, EngineError> {
         let spans: Vec<RowSpan> = self.geometry.split_rows(offset, length).collect();
         let parts = split_buffer(
             aligned_buffer(length as usize),
             spans.iter().map(|s| s.length),
         );
-        let layout = self.geometry.layout();
-        let reads = spans.iter().zip(parts).map(|(span, part)| {
-            let io = self.row_io(&map, span);
-            async move {
-                match layout {
-                    Layout::Simple => simple::read(&io, span, part).await,
-                    Layout::Mirror { .. } => mirror::read(&io, span, part).await,
-                    Layout::Parity { .. } => parity::read(&io, span, part).await,
-                }
-            }
+        let reads = spans.iter().zip(parts).map(|(span, part)| async move {
+            read_span(&self.row_io(map, span), span, part).await
         });
         let results = join_all(reads).await;
         self.pool.persist_failures().await?;
-        let mut parts = Vec::with_capacity(results.len());
-        for (part, result) in results {
-            result?;
-            parts.push(part);
-        }
+        let parts = results.into_iter().collect::<Result<Vec<_>, _>>()?;
         Ok(join_buffer(parts))
     }
 
-    /// Write `data` at `offset`; with `fua` it is durable on return.
+    /// Write `data` at `offset` (any byte granularity); with `fua` it is
+    /// durable on return.
     pub async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), EngineError> {
         let map = self.check(offset, data.len() as u64, Access::Write)?;
-        let layout = self.geometry.layout();
-        let writes = self
-            .geometry
-            .split_rows(offset, data.len() as u64)
-            .map(|span| {
-                let io = self.row_io(&map, &span);
-                let data = &data;
-                async move {
-                    match layout {
-                        Layout::Simple => simple::write(&io, &span, data, fua).await,
-                        Layout::Mirror { .. } => mirror::write(&io, &span, data, fua).await,
-                        Layout::Parity { .. } => parity::write(&io, &span, data, fua).await,
-                    }
-                }
-            });
-        let results = join_all(writes).await;
+        let result = self.write_checked(&map, offset, &data, fua).await;
         self.pool.persist_failures().await?;
-        results.into_iter().collect()
+        result
+    }
+
+    async fn write_checked(
+        &self,
+        map: &SpaceMap,
+        offset: u64,
+        data: &Bytes,
+        fua: bool,
+    ) -> Result<(), EngineError> {
+        let rows = self.geometry.split_rows(offset, data.len() as u64);
+        join_all(rows.map(|span| self.write_row(map, span, data, fua)))
+            .await
+            .into_iter()
+            .collect()
+    }
+
+    /// Write one row span. A span that starts or ends inside a block reads
+    /// the edge blocks and writes them back whole, holding the row lock
+    /// across both so no other writer of the row slips in between.
+    async fn write_row(
+        &self,
+        map: &SpaceMap,
+        span: RowSpan,
+        data: &Bytes,
+        fua: bool,
+    ) -> Result<(), EngineError> {
+        let (start, end) = (span.row_offset, span.row_offset + span.length);
+        if start.is_multiple_of(BLOCK_BYTES) && end.is_multiple_of(BLOCK_BYTES) {
+            return write_span(&self.row_io(map, &span), &span, data, fua).await;
+        }
+        let _guard = self.locks.lock((span.extent, span.row)).await;
+        let io = RowIo {
+            lock_held: true,
+            ..self.row_io(map, &span)
+        };
+        let aligned_start = start / BLOCK_BYTES * BLOCK_BYTES;
+        let aligned_end = end.next_multiple_of(BLOCK_BYTES);
+        let mut merged = aligned_buffer((aligned_end - aligned_start) as usize);
+        let block = |row_offset| RowSpan {
+            row_offset,
+            length: BLOCK_BYTES,
+            request_offset: 0,
+            ..span
+        };
+        if start != aligned_start {
+            let head = read_span(
+                &io,
+                &block(aligned_start),
+                aligned_buffer(BLOCK_BYTES as usize),
+            )
+            .await?;
+            merged[..BLOCK_BYTES as usize].copy_from_slice(&head);
+        }
+        let tail_start = aligned_end - BLOCK_BYTES;
+        if end != aligned_end && (tail_start != aligned_start || start == aligned_start) {
+            let tail = read_span(
+                &io,
+                &block(tail_start),
+                aligned_buffer(BLOCK_BYTES as usize),
+            )
+            .await?;
+            merged[(tail_start - aligned_start) as usize..].copy_from_slice(&tail);
+        }
+        let source =
+            &data[span.request_offset as usize..(span.request_offset + span.length) as usize];
+        merged[(start - aligned_start) as usize..(end - aligned_start) as usize]
+            .copy_from_slice(source);
+        let expanded = RowSpan {
+            row_offset: aligned_start,
+            length: aligned_end - aligned_start,
+            request_offset: 0,
+            ..span
+        };
+        write_span(&io, &expanded, &merged.freeze(), fua).await
     }
 
     /// Make `[offset, offset + length)` read as zeroes.
@@ -245,17 +304,54 @@ impl Space {
         fua: bool,
     ) -> Result<(), EngineError> {
         let map = self.check(offset, length, Access::Write)?;
-        let result = zero::zero_range(self, &map, offset, length, zero::Mode::Zeroes { fua }).await;
+        let result = self
+            .zero_checked(&map, offset, length, zero::Mode::Zeroes { fua })
+            .await;
         self.pool.persist_failures().await?;
         result
     }
 
-    /// Advise that `[offset, offset + length)` is no longer needed.
+    /// Advise that `[offset, offset + length)` is no longer needed. Whole
+    /// blocks of it may read back as zeroes afterwards.
     pub async fn trim(&self, offset: u64, length: u64) -> Result<(), EngineError> {
         let map = self.check(offset, length, Access::Write)?;
-        let result = zero::zero_range(self, &map, offset, length, zero::Mode::Trim).await;
+        let result = self
+            .zero_checked(&map, offset, length, zero::Mode::Trim)
+            .await;
         self.pool.persist_failures().await?;
         result
+    }
+
+    /// Whole blocks go to the zeroing path; partial edge blocks are written
+    /// with zeroes (write-zeroes) or left alone (trim).
+    async fn zero_checked(
+        &self,
+        map: &SpaceMap,
+        offset: u64,
+        length: u64,
+        mode: zero::Mode,
+    ) -> Result<(), EngineError> {
+        let end = offset + length;
+        let body_start = offset.next_multiple_of(BLOCK_BYTES).min(end);
+        let body_end = (end / BLOCK_BYTES * BLOCK_BYTES).max(body_start);
+        let mut edges = Vec::new();
+        if let zero::Mode::Zeroes { fua } = mode {
+            for (start, stop) in [(offset, body_start), (body_end, end)] {
+                if stop > start {
+                    let zeroes = Bytes::from(vec![0u8; (stop - start) as usize]);
+                    edges.push(async move { self.write_checked(map, start, &zeroes, fua).await });
+                }
+            }
+        }
+        let body = async {
+            if body_end > body_start {
+                zero::zero_range(self, map, body_start, body_end - body_start, mode).await
+            } else {
+                Ok(())
+            }
+        };
+        let (edges, body) = futures::join!(join_all(edges), body);
+        edges.into_iter().chain(std::iter::once(body)).collect()
     }
 
     /// Make every completed write durable.
@@ -283,6 +379,34 @@ impl Space {
             }
         }
         Ok(())
+    }
+}
+
+/// Read one row span with its layout's handler.
+async fn read_span(
+    io: &RowIo<'_>,
+    span: &RowSpan,
+    part: BytesMut,
+) -> Result<BytesMut, EngineError> {
+    let (part, result) = match io.geometry().layout() {
+        Layout::Simple => simple::read(io, span, part).await,
+        Layout::Mirror { .. } => mirror::read(io, span, part).await,
+        Layout::Parity { .. } => parity::read(io, span, part).await,
+    };
+    result.map(|()| part)
+}
+
+/// Write one block-aligned row span with its layout's handler.
+async fn write_span(
+    io: &RowIo<'_>,
+    span: &RowSpan,
+    data: &Bytes,
+    fua: bool,
+) -> Result<(), EngineError> {
+    match io.geometry().layout() {
+        Layout::Simple => simple::write(io, span, data, fua).await,
+        Layout::Mirror { .. } => mirror::write(io, span, data, fua).await,
+        Layout::Parity { .. } => parity::write(io, span, data, fua).await,
     }
 }
 

@@ -84,11 +84,11 @@ async fn zero_rows(
     mode: Mode,
 ) -> Result<(), EngineError> {
     let geometry = &space.geometry;
+    // Rows in ascending order: two requests locking several rows never
+    // wait on each other in a cycle.
     let mut guards = Vec::new();
-    if geometry.layout() != Layout::Simple {
-        for row in first_row..first_row + rows {
-            guards.push(space.locks.lock((extent, row)).await);
-        }
+    for row in first_row..first_row + rows {
+        guards.push(space.locks.lock((extent, row)).await);
     }
     let targets = &map.extents[extent as usize];
     let offset_in_slab = geometry.slab_offset(first_row, 0);
@@ -149,10 +149,7 @@ async fn zero_partial(
 async fn zero_pieces(io: &RowIo<'_>, span: &RowSpan, mode: Mode) -> Result<(), EngineError> {
     let geometry = io.geometry();
     let copies = geometry.layout().copies();
-    let _guard = match geometry.layout() {
-        Layout::Simple => None,
-        _ => Some(io.space.locks.lock((io.extent, io.row)).await),
-    };
+    let _guard = io.lock().await;
     for piece in geometry.split_columns(*span) {
         let zeroes = (0..copies)
             .map(|copy| geometry.slot(piece.data_column, copy))

@@ -372,9 +372,9 @@ fn space_creation_errors_name_the_problem_and_change_nothing() {
 }
 
 #[test]
-fn requests_outside_the_space_or_misaligned_are_refused() {
+fn requests_outside_the_space_are_refused_and_any_byte_granularity_works() {
     block_on(async {
-        let disks = Disks::new(2, DISK_BYTES);
+        let disks = Disks::new(4, DISK_BYTES);
         let pool = create_pool(&disks).await;
         let space = pool
             .create_space(SpaceConfig::new(
@@ -395,18 +395,40 @@ fn requests_outside_the_space_or_misaligned_are_refused() {
             Err(EngineError::OutOfRange { .. })
         ));
         assert!(matches!(
-            space.read(512, 4096).await,
-            Err(EngineError::Misaligned { .. })
-        ));
-        assert!(matches!(
-            space.write(0, bytes(vec![1; 100]), false).await,
-            Err(EngineError::Misaligned { .. })
-        ));
-        assert!(matches!(
             space.trim(size - 4096, 8192).await,
             Err(EngineError::OutOfRange { .. })
         ));
+        assert!(matches!(
+            space.write(size - 1, bytes(vec![1; 2]), false).await,
+            Err(EngineError::OutOfRange { .. })
+        ));
         assert_eq!(space.read(0, 0).await.unwrap().len(), 0);
+        // One byte, a sector, a run across a block boundary, within one block.
+        let mut model = Model::new(size);
+        for (offset, length) in [
+            (1u64, 1u64),
+            (512, 512),
+            (4000, 200),
+            (4097, 100),
+            (12_288 - 3, 9000),
+        ] {
+            let data = Rng(offset).bytes(length as usize);
+            space
+                .write(offset, bytes(data.clone()), false)
+                .await
+                .unwrap();
+            model.write(offset, &data);
+        }
+        space.write_zeroes(4090, 20, false).await.unwrap();
+        model.zero(4090, 20);
+        space.trim(100, 200).await.unwrap(); // inside one block: nothing to trim
+        for (offset, length) in [(0u64, size), (3, 5), (4095, 2), (12_000, 777)] {
+            assert_eq!(
+                &space.read(offset, length).await.unwrap()[..],
+                model.slice(offset, length)
+            );
+        }
+        assert_eq!(verify_space(&space).await.unwrap().mismatched_rows, vec![]);
     });
 }
 

@@ -130,8 +130,14 @@ impl Model {
     }
 }
 
-/// A random block-aligned (offset, length) within `size`, up to `max` bytes.
+/// A random (offset, length) within `size`, up to `max` bytes: block
+/// aligned two times in three, any bytes otherwise.
 pub fn random_range(rng: &mut Rng, size: u64, max: u64) -> (u64, u64) {
+    if rng.below(3) == 0 {
+        let offset = rng.below(size);
+        let length = 1 + rng.below(max);
+        return (offset, length.min(size - offset));
+    }
     let blocks = size / 4096;
     let offset = rng.below(blocks) * 4096;
     let length = (1 + rng.below(max / 4096)) * 4096;
