@@ -110,7 +110,7 @@ impl Pool {
         next.next_space_id += 1;
         next.spaces.push(record.clone());
         let space = build_space(&self.shared, &next, &record)?;
-        zero_extents(&space, &geometry).await?;
+        zero_slabs(&space, &space.map().extents, geometry.slab_bytes()).await?;
         self.shared.commit(&mut control, next).await?;
         drop(control);
         let space = Arc::new(space);
@@ -303,10 +303,28 @@ pub(crate) fn build_space(
     record: &SpaceRecord,
 ) -> Result<Space, EngineError> {
     let geometry = record.geometry(metadata.slab_bytes)?;
+    let map = SpaceMap {
+        size_bytes: record.size_bytes,
+        extents: targets(shared, metadata, &record.extents)?,
+    };
+    Ok(Space::new(
+        shared.clone(),
+        record.id,
+        record.name.clone(),
+        geometry,
+        map,
+    ))
+}
+
+/// Where each slot of each extent lives.
+fn targets(
+    shared: &Arc<PoolShared>,
+    metadata: &PoolMetadata,
+    extents: &[ExtentRecord],
+) -> Result<Vec<Arc<[Target]>>, EngineError> {
     let disks = shared.disks();
     let data_start = terrace_meta::format::data_offset(shared.metadata_slot_bytes);
-    let extents = record
-        .extents
+    extents
         .iter()
         .map(|extent| {
             let slabs = extent.slabs.as_ref().ok_or(EngineError::InvalidSetting {
@@ -322,31 +340,74 @@ pub(crate) fn build_space(
                 })
                 .collect::<Arc<[Target]>>())
         })
-        .collect::<Result<Vec<_>, EngineError>>()?;
-    let map = SpaceMap {
-        size_bytes: record.size_bytes,
-        extents,
-    };
-    Ok(Space::new(
-        shared.clone(),
-        record.id,
-        record.name.clone(),
-        geometry,
-        map,
-    ))
+        .collect()
 }
 
-/// Zero every slab of a new space and make it durable: slabs may hold a
+impl Pool {
+    /// Grow a space to `size_bytes` (rounded up to 4 KiB). New extents are
+    /// placed like the first ones (same columns, same fault-domain level),
+    /// zeroed, and committed before the space grows. Returns the new size.
+    pub async fn resize_space(&self, name: &str, size_bytes: u64) -> Result<u64, EngineError> {
+        self.shared.check_open()?;
+        self.shared.check_writable()?;
+        let space = self.space(name).ok_or_else(|| EngineError::NoSuchSpace {
+            name: name.to_string(),
+        })?;
+        let mut control = self.shared.control.lock().await;
+        let mut next = control.metadata.clone();
+        let position = next
+            .spaces
+            .iter()
+            .position(|s| s.name == name)
+            .ok_or_else(|| EngineError::NoSuchSpace {
+                name: name.to_string(),
+            })?;
+        let requested = size_bytes.next_multiple_of(terrace_layout::BLOCK_BYTES);
+        let current = next.spaces[position].size_bytes;
+        if requested < current {
+            return Err(EngineError::ShrinkRefused {
+                space: name.to_string(),
+                current,
+                requested,
+            });
+        }
+        if requested == current {
+            return Ok(current);
+        }
+        let geometry = *space.geometry();
+        let level = next.spaces[position].fault_domain;
+        let mut allocator = Allocator::new(&next, level, DiskRecord::takes_capacity);
+        let have = next.spaces[position].extents.len() as u64;
+        let added = (have..geometry.extents_for(requested))
+            .map(|_| {
+                allocator
+                    .allocate_extent(&geometry)
+                    .map(|slabs| ExtentRecord { slabs: Some(slabs) })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let added_targets = targets(&self.shared, &next, &added)?;
+        zero_slabs(&space, &added_targets, geometry.slab_bytes()).await?;
+        let record = &mut next.spaces[position];
+        record.size_bytes = requested;
+        record.extents.extend(added);
+        self.shared.commit(&mut control, next).await?;
+        space.grow(requested, added_targets);
+        Ok(requested)
+    }
+}
+
+/// Zero every slab of new extents and make it durable: slabs may hold a
 /// deleted space's bytes, and parity must match the (zero) data from the
-/// first read on.
-async fn zero_extents(space: &Space, geometry: &Geometry) -> Result<(), EngineError> {
-    let map = space.map();
-    for targets in &map.extents {
-        let zeroes = targets.iter().map(|target| {
-            target
-                .disk
-                .write_zeroes(target.base, geometry.slab_bytes(), false)
-        });
+/// first read.
+async fn zero_slabs(
+    space: &Space,
+    extents: &[Arc<[Target]>],
+    slab_bytes: u64,
+) -> Result<(), EngineError> {
+    for targets in extents {
+        let zeroes = targets
+            .iter()
+            .map(|target| target.disk.write_zeroes(target.base, slab_bytes, false));
         for result in join_all(zeroes).await {
             result.map_err(|reason| EngineError::Unavailable {
                 space: space.name.clone(),

@@ -77,6 +77,16 @@ pub enum EngineError {
     ReadOnly { pool: String, reason: String },
     #[error("pool {pool} is closed")]
     Closed { pool: String },
+    #[error("no disk {disk} in this pool")]
+    NoSuchDisk { disk: u16 },
+    #[error("disk {disk} holds {slabs} slabs of data; move them off first")]
+    DiskInUse { disk: u16, slabs: u64 },
+    #[error("space {space} is {current} bytes; shrinking to {requested} would destroy the data at its end, which terrace does not do (create a smaller space and copy)")]
+    ShrinkRefused {
+        space: String,
+        current: u64,
+        requested: u64,
+    },
     #[error("a space named {name} already exists")]
     SpaceExists { name: String },
     #[error("no space named {name}")]

@@ -20,12 +20,14 @@ mod admin;
 mod control;
 mod disk;
 mod error;
+mod membership;
 mod mirror;
 mod parity;
 mod pool;
 mod resync;
 mod row;
 mod row_lock;
+mod scan;
 mod simple;
 mod space;
 mod status;
@@ -39,6 +41,7 @@ pub use pool::{
     SLAB_MIN_BYTES,
 };
 pub use resync::{resync_space, verify_space, RedundancyReport};
+pub use scan::{scan, DeviceKind, DeviceReport};
 pub use space::{Space, REQUEST_MAX_BYTES};
 pub use status::{DiskStatus, PoolHealth, PoolStatus, SpaceHealth, SpaceStatus};
 

@@ -134,7 +134,10 @@ fn validate_config(config: &PoolConfig) -> Result<(), EngineError> {
 }
 
 /// Refuse any disk that is not blank, readable and big enough.
-async fn check_new_disks(disks: &[NewDisk], minimum_bytes: u64) -> Result<(), EngineError> {
+pub(crate) async fn check_new_disks(
+    disks: &[NewDisk],
+    minimum_bytes: u64,
+) -> Result<(), EngineError> {
     let mut names = BTreeSet::new();
     for disk in disks {
         let device = disk.device.name().to_string();
@@ -160,6 +163,76 @@ async fn check_new_disks(disks: &[NewDisk], minimum_bytes: u64) -> Result<(), En
                 minimum_bytes,
             });
         }
+    }
+    Ok(())
+}
+
+/// What every disk of one pool shares, for making new members.
+pub(crate) struct Shape {
+    pub pool_id: PoolId,
+    pub pool_name: String,
+    pub slab_bytes: u64,
+    pub metadata_slot_bytes: u64,
+    pub now: u64,
+}
+
+/// A disk about to join: its record, its label, its run-time handle.
+pub(crate) struct Member {
+    pub record: DiskRecord,
+    pub label: (Arc<dyn BlockDevice>, Label),
+    pub disk: Arc<Disk>,
+}
+
+impl Shape {
+    pub(crate) fn member(
+        &self,
+        env: &dyn Env,
+        index: DiskIndex,
+        disk: NewDisk,
+        failures: &Arc<AtomicU64>,
+    ) -> Member {
+        let size_bytes = disk.device.size_bytes();
+        let data_start = data_offset(self.metadata_slot_bytes);
+        let label = Label {
+            pool_id: self.pool_id,
+            disk_id: DiskId(random_id(env)),
+            created_ns: self.now,
+            device_bytes: size_bytes,
+            metadata_slot_bytes: self.metadata_slot_bytes,
+            data_offset: data_start,
+            slab_bytes: self.slab_bytes,
+            pool_name: self.pool_name.clone(),
+        };
+        let record = DiskRecord {
+            id: label.disk_id,
+            size_bytes,
+            slab_count: ((size_bytes - data_start) / self.slab_bytes) as u32,
+            media: disk.media,
+            usage: disk.usage,
+            state: DiskState::Active,
+            enclosure: disk.enclosure,
+            node: disk.node,
+            path_hint: disk.device.name().to_string(),
+            state_reason: String::new(),
+        };
+        let runtime = Disk::present(index, disk.device.clone(), label.clone(), failures.clone());
+        Member {
+            record,
+            label: (disk.device, label),
+            disk: Arc::new(runtime),
+        }
+    }
+}
+
+/// Write labels (last, after the metadata that names the disks).
+pub(crate) async fn write_labels(
+    labels: &[(Arc<dyn BlockDevice>, Label)],
+) -> Result<(), EngineError> {
+    let writes = labels
+        .iter()
+        .map(|(device, label)| store::write_label(device.as_ref(), label));
+    for result in join_all(writes).await {
+        result?;
     }
     Ok(())
 }
@@ -197,40 +270,20 @@ impl Pool {
             spaces: Vec::new(),
         };
         let failures = Arc::new(AtomicU64::new(0));
+        let shape = Shape {
+            pool_id,
+            pool_name: config.name.clone(),
+            slab_bytes: config.slab_bytes,
+            metadata_slot_bytes: config.metadata_slot_bytes,
+            now,
+        };
         let mut runtime = Vec::new();
         let mut labels = Vec::new();
         for (position, disk) in disks.into_iter().enumerate() {
-            let size_bytes = disk.device.size_bytes();
-            let label = Label {
-                pool_id,
-                disk_id: DiskId(random_id(env.as_ref())),
-                created_ns: now,
-                device_bytes: size_bytes,
-                metadata_slot_bytes: config.metadata_slot_bytes,
-                data_offset: data_start,
-                slab_bytes: config.slab_bytes,
-                pool_name: config.name.clone(),
-            };
-            metadata.disks.push(DiskRecord {
-                id: label.disk_id,
-                size_bytes,
-                slab_count: ((size_bytes - data_start) / config.slab_bytes) as u32,
-                media: disk.media,
-                usage: disk.usage,
-                state: DiskState::Active,
-                enclosure: disk.enclosure,
-                node: disk.node,
-                path_hint: disk.device.name().to_string(),
-                state_reason: String::new(),
-            });
-            let index = DiskIndex(position as u16);
-            labels.push((disk.device.clone(), label.clone()));
-            runtime.push(Arc::new(Disk::present(
-                index,
-                disk.device,
-                label,
-                failures.clone(),
-            )));
+            let member = shape.member(env.as_ref(), DiskIndex(position as u16), disk, &failures);
+            metadata.disks.push(member.record);
+            labels.push(member.label);
+            runtime.push(member.disk);
         }
         let shared = Arc::new(PoolShared::new(
             env,
@@ -244,12 +297,7 @@ impl Pool {
             let mut control = shared.control.lock().await;
             shared.commit(&mut control, metadata).await?;
         }
-        let writes = labels
-            .iter()
-            .map(|(device, label)| store::write_label(device.as_ref(), label));
-        for result in join_all(writes).await {
-            result?;
-        }
+        write_labels(&labels).await?;
         Ok(Pool {
             shared,
             spaces: RwLock::new(BTreeMap::new()),

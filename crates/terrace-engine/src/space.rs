@@ -130,6 +130,19 @@ impl Space {
         self.map.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// Append extents and grow (their slabs are zeroed and committed).
+    pub(crate) fn grow(&self, size_bytes: u64, extents: Vec<Arc<[Target]>>) {
+        let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+        let mut grown: Vec<Arc<[Target]>> = map.extents.clone();
+        grown.extend(extents);
+        assert!(size_bytes >= map.size_bytes);
+        assert_eq!(grown.len() as u64, self.geometry.extents_for(size_bytes));
+        *map = Arc::new(SpaceMap {
+            size_bytes,
+            extents: grown,
+        });
+    }
+
     pub(crate) fn mark_deleted(&self) {
         self.deleted.store(true, Ordering::Release);
     }

@@ -695,3 +695,111 @@ fn trim_zeroes_whole_rows_and_leaves_partial_parity_rows() {
         }
     });
 }
+
+#[test]
+fn disks_join_spaces_grow_usage_changes_and_pools_are_destroyed() {
+    block_on(async {
+        let disks = Disks::new(2, DISK_BYTES);
+        let pool = create_pool(&disks).await;
+        let space = pool
+            .create_space(SpaceConfig::new(
+                "m",
+                Layout::Mirror { copies: 2 },
+                SpaceSize::Bytes(128 << 10),
+            ))
+            .await
+            .unwrap()
+            .space;
+        let data = Rng(3).bytes(128 << 10);
+        space.write(0, bytes(data.clone()), false).await.unwrap();
+        // Too few disks for dual parity, until two more join.
+        assert!(pool
+            .create_space(SpaceConfig::new(
+                "p",
+                Layout::Parity { redundancy: 2 },
+                SpaceSize::Bytes(64 << 10)
+            ))
+            .await
+            .is_err());
+        let more = Disks::new(2, DISK_BYTES);
+        assert!(matches!(
+            pool.add_disks(vec![terrace_engine::NewDisk::new(disks.devices[0].clone())])
+                .await,
+            Err(EngineError::DuplicateDisk { .. })
+        ));
+        let added = pool.add_disks(more.new_disks()).await.unwrap();
+        assert_eq!(added.len(), 2);
+        pool.create_space(SpaceConfig::new(
+            "p",
+            Layout::Parity { redundancy: 2 },
+            SpaceSize::Bytes(64 << 10),
+        ))
+        .await
+        .unwrap();
+        // Grow the mirror; old data stays, new room reads as zeroes.
+        let grown = pool.resize_space("m", 1 << 20).await.unwrap();
+        assert_eq!(grown, 1 << 20);
+        assert_eq!(space.size_bytes(), 1 << 20);
+        assert_eq!(&space.read(0, 128 << 10).await.unwrap()[..], &data[..]);
+        assert!(space
+            .read(128 << 10, (1 << 20) - (128 << 10))
+            .await
+            .unwrap()
+            .iter()
+            .all(|&b| b == 0));
+        space
+            .write((1 << 20) - 4096, bytes(vec![9; 4096]), false)
+            .await
+            .unwrap();
+        assert!(matches!(
+            pool.resize_space("m", 4096).await,
+            Err(EngineError::ShrinkRefused { .. })
+        ));
+        // A disk holding data cannot become a hot spare; an empty one can.
+        let metadata = pool.metadata().await;
+        let used = metadata.used_slabs();
+        let busy = used.iter().next().unwrap().disk;
+        assert!(matches!(
+            pool.set_disk_usage(busy, terrace_engine::meta::Usage::HotSpare)
+                .await,
+            Err(EngineError::DiskInUse { .. })
+        ));
+        pool.set_disk_usage(busy, terrace_engine::meta::Usage::Retired)
+            .await
+            .unwrap();
+        assert_eq!(
+            pool.metadata().await.disks[usize::from(busy.0)].usage,
+            terrace_engine::meta::Usage::Retired
+        );
+        pool.close().await.unwrap();
+        // Everything survives the restart, including the added disks.
+        let all: Vec<_> = disks.devices.iter().chain(&more.devices).cloned().collect();
+        let pool = Pool::import(env(), all.clone(), ImportOptions::default())
+            .await
+            .unwrap();
+        let space = pool.space("m").unwrap();
+        assert_eq!(space.size_bytes(), 1 << 20);
+        assert_eq!(&space.read(0, 128 << 10).await.unwrap()[..], &data[..]);
+        assert!(space
+            .read((1 << 20) - 4096, 4096)
+            .await
+            .unwrap()
+            .iter()
+            .all(|&b| b == 9));
+        let report = terrace_engine::scan(&all).await;
+        assert!(report.iter().all(|r| matches!(&r.kind, terrace_engine::DeviceKind::Member { pool_name, .. } if pool_name == "tank")));
+        pool.destroy().await.unwrap();
+        let report = terrace_engine::scan(&all).await;
+        assert!(report
+            .iter()
+            .all(|r| r.kind == terrace_engine::DeviceKind::Blank));
+        // Blank again: a new pool can be made of them.
+        let disks_again = all
+            .iter()
+            .map(|d| terrace_engine::NewDisk::new(d.clone()))
+            .collect();
+        Pool::create(env(), small_config("again"), disks_again)
+            .await
+            .unwrap();
+    });
+}

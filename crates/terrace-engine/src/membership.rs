@@ -1,0 +1,147 @@
+//! Changing which disks a pool has and what it may use them for, and
+//! destroying a pool.
+//!
+//! A disk joins like the disks of a new pool: checked blank and big enough
+//! before anything is written, named in a metadata commit (written to it as
+//! well), and labelled last.
+
+use std::sync::Arc;
+
+use futures::future::join_all;
+use terrace_io::BlockDevice;
+use terrace_meta::format::data_offset;
+use terrace_meta::store;
+use terrace_meta::{DiskIndex, DiskState, Usage};
+
+use crate::error::EngineError;
+use crate::pool::{check_new_disks, write_labels, NewDisk, Pool, Shape};
+
+impl Pool {
+    /// Add disks to the pool; they take new slabs at once (usage permitting).
+    pub async fn add_disks(&self, disks: Vec<NewDisk>) -> Result<Vec<DiskIndex>, EngineError> {
+        self.shared.check_open()?;
+        self.shared.check_writable()?;
+        if disks.is_empty() {
+            return Err(EngineError::NoDisks);
+        }
+        let mut control = self.shared.control.lock().await;
+        let metadata = &control.metadata;
+        for disk in &disks {
+            let device = disk.device.name();
+            let known = self
+                .shared
+                .disks()
+                .iter()
+                .any(|d| d.device_name() == Some(device));
+            if known {
+                return Err(EngineError::DuplicateDisk {
+                    device: device.to_string(),
+                });
+            }
+        }
+        let slot_bytes = self.shared.metadata_slot_bytes;
+        check_new_disks(&disks, data_offset(slot_bytes) + metadata.slab_bytes).await?;
+        let shape = Shape {
+            pool_id: metadata.pool_id,
+            pool_name: metadata.name.clone(),
+            slab_bytes: metadata.slab_bytes,
+            metadata_slot_bytes: slot_bytes,
+            now: self.shared.env.wall_clock_ns(),
+        };
+        let mut next = metadata.clone();
+        let mut labels = Vec::new();
+        let mut added = Vec::new();
+        let first = next.disks.len();
+        if first + disks.len() > terrace_meta::codec::DISKS_MAX {
+            return Err(EngineError::InvalidSetting {
+                what: "disk count",
+                value: (first + disks.len()) as u64,
+                rule: "at most 65535 disks per pool",
+            });
+        }
+        for (offset, disk) in disks.into_iter().enumerate() {
+            let index = DiskIndex((first + offset) as u16);
+            let member = shape.member(
+                self.shared.env.as_ref(),
+                index,
+                disk,
+                &self.shared.failures_observed,
+            );
+            next.disks.push(member.record);
+            labels.push(member.label);
+            self.shared
+                .disks
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(member.disk);
+            added.push(index);
+        }
+        let committed = self.shared.commit(&mut control, next).await;
+        if let Err(error) = committed {
+            // Nothing names the new disks: forget them again.
+            self.shared
+                .disks
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .truncate(first);
+            return Err(error);
+        }
+        write_labels(&labels).await?;
+        Ok(added)
+    }
+
+    /// Change what the pool may use a disk for. A disk that holds slabs
+    /// cannot become a hot spare or a journal (its data would have nowhere
+    /// to go); `retired` keeps its data but gives it no new slabs.
+    pub async fn set_disk_usage(&self, disk: DiskIndex, usage: Usage) -> Result<(), EngineError> {
+        self.shared.check_open()?;
+        self.shared.check_writable()?;
+        let mut control = self.shared.control.lock().await;
+        let mut next = control.metadata.clone();
+        let Some(record) = next.disks.get(usize::from(disk.0)) else {
+            return Err(EngineError::NoSuchDisk { disk: disk.0 });
+        };
+        if record.state == DiskState::Removed {
+            return Err(EngineError::NoSuchDisk { disk: disk.0 });
+        }
+        let used = next
+            .used_slabs()
+            .iter()
+            .filter(|slab| slab.disk == disk)
+            .count();
+        if used > 0 && matches!(usage, Usage::HotSpare | Usage::Journal) {
+            return Err(EngineError::DiskInUse {
+                disk: disk.0,
+                slabs: used as u64,
+            });
+        }
+        next.disks[usize::from(disk.0)].usage = usage;
+        self.shared.commit(&mut control, next).await
+    }
+
+    /// Destroy the pool: flush, then erase the label of every present disk
+    /// so each reads as blank again. All data in the pool is gone.
+    pub async fn destroy(self) -> Result<(), EngineError> {
+        self.shared.check_open()?;
+        self.shared.check_writable()?;
+        self.shared.flush_disks().await?;
+        let disks = self.shared.disks();
+        let devices: Vec<Arc<dyn BlockDevice>> = disks
+            .iter()
+            .filter_map(|disk| disk.device().map(|d| d.inner().clone()))
+            .collect();
+        self.shared
+            .closed
+            .store(true, std::sync::atomic::Ordering::Release);
+        for result in join_all(
+            devices
+                .iter()
+                .map(|device| store::erase_label(device.as_ref())),
+        )
+        .await
+        {
+            result?;
+        }
+        Ok(())
+    }
+}
