@@ -45,7 +45,7 @@ use crate::{
     aligned_buffer, check_range, BlockDevice, BoxFuture, Bytes, BytesMut, IoError, IoResult,
     Operation, DIRECT_IO_ALIGNMENT,
 };
-use queue::{Op, Queue};
+use queue::{Completion, Op, Queue};
 
 /// Operations queued or executing per device, on either engine. 256 keeps an
 /// NVMe drive's queue full (it reaches peak throughput at a few dozen 4 KiB
@@ -86,6 +86,11 @@ pub enum Engine {
     IoUring,
     /// The portable worker-thread pool.
     Threads,
+    /// System calls made by the caller itself, inside the future's first
+    /// poll. Chosen automatically for files in memory (tmpfs, ramfs): their
+    /// reads and writes are copies that never wait for a device, so handing
+    /// them to another thread costs more than doing them.
+    Inline,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -118,6 +123,8 @@ struct DeviceIo {
     /// device (it refuses anything finer), 1 for a file.
     fallocate_granularity: u64,
     queue: Arc<Queue>,
+    /// With [`Engine::Inline`], the file the caller's thread works on.
+    inline: Option<Arc<File>>,
     /// Set once `fallocate` said it cannot zero here; then zeroes are written.
     fallocate_unsupported: AtomicBool,
 }
@@ -151,8 +158,12 @@ impl FileDevice {
         } else {
             1
         };
-        let (queue, engine, threads) =
-            start_engine(Arc::new(file), options.engine).map_err(fail)?;
+        let file = Arc::new(file);
+        let wanted = match options.engine {
+            Engine::Auto if sys::is_memory_backed(&file) => Engine::Inline,
+            other => other,
+        };
+        let (queue, engine, threads) = start_engine(Arc::clone(&file), wanted).map_err(fail)?;
         let io = Arc::new(DeviceIo {
             name,
             size_bytes,
@@ -162,6 +173,7 @@ impl FileDevice {
             block_device,
             fallocate_granularity: if block_device { logical_block_size } else { 1 },
             queue,
+            inline: (engine == Engine::Inline).then_some(file),
             fallocate_unsupported: AtomicBool::new(false),
         });
         Ok(FileDevice {
@@ -177,7 +189,8 @@ impl FileDevice {
         self.io.direct
     }
 
-    /// The engine actually in use ([`Engine::IoUring`] or [`Engine::Threads`]).
+    /// The engine actually in use ([`Engine::IoUring`], [`Engine::Threads`]
+    /// or [`Engine::Inline`]).
     pub fn engine(&self) -> Engine {
         self.engine
     }
@@ -224,6 +237,9 @@ fn open_file(path: &Path, options: &FileOptions) -> io::Result<(File, bool)> {
 type Started = (Arc<Queue>, Engine, Vec<JoinHandle<()>>);
 
 fn start_engine(file: Arc<File>, wanted: Engine) -> io::Result<Started> {
+    if wanted == Engine::Inline {
+        return Ok((Queue::new(MAX_IN_FLIGHT, None), Engine::Inline, Vec::new()));
+    }
     if wanted != Engine::Threads {
         match uring::start(Arc::clone(&file), MAX_IN_FLIGHT) {
             Ok((queue, reactor)) => return Ok((queue, Engine::IoUring, vec![reactor])),
@@ -295,12 +311,23 @@ impl DeviceIo {
         self.direct && !(memory.as_ptr() as usize).is_multiple_of(DIRECT_IO_ALIGNMENT)
     }
 
+    /// Hand an op to the engine, or run it here and now when inline.
+    async fn submit(&self, mut op: Op) -> Result<Completion, futures::channel::oneshot::Canceled> {
+        match &self.inline {
+            Some(file) => {
+                let result = threads::execute(file, &mut op);
+                Ok(Completion { op, result })
+            }
+            None => self.queue.run(op).await,
+        }
+    }
+
     /// Run an op without a data transfer (sync, fallocate), retrying
     /// transient failures.
     async fn run_simple(&self, make: impl Fn() -> Op) -> io::Result<()> {
         let mut retries = 0;
         loop {
-            let completion = self.queue.run(make()).await.map_err(|_| engine_gone())?;
+            let completion = self.submit(make()).await.map_err(|_| engine_gone())?;
             match completion.result {
                 Ok(_) => return Ok(()),
                 Err(error) if is_transient(&error) && retries < MAX_RETRIES => retries += 1,
@@ -336,7 +363,7 @@ impl DeviceIo {
             offset,
         };
         loop {
-            let Ok(completion) = self.queue.run(op).await else {
+            let Ok(completion) = self.submit(op).await else {
                 let error = self.error(Operation::Read, offset, length as u64, engine_gone());
                 return (BytesMut::zeroed(length), Err(error));
             };
@@ -408,8 +435,7 @@ impl DeviceIo {
                 dsync,
             };
             let completion = self
-                .queue
-                .run(op)
+                .submit(op)
                 .await
                 .map_err(|_| self.error(operation, offset, length as u64, engine_gone()))?;
             match completion.result {

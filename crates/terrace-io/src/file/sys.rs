@@ -179,3 +179,22 @@ pub fn direct_io_offset_align(file: &File) -> Option<u64> {
     let reported = result == 0 && info.stx_mask & libc::STATX_DIOALIGN != 0;
     (reported && info.stx_dio_offset_align > 0).then_some(u64::from(info.stx_dio_offset_align))
 }
+
+/// Whether the file lives in memory (tmpfs or ramfs), where I/O is a copy
+/// that never waits for a device.
+pub fn is_memory_backed(file: &File) -> bool {
+    /// `TMPFS_MAGIC` and `RAMFS_MAGIC` from linux/magic.h.
+    const MEMORY_FILESYSTEMS: [i64; 2] = [0x0102_1994, 0x8584_58f6];
+    let mut stats = std::mem::MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: the descriptor is open for the life of `file`, and `stats`
+    // has room for one statfs structure.
+    let result = unsafe { libc::fstatfs(file.as_raw_fd(), stats.as_mut_ptr()) };
+    if result != 0 {
+        return false;
+    }
+    // SAFETY: fstatfs succeeded, so it filled the structure.
+    // `f_type`'s integer type differs between architectures.
+    #[allow(clippy::unnecessary_cast)]
+    let kind = unsafe { stats.assume_init() }.f_type as i64;
+    MEMORY_FILESYSTEMS.contains(&kind)
+}

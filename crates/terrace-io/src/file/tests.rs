@@ -126,6 +126,41 @@ fn tmpfs_round_trips_and_reports_the_mode_in_use() {
     }
 }
 
+#[test]
+fn files_in_memory_run_inline_and_inline_works_anywhere() {
+    if Path::new("/dev/shm").is_dir() {
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let path = sparse_file(dir.path(), 2 * MIB);
+        let device = FileDevice::open(&path, FileOptions::default()).unwrap();
+        assert_eq!(
+            device.engine(),
+            Engine::Inline,
+            "tmpfs gets the inline engine"
+        );
+        exercise(&device, &path);
+    } else {
+        eprintln!("skipped the tmpfs half: no /dev/shm");
+    }
+    let dir = tempfile::tempdir_in("/tmp").unwrap();
+    let path = sparse_file(dir.path(), 2 * MIB);
+    let auto = FileDevice::open(&path, FileOptions::default()).unwrap();
+    assert_ne!(
+        auto.engine(),
+        Engine::Inline,
+        "disk-backed files keep an asynchronous engine"
+    );
+    drop(auto);
+    let device = FileDevice::open(&path, options(Engine::Inline)).unwrap();
+    assert_eq!(device.engine(), Engine::Inline);
+    exercise(&device, &path);
+    // Inline operations are done by the time the future is first polled.
+    let write = device.write(0, pattern(9, 4096), false);
+    assert!(write
+        .now_or_never()
+        .expect("completes in its first poll")
+        .is_ok());
+}
+
 /// A ramfs mounted on a temporary directory, unmounted on drop.
 struct Ramfs {
     dir: tempfile::TempDir,

@@ -50,7 +50,7 @@ fn serve(file: &File, queue: &Queue) {
     }
 }
 
-fn execute(file: &File, op: &mut Op) -> io::Result<usize> {
+pub(crate) fn execute(file: &File, op: &mut Op) -> io::Result<usize> {
     match op {
         Op::Read { buf, start, offset } => sys::pread_full(file, &mut buf[*start..], *offset),
         Op::Write {
