@@ -121,7 +121,7 @@ impl Pool {
 
     /// Destroy the pool: flush, then erase the label of every present disk
     /// so each reads as blank again. All data in the pool is gone.
-    pub async fn destroy(self) -> Result<(), EngineError> {
+    pub async fn destroy(&self) -> Result<(), EngineError> {
         self.shared.check_open()?;
         self.shared.check_writable()?;
         self.shared.flush_disks().await?;
@@ -133,6 +133,10 @@ impl Pool {
         self.shared
             .closed
             .store(true, std::sync::atomic::Ordering::Release);
+        self.spaces
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         for result in join_all(
             devices
                 .iter()

@@ -381,11 +381,16 @@ impl Pool {
         self.shared.control.lock().await.metadata.clone()
     }
 
-    /// Flush everything and mark the pool cleanly closed.
-    pub async fn close(self) -> Result<(), EngineError> {
+    /// Flush everything and mark the pool cleanly closed. Afterwards every
+    /// operation on the pool or its spaces fails with `Closed`.
+    pub async fn close(&self) -> Result<(), EngineError> {
         self.shared.check_open()?;
         let result = self.close_inner().await;
         self.shared.closed.store(true, Ordering::Release);
+        self.spaces
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         result
     }
 
