@@ -1,24 +1,30 @@
-//! `terrace demo`: the whole engine on a pool of sparse files, no setup.
+//! `terrace demo`: the whole system on a pool of sparse files, no setup.
 //!
-//! Builds 8 HDD-like and 3 SSD-like sparse files, pools them, carves a
-//! 2-way mirror and a dual-parity space, writes generated data with many
-//! requests in flight, reads it back and compares, restarts the pool with
-//! one disk left out to show degraded reads, and prints `pool status`.
+//! Starts a daemon in this process (sockets and state in the demo folder),
+//! creates 8 HDD-like and 3 SSD-like sparse files and pools them through the
+//! control socket, creates a 2-way mirror and a dual-parity space, writes
+//! generated data through NBD with many requests in flight, flushes, reads
+//! it back and compares; then exports the pool, imports it again with one
+//! disk left out, verifies every byte again through NBD from the degraded
+//! spaces, prints `pool status` and how to connect, and serves until Ctrl-C
+//! (or stops at once with `--exit`).
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
 use futures::stream::{self, StreamExt, TryStreamExt};
-use terrace_engine::io::file::{create_sparse_file, FileDevice, FileOptions};
-use terrace_engine::io::{BlockDevice, Bytes, Env, SystemEnv};
-use terrace_engine::layout::Layout;
-use terrace_engine::meta::{Media, Usage};
-use terrace_engine::{ImportOptions, NewDisk, Pool, PoolConfig, Space, SpaceConfig, SpaceSize};
+use terrace_engine::io::file::create_sparse_file;
+use terrace_engine::io::SystemEnv;
 
+use crate::api::{DiskSpec, PoolView, Request, SpaceCreate};
+use crate::cli::call;
+use crate::daemon::{self, DaemonConfig};
 use crate::render;
 use crate::units::format_size;
 use crate::CliError;
+use terrace_export::client::NbdClient;
 
 const HDD_COUNT: usize = 8;
 const SSD_COUNT: usize = 3;
@@ -33,33 +39,19 @@ const REQUEST_BYTES: u64 = 1 << 20;
 pub struct DemoOptions {
     pub directory: PathBuf,
     pub data_bytes: u64,
+    pub listen: SocketAddr,
+    pub serve_until_interrupted: bool,
 }
 
-fn disk_files(directory: &Path) -> Vec<(PathBuf, Media, u64)> {
-    let hdds = (0..HDD_COUNT).map(|i| {
-        (
-            directory.join(format!("hdd-{i}.img")),
-            Media::Hdd,
-            HDD_BYTES,
-        )
-    });
-    let ssds = (0..SSD_COUNT).map(|i| {
-        (
-            directory.join(format!("ssd-{i}.img")),
-            Media::Ssd,
-            SSD_BYTES,
-        )
-    });
+fn disk_files(directory: &Path) -> Vec<(PathBuf, &'static str, u64)> {
+    let hdds = (0..HDD_COUNT).map(|i| (directory.join(format!("hdd-{i}.img")), "hdd", HDD_BYTES));
+    let ssds = (0..SSD_COUNT).map(|i| (directory.join(format!("ssd-{i}.img")), "ssd", SSD_BYTES));
     hdds.chain(ssds).collect()
-}
-
-fn open(path: &Path) -> Result<Arc<dyn BlockDevice>, CliError> {
-    Ok(Arc::new(FileDevice::open(path, FileOptions::default())?))
 }
 
 /// Deterministic data for request `index` of a space, so verification needs
 /// no copy of what was written.
-fn pattern(space: &str, index: u64) -> Bytes {
+fn pattern(space: &str, index: u64) -> Vec<u8> {
     let mut state = index.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ space.len() as u64 ^ 0x007e_7ace;
     let mut data = Vec::with_capacity(REQUEST_BYTES as usize);
     while data.len() < REQUEST_BYTES as usize {
@@ -68,26 +60,37 @@ fn pattern(space: &str, index: u64) -> Bytes {
         state ^= state << 17;
         data.extend_from_slice(&state.to_le_bytes());
     }
-    Bytes::from(data)
+    data
 }
 
-async fn write_all(space: &Space, requests: u64) -> Result<(), CliError> {
+fn rate(bytes: u64, started: Instant) -> String {
+    let seconds = started.elapsed().as_secs_f64().max(1e-9);
+    format!("{}/s", format_size((bytes as f64 / seconds) as u64))
+}
+
+async fn write_all(client: &NbdClient, space: &str, requests: u64) -> Result<(), CliError> {
     stream::iter(0..requests)
-        .map(|index| space.write(index * REQUEST_BYTES, pattern(space.name(), index), false))
+        .map(|index| async move {
+            client
+                .write(index * REQUEST_BYTES, &pattern(space, index), false)
+                .await
+        })
         .buffer_unordered(QUEUE_DEPTH)
         .try_collect::<Vec<()>>()
         .await?;
-    space.flush().await?;
+    client.flush().await?;
     Ok(())
 }
 
-async fn verify_all(space: &Space, requests: u64) -> Result<(), CliError> {
+async fn verify_all(client: &NbdClient, space: &str, requests: u64) -> Result<(), CliError> {
     stream::iter(0..requests)
         .map(|index| async move {
-            let read = space.read(index * REQUEST_BYTES, REQUEST_BYTES).await?;
-            if read[..] != pattern(space.name(), index)[..] {
+            let read = client
+                .read(index * REQUEST_BYTES, REQUEST_BYTES as u32)
+                .await?;
+            if read != pattern(space, index) {
                 return Err(CliError::Verify {
-                    space: space.name().to_string(),
+                    space: space.to_string(),
                     offset: index * REQUEST_BYTES,
                 });
             }
@@ -99,81 +102,184 @@ async fn verify_all(space: &Space, requests: u64) -> Result<(), CliError> {
     Ok(())
 }
 
-fn rate(bytes: u64, started: Instant) -> String {
-    let seconds = started.elapsed().as_secs_f64().max(1e-9);
-    format!("{}/s", format_size((bytes as f64 / seconds) as u64))
+fn connect_uri(address: SocketAddr, space: &str) -> String {
+    format!("nbd://{address}/{space}")
+}
+
+/// Write, flush and verify every space through NBD.
+async fn exercise(
+    address: SocketAddr,
+    spaces: &[&str],
+    requests: u64,
+    write: bool,
+) -> Result<(), CliError> {
+    let bytes = requests * REQUEST_BYTES;
+    for space in spaces {
+        let client = NbdClient::connect(&connect_uri(address, space)).await?;
+        if write {
+            let started = Instant::now();
+            write_all(&client, space, requests).await?;
+            println!("  {space}: wrote {} through NBD ({QUEUE_DEPTH} requests of 1M in flight), flushed: {}", format_size(bytes), rate(bytes, started));
+        }
+        let started = Instant::now();
+        verify_all(&client, space, requests).await?;
+        println!(
+            "  {space}: read back and verified every byte: {}",
+            rate(bytes, started)
+        );
+        client.disconnect().await?;
+    }
+    Ok(())
+}
+
+fn print_connect_help(address: SocketAddr, directory: &Path) {
+    let uri = connect_uri(address, "mirror");
+    println!("connect with any NBD client, for example:");
+    println!("  nbdinfo {uri}");
+    println!("  qemu-img info {uri}");
+    println!("  mkdir -p /tmp/terrace-fuse && nbdfuse /tmp/terrace-fuse/disk {uri} &");
+    println!("  loop=$(losetup --direct-io=on -f --show /tmp/terrace-fuse/disk) && mkfs.ext4 $loop && mount $loop /mnt");
+    println!(
+        "the CLI talks to this demo with: terrace --control {}/control.sock pool status",
+        directory.display()
+    );
 }
 
 pub async fn run(options: DemoOptions) -> Result<(), CliError> {
-    let env: Arc<dyn Env> = Arc::new(SystemEnv::new());
-    std::fs::create_dir_all(&options.directory)?;
-    let files = disk_files(&options.directory);
+    let directory = std::path::absolute(&options.directory)?;
+    std::fs::create_dir_all(&directory)?;
+    let files = disk_files(&directory);
+    let _ = std::fs::remove_file(directory.join("state/pools.json"));
     println!(
         "creating {} sparse disk files in {}",
         files.len(),
-        options.directory.display()
+        directory.display()
     );
-    let mut disks = Vec::new();
-    for (path, media, size) in &files {
+    for (path, _, size) in &files {
         let _ = std::fs::remove_file(path);
         create_sparse_file(path, *size)?;
-        let mut disk = NewDisk::new(open(path)?);
-        disk.media = *media;
-        disk.usage = Usage::Auto;
-        disks.push(disk);
     }
-    let pool = Pool::create(env.clone(), PoolConfig::new("demo"), disks).await?;
-    let requests = options.data_bytes.div_ceil(REQUEST_BYTES);
-    let size = SpaceSize::Bytes(requests * REQUEST_BYTES);
-    for (name, layout) in [
-        ("mirror", Layout::Mirror { copies: 2 }),
-        ("parity", Layout::Parity { redundancy: 2 }),
-    ] {
-        let created = pool
-            .create_space(SpaceConfig::new(name, layout, size))
-            .await?;
-        println!("space {name}: {layout}, {}", created.columns_reason);
-        let started = Instant::now();
-        write_all(&created.space, requests).await?;
-        println!(
-            "  wrote {} ({} requests of 1M, {QUEUE_DEPTH} in flight): {}",
-            format_size(requests * REQUEST_BYTES),
-            requests,
-            rate(requests * REQUEST_BYTES, started)
-        );
-        let started = Instant::now();
-        verify_all(&created.space, requests).await?;
-        println!(
-            "  read back and verified: {}",
-            rate(requests * REQUEST_BYTES, started)
-        );
+    let mut config = DaemonConfig {
+        state_dir: directory.join("state"),
+        control_socket: directory.join("control.sock"),
+        nbd_tcp: Some(options.listen),
+        nbd_socket: Some(directory.join("nbd.sock")),
+    };
+    let running = match daemon::start(config.clone(), Arc::new(SystemEnv::new())).await {
+        Ok(running) => running,
+        Err(error) if error.contains("cannot listen for NBD") => {
+            println!("{error}; using a free port instead");
+            config.nbd_tcp = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+            daemon::start(config.clone(), Arc::new(SystemEnv::new()))
+                .await
+                .map_err(CliError::Daemon)?
+        }
+        Err(error) => return Err(CliError::Daemon(error)),
+    };
+    let result = demo_steps(&options, &config, &running.daemon, &files).await;
+    if result.is_ok() && options.serve_until_interrupted {
+        println!("serving until Ctrl-C ...");
+        tokio::signal::ctrl_c().await?;
     }
-    pool.close().await?;
-    let left_out = &files[2].0;
-    println!(
-        "\nrestarting the pool without {} (as if that drive had died)",
-        left_out.display()
-    );
-    let devices = files
+    running.daemon.request_shutdown();
+    running
+        .finished
+        .await
+        .map_err(|e| CliError::Daemon(e.to_string()))?;
+    result
+}
+
+async fn demo_steps(
+    options: &DemoOptions,
+    config: &DaemonConfig,
+    daemon: &daemon::Daemon,
+    files: &[(PathBuf, &'static str, u64)],
+) -> Result<(), CliError> {
+    let control = &config.control_socket;
+    let address = daemon
+        .nbd_tcp
+        .ok_or_else(|| CliError::Daemon("no NBD address".into()))?;
+    let disks = files
         .iter()
-        .filter(|(path, _, _)| path != left_out)
-        .map(|(path, _, _)| open(path))
-        .collect::<Result<Vec<_>, _>>()?;
-    let pool = Pool::import(env, devices, ImportOptions::default()).await?;
-    for space in pool.spaces() {
-        let started = Instant::now();
-        verify_all(&space, requests).await?;
+        .map(|(path, media, _)| DiskSpec {
+            path: path.display().to_string(),
+            media: Some((*media).into()),
+            ..DiskSpec::default()
+        })
+        .collect();
+    call(
+        control,
+        &Request::PoolCreate {
+            name: "demo".into(),
+            disks,
+            slab_bytes: None,
+            metadata_slot_bytes: None,
+        },
+    )
+    .await?;
+    let requests = options.data_bytes.div_ceil(REQUEST_BYTES).max(1);
+    for (name, layout, copies, redundancy) in [
+        ("mirror", "mirror", Some(2), None),
+        ("parity", "parity", None, Some(2)),
+    ] {
+        let create = SpaceCreate {
+            pool: "demo".into(),
+            name: name.into(),
+            layout: layout.into(),
+            copies,
+            redundancy,
+            columns: None,
+            interleave_bytes: None,
+            size_bytes: Some(requests * REQUEST_BYTES),
+            fault_domain: None,
+        };
+        let answer = call(control, &Request::SpaceCreate(create)).await?;
         println!(
-            "  {}: every byte verified while degraded: {}",
-            space.name(),
-            rate(requests * REQUEST_BYTES, started)
+            "space {name}: {}, {}",
+            answer["layout_description"].as_str().unwrap_or(""),
+            answer["columns_reason"].as_str().unwrap_or("")
         );
     }
-    println!("\n{}", render::pool_status(&pool.status().await));
-    pool.close().await?;
-    println!(
-        "the disk files stay in {} (sparse: `du -sh` shows what they really use).",
-        options.directory.display()
-    );
+    exercise(address, &["mirror", "parity"], requests, true).await?;
+    let left_out = files[2].0.display().to_string();
+    println!("\nexporting the pool and importing it again without {left_out} (as if that drive had died)");
+    call(
+        control,
+        &Request::PoolExport {
+            name: "demo".into(),
+        },
+    )
+    .await?;
+    let paths = files
+        .iter()
+        .map(|(p, _, _)| p.display().to_string())
+        .filter(|p| *p != left_out)
+        .collect();
+    call(
+        control,
+        &Request::PoolImport {
+            paths,
+            name: Some("demo".into()),
+            force: false,
+            read_only: false,
+        },
+    )
+    .await?;
+    exercise(address, &["mirror", "parity"], requests, false).await?;
+    let status: Vec<PoolView> = serde_json::from_value(
+        call(
+            control,
+            &Request::PoolStatus {
+                name: Some("demo".into()),
+            },
+        )
+        .await?,
+    )
+    .map_err(|e| CliError::Protocol(e.to_string()))?;
+    println!();
+    for pool in &status {
+        println!("{}", render::pool_status(pool));
+    }
+    print_connect_help(address, &options.directory);
     Ok(())
 }

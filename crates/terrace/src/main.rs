@@ -1,11 +1,16 @@
 //! The `terrace` command.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod api;
+mod cli;
+mod daemon;
 mod demo;
+mod paths;
 mod render;
 mod units;
 
@@ -19,46 +24,162 @@ pub enum CliError {
     File(#[from] std::io::Error),
     #[error("{0}")]
     Size(#[from] units::SizeError),
+    #[error("{0}")]
+    Nbd(#[from] terrace_export::client::NbdError),
+    #[error("cannot reach the daemon at {socket}: {error}; start it with `terrace daemon` (or point --control at its socket)")]
+    NoDaemon {
+        socket: String,
+        error: std::io::Error,
+    },
+    #[error("{0}")]
+    Usage(String),
+    #[error("{0}")]
+    Refused(String),
+    #[error("unexpected answer from the daemon: {0}")]
+    Protocol(String),
+    #[error("{0}")]
+    Daemon(String),
     #[error("space {space}: data read back at offset {offset} differs from what was written")]
     Verify { space: String, offset: u64 },
 }
 
+impl CliError {
+    /// 2 for usage errors, 1 for everything else.
+    fn exit_code(&self) -> u8 {
+        match self {
+            CliError::Usage(_) | CliError::Size(_) => 2,
+            _ => 1,
+        }
+    }
+}
+
 /// terrace: pools of drives, and spaces carved from them with simple,
-/// mirror or parity layouts.
+/// mirror or parity layouts, served over NBD.
 #[derive(Parser)]
-#[command(name = "terrace", version, about, long_about = None)]
+#[command(name = "terrace", version, about, long_about = None, propagate_version = true)]
 struct Cli {
+    /// The daemon's control socket [env: TERRACE_CONTROL].
+    #[arg(long, global = true)]
+    control: Option<PathBuf>,
+    /// Print the answer as JSON.
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
 enum Command {
-    /// Build a demo pool of sparse files, write and verify data on a mirror
-    /// and a dual-parity space, lose a disk, verify again, show the status.
+    /// Own the pools and serve their spaces over NBD (TCP and a Unix socket).
+    Daemon {
+        /// Folder for the list of pools to import at start [env: TERRACE_STATE_DIR].
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// NBD TCP address.
+        #[arg(long, default_value = "127.0.0.1:10809")]
+        listen: SocketAddr,
+        /// Serve NBD on no TCP address at all.
+        #[arg(long, conflicts_with = "listen")]
+        no_tcp: bool,
+        /// NBD Unix socket (default: in the runtime folder, beside the control socket).
+        #[arg(long)]
+        nbd_socket: Option<PathBuf>,
+    },
+    /// Demo pool of sparse files: serve a mirror and a dual-parity space over
+    /// NBD, write and verify through the protocol, lose a disk, verify again.
     Demo {
-        /// Folder for the demo disk files (8 HDD-like, 3 SSD-like, sparse).
+        /// Folder for the demo disk files and sockets.
         #[arg(long, default_value = "demo-pool")]
         dir: PathBuf,
         /// Data written to each space, e.g. 256M or 1G.
         #[arg(long, default_value = "256M", value_parser = units::parse_size)]
         data: u64,
+        /// NBD TCP address while the demo serves.
+        #[arg(long, default_value = "127.0.0.1:10809")]
+        listen: SocketAddr,
+        /// Stop after the checks instead of serving until Ctrl-C.
+        #[arg(long)]
+        exit: bool,
     },
+    /// The daemon: version, sockets, NBD address, pools.
+    Status,
+    /// Ask the daemon to shut down cleanly (as SIGTERM does).
+    Shutdown,
+    /// Pools: create, list, status, import, export, destroy.
+    #[command(subcommand)]
+    Pool(cli::PoolCommand),
+    /// Disks: list candidates, add to a pool, set usage.
+    #[command(subcommand)]
+    Disk(cli::DiskCommand),
+    /// Spaces: create, list, show, resize, delete.
+    #[command(subcommand)]
+    Space(cli::SpaceCommand),
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?)
+}
+
+fn run(cli: Cli) -> Result<(), CliError> {
+    let control = cli.control.unwrap_or_else(paths::control_socket);
+    let request = match cli.command {
+        Command::Daemon {
+            state_dir,
+            listen,
+            no_tcp,
+            nbd_socket,
+        } => {
+            let config = daemon::DaemonConfig {
+                state_dir: state_dir.unwrap_or_else(paths::state_dir),
+                control_socket: control,
+                nbd_tcp: (!no_tcp).then_some(listen),
+                nbd_socket: Some(nbd_socket.unwrap_or_else(paths::nbd_socket)),
+            };
+            return runtime()?
+                .block_on(daemon::run(config))
+                .map_err(CliError::Daemon);
+        }
+        Command::Demo {
+            dir,
+            data,
+            listen,
+            exit,
+        } => {
+            let options = demo::DemoOptions {
+                directory: dir,
+                data_bytes: data,
+                listen,
+                serve_until_interrupted: !exit,
+            };
+            return runtime()?.block_on(demo::run(options));
+        }
+        Command::Status => api::Request::DaemonStatus,
+        Command::Shutdown => api::Request::Shutdown,
+        Command::Pool(command) => cli::pool_request(command)?,
+        Command::Disk(command) => cli::disk_request(command)?,
+        Command::Space(command) => cli::space_request(command)?,
+    };
+    let result = runtime()?.block_on(cli::call(&control, &request))?;
+    if cli.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&result).unwrap_or_default()
+        );
+    } else {
+        print!("{}", cli::render(&request, result)?);
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Demo { dir, data } => futures::executor::block_on(demo::run(demo::DemoOptions {
-            directory: dir,
-            data_bytes: data,
-        })),
-    };
-    match result {
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("terrace: {error}");
-            ExitCode::FAILURE
+            ExitCode::from(error.exit_code())
         }
     }
 }

@@ -1,11 +1,9 @@
-//! Human-readable views of pool state, in the `zpool status` tradition.
+//! Text views of the API's answers, in the `zpool status` tradition.
 
 use comfy_table::presets::NOTHING;
-use comfy_table::{CellAlignment, Table};
-use terrace_engine::layout::Layout;
-use terrace_engine::meta::{Media, Usage};
-use terrace_engine::{Condition, PoolHealth, PoolStatus, SpaceHealth, SpaceStatus};
+use comfy_table::Table;
 
+use crate::api::{CandidateView, ImportableView, PoolSummary, PoolView, SpaceDetail, SpaceView};
 use crate::units::format_size;
 
 fn table(header: &[&str]) -> Table {
@@ -14,96 +12,48 @@ fn table(header: &[&str]) -> Table {
     table
 }
 
-pub fn pool_health(status: &PoolStatus) -> (&'static str, String) {
-    let offline = status
-        .disks
-        .iter()
-        .filter(|d| d.condition != Condition::Online)
-        .count();
-    match (&status.health, &status.read_only) {
-        (PoolHealth::DataLoss, _) => (
-            "DATA-LOSS",
-            "some extents lost more disks than their layout tolerates; their data is unavailable"
-                .into(),
-        ),
-        (_, Some(reason)) => ("READ-ONLY", reason.clone()),
-        (PoolHealth::Degraded, None) => (
-            "DEGRADED",
-            format!("{offline} disk(s) failed or missing; every space still has its data"),
-        ),
-        (PoolHealth::Ok, None) => ("ONLINE", "all disks online".into()),
+fn indent(text: &str) -> String {
+    text.lines()
+        .map(|line| format!("  {}", line.trim_end()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+pub fn space_health(space: &SpaceView) -> String {
+    match (space.health.as_str(), space.survives) {
+        ("healthy", Some(n)) => format!("healthy (survives {n} failure(s))"),
+        ("no-redundancy", _) => "healthy (no redundancy)".into(),
+        ("degraded", Some(n)) => format!("DEGRADED (survives {n} more)"),
+        ("offline", _) => "OFFLINE (some extents lost)".into(),
+        (other, _) => other.to_string(),
     }
 }
 
-fn condition(condition: Condition) -> &'static str {
-    match condition {
-        Condition::Online => "ONLINE",
-        Condition::Failed => "FAILED",
-        Condition::Missing => "MISSING",
-        Condition::Standby => "STANDBY",
+fn columns(space: &SpaceView) -> String {
+    match space.layout.as_str() {
+        "mirror" => format!("{} ×{}", space.columns, space.copies),
+        "parity" => format!("{}+{}", space.data_columns, space.redundancy),
+        _ => space.columns.to_string(),
     }
 }
 
-fn media(media: Media) -> &'static str {
-    match media {
-        Media::Hdd => "hdd",
-        Media::Ssd => "ssd",
-        Media::Unknown => "-",
-    }
-}
-
-fn usage(usage: Usage) -> &'static str {
-    match usage {
-        Usage::Auto => "auto",
-        Usage::Manual => "manual",
-        Usage::HotSpare => "hot-spare",
-        Usage::Journal => "journal",
-        Usage::Retired => "retired",
-    }
-}
-
-pub fn layout(layout: Layout) -> String {
-    layout.to_string()
-}
-
-pub fn space_health(status: &SpaceStatus) -> String {
-    match status.health {
-        SpaceHealth::Healthy => format!(
-            "healthy (survives {} failure(s))",
-            status.failures_tolerated
-        ),
-        SpaceHealth::NoRedundancy => "healthy (no redundancy)".into(),
-        SpaceHealth::Degraded { survives } => format!("DEGRADED (survives {survives} more)"),
-        SpaceHealth::Offline { lost_extents } => format!("OFFLINE ({lost_extents} extent(s) lost)"),
-    }
-}
-
-fn columns(status: &SpaceStatus) -> String {
-    match status.layout {
-        Layout::Mirror { copies } => format!("{} ×{copies}", status.columns),
-        Layout::Parity { redundancy } => format!("{}+{redundancy}", status.data_columns),
-        Layout::Simple => status.columns.to_string(),
-    }
-}
-
-/// The full `pool status` text.
-pub fn pool_status(status: &PoolStatus) -> String {
-    let (state, why) = pool_health(status);
-    let mut out = String::new();
-    out.push_str(&format!(
-        "  pool: {}\n    id: {}\n state: {state}\nstatus: {why}\n",
-        status.name, status.id
-    ));
-    out.push_str(&format!(
-        "  size: {} raw capacity, {} allocated, slab {}\n\ndisks:\n",
-        format_size(status.capacity_bytes),
-        format_size(status.allocated_bytes),
-        format_size(status.slab_bytes)
-    ));
+/// The full `pool status` text of one pool.
+pub fn pool_status(pool: &PoolView) -> String {
+    let summary = &pool.summary;
+    let mut out = format!(
+        "  pool: {}\n    id: {}\n state: {}\nstatus: {}\n  size: {} raw capacity, {} allocated, slab {}\n\ndisks:\n",
+        summary.name,
+        summary.id,
+        summary.state,
+        summary.reason,
+        format_size(summary.capacity_bytes),
+        format_size(summary.allocated_bytes),
+        format_size(pool.slab_bytes)
+    );
     let mut disks = table(&[
         "#", "DEVICE", "STATE", "MEDIA", "USAGE", "SIZE", "USED", "DOMAIN", "NOTE",
     ]);
-    for disk in &status.disks {
+    for disk in &pool.disks {
         let used = if disk.slabs_total == 0 {
             "-".to_string()
         } else {
@@ -119,9 +69,9 @@ pub fn pool_status(status: &PoolStatus) -> String {
         disks.add_row(vec![
             disk.index.to_string(),
             disk.device.clone(),
-            condition(disk.condition).to_string(),
-            media(disk.media).to_string(),
-            usage(disk.usage).to_string(),
+            disk.state.clone(),
+            disk.media.clone(),
+            disk.usage.clone(),
             format_size(disk.size_bytes),
             used,
             domain,
@@ -130,41 +80,152 @@ pub fn pool_status(status: &PoolStatus) -> String {
     }
     out.push_str(&indent(&disks.to_string()));
     out.push_str("\n\nspaces:\n");
-    let mut spaces = table(&[
+    if pool.spaces.is_empty() {
+        out.push_str("  (none)\n");
+    } else {
+        out.push_str(&indent(&space_table(&pool.spaces).to_string()));
+        out.push('\n');
+    }
+    out
+}
+
+fn space_table(spaces: &[SpaceView]) -> Table {
+    let mut table = table(&[
         "NAME",
+        "POOL",
         "LAYOUT",
         "COLUMNS",
         "INTERLEAVE",
         "SIZE",
         "RAW",
         "HEALTH",
+        "EXPORT",
     ]);
-    for space in &status.spaces {
-        spaces.add_row(vec![
+    for space in spaces {
+        table.add_row(vec![
             space.name.clone(),
-            layout(space.layout),
+            space.pool.clone(),
+            space.layout_description.clone(),
             columns(space),
             format_size(space.interleave_bytes),
             format_size(space.size_bytes),
             format_size(space.raw_bytes),
             space_health(space),
+            space.export.clone(),
         ]);
     }
-    if status.spaces.is_empty() {
-        out.push_str("  (none)\n");
-    } else {
-        if let Some(column) = spaces.column_mut(4) {
-            column.set_cell_alignment(CellAlignment::Right);
-        }
-        out.push_str(&indent(&spaces.to_string()));
-        out.push('\n');
-    }
-    out
+    table
 }
 
-fn indent(text: &str) -> String {
-    text.lines()
-        .map(|line| format!("  {}", line.trim_end()))
-        .collect::<Vec<_>>()
-        .join("\n")
+pub fn space_list(spaces: &[SpaceView]) -> String {
+    if spaces.is_empty() {
+        return "no spaces\n".into();
+    }
+    format!("{}\n", space_table(spaces))
+}
+
+pub fn pool_list(pools: &[PoolSummary]) -> String {
+    if pools.is_empty() {
+        return "no pools (create one with `terrace pool create`, or `terrace pool import`)\n"
+            .into();
+    }
+    let mut table = table(&[
+        "NAME",
+        "STATE",
+        "CAPACITY",
+        "ALLOCATED",
+        "DISKS",
+        "SPACES",
+        "ID",
+    ]);
+    for pool in pools {
+        table.add_row(vec![
+            pool.name.clone(),
+            pool.state.clone(),
+            format_size(pool.capacity_bytes),
+            format_size(pool.allocated_bytes),
+            pool.disk_count.to_string(),
+            pool.space_count.to_string(),
+            pool.id.chars().take(8).collect(),
+        ]);
+    }
+    format!("{table}\n")
+}
+
+pub fn candidates(devices: &[CandidateView]) -> String {
+    if devices.is_empty() {
+        return "no devices found\n".into();
+    }
+    let mut table = table(&["DEVICE", "KIND", "SIZE", "STATUS", "WHY NOT"]);
+    for device in devices {
+        table.add_row(vec![
+            device.device.clone(),
+            device.kind.clone(),
+            format_size(device.size_bytes),
+            device.status.clone(),
+            device.reason.clone(),
+        ]);
+    }
+    format!("{table}\n")
+}
+
+pub fn importable(pools: &[ImportableView]) -> String {
+    if pools.is_empty() {
+        return "no pools to import on the given devices\n".into();
+    }
+    let mut table = table(&["NAME", "ID", "GENERATION", "DEVICES FOUND"]);
+    for pool in pools {
+        table.add_row(vec![
+            pool.name.clone(),
+            pool.id.chars().take(8).collect(),
+            pool.generation.to_string(),
+            pool.devices.len().to_string(),
+        ]);
+    }
+    format!("{table}\nimport one with `terrace pool import --name NAME PATH...`\n")
+}
+
+pub fn space_detail(detail: &SpaceDetail) -> String {
+    let space = &detail.space;
+    let mut out = format!(
+        "space {} (pool {}): {}, export {}\n  health: {}\n",
+        space.name,
+        space.pool,
+        format_size(space.size_bytes),
+        space.export,
+        space_health(space)
+    );
+    for line in &detail.explanation {
+        out.push_str(&format!("  {line}\n"));
+    }
+    out.push_str("\nextents:\n");
+    let mut table = table(&[
+        "EXTENT", "OFFSET", "SLOT", "ROLE", "DISK", "DEVICE", "SLAB", "STATE",
+    ]);
+    for extent in &detail.extent_map {
+        for slot in &extent.slots {
+            let first = slot.slot == 0;
+            table.add_row(vec![
+                if first {
+                    extent.index.to_string()
+                } else {
+                    String::new()
+                },
+                if first {
+                    format_size(extent.offset_bytes)
+                } else {
+                    String::new()
+                },
+                slot.slot.to_string(),
+                slot.role.clone(),
+                slot.disk.to_string(),
+                slot.device.clone(),
+                slot.slab.to_string(),
+                slot.state.clone(),
+            ]);
+        }
+    }
+    out.push_str(&indent(&table.to_string()));
+    out.push('\n');
+    out
 }

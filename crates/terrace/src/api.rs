@@ -1,0 +1,273 @@
+//! The control API between the CLI and the daemon: one JSON request per
+//! line on a Unix socket, one JSON response per line back.
+//!
+//! ```text
+//! → {"command":"space-create","pool":"tank","name":"vm","layout":"mirror",...}
+//! ← {"ok":true,"result":{...}}            or   {"ok":false,"error":"...","kind":"failure"}
+//! ```
+//!
+//! The views here are what every listing prints with `--json`, so their
+//! field names are part of the interface.
+
+use serde::{Deserialize, Serialize};
+
+/// A disk named on the command line, with optional attributes
+/// (`path[,media=ssd][,usage=journal][,enclosure=E][,node=N]`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct DiskSpec {
+    pub path: String,
+    #[serde(default)]
+    pub media: Option<String>,
+    #[serde(default)]
+    pub usage: Option<String>,
+    #[serde(default)]
+    pub enclosure: Option<String>,
+    #[serde(default)]
+    pub node: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "command", rename_all = "kebab-case")]
+pub enum Request {
+    PoolCreate {
+        name: String,
+        disks: Vec<DiskSpec>,
+        slab_bytes: Option<u64>,
+        metadata_slot_bytes: Option<u64>,
+    },
+    PoolList,
+    PoolStatus {
+        name: Option<String>,
+    },
+    /// Import from devices and folders; with no name and several pools
+    /// found, the answer lists them.
+    PoolImport {
+        paths: Vec<String>,
+        name: Option<String>,
+        force: bool,
+        read_only: bool,
+    },
+    PoolExport {
+        name: String,
+    },
+    PoolDestroy {
+        name: String,
+    },
+    DiskList {
+        paths: Vec<String>,
+    },
+    DiskAdd {
+        pool: String,
+        disks: Vec<DiskSpec>,
+    },
+    DiskSet {
+        pool: String,
+        disk: String,
+        usage: String,
+    },
+    SpaceCreate(SpaceCreate),
+    SpaceList {
+        pool: Option<String>,
+    },
+    SpaceShow {
+        pool: Option<String>,
+        name: String,
+    },
+    SpaceResize {
+        pool: Option<String>,
+        name: String,
+        size_bytes: u64,
+    },
+    SpaceDelete {
+        pool: Option<String>,
+        name: String,
+    },
+    DaemonStatus,
+    Shutdown,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SpaceCreate {
+    pub pool: String,
+    pub name: String,
+    pub layout: String,
+    pub copies: Option<u32>,
+    pub redundancy: Option<u32>,
+    pub columns: Option<u32>,
+    pub interleave_bytes: Option<u64>,
+    /// `None` means as large as possible.
+    pub size_bytes: Option<u64>,
+    pub fault_domain: Option<String>,
+}
+
+/// What went wrong, by who can fix it.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum ErrorKind {
+    /// The request itself is malformed (exit code 2).
+    Usage,
+    /// The request was understood and refused or failed (exit code 1).
+    Failure,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Response {
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub result: serde_json::Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<ErrorKind>,
+}
+
+impl Response {
+    pub fn success(result: serde_json::Value) -> Response {
+        Response {
+            ok: true,
+            result,
+            error: None,
+            kind: None,
+        }
+    }
+
+    pub fn failure(kind: ErrorKind, error: impl Into<String>) -> Response {
+        Response {
+            ok: false,
+            result: serde_json::Value::Null,
+            error: Some(error.into()),
+            kind: Some(kind),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PoolSummary {
+    pub name: String,
+    pub id: String,
+    /// ONLINE, DEGRADED, READ-ONLY or DATA-LOSS.
+    pub state: String,
+    /// Why the state is what it is.
+    pub reason: String,
+    pub disk_count: usize,
+    pub space_count: usize,
+    pub capacity_bytes: u64,
+    pub allocated_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DiskView {
+    pub index: u16,
+    pub id: String,
+    pub device: String,
+    /// ONLINE, FAILED, MISSING or STANDBY.
+    pub state: String,
+    pub reason: String,
+    pub media: String,
+    pub usage: String,
+    pub size_bytes: u64,
+    pub slabs_total: u32,
+    pub slabs_used: u32,
+    pub enclosure: String,
+    pub node: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SpaceView {
+    pub pool: String,
+    pub name: String,
+    /// simple, mirror or parity.
+    pub layout: String,
+    /// e.g. "2-way mirror", "dual parity".
+    pub layout_description: String,
+    pub copies: u32,
+    pub redundancy: u32,
+    pub columns: u32,
+    pub data_columns: u32,
+    pub columns_reason: String,
+    pub interleave_bytes: u64,
+    pub size_bytes: u64,
+    pub raw_bytes: u64,
+    pub extents: u64,
+    pub fault_domain: String,
+    pub failures_tolerated: u32,
+    /// healthy, no-redundancy, degraded or offline.
+    pub health: String,
+    /// Further disk failures it survives now (absent when offline).
+    pub survives: Option<u32>,
+    pub read_only: bool,
+    /// NBD export name.
+    pub export: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PoolView {
+    #[serde(flatten)]
+    pub summary: PoolSummary,
+    pub generation: u64,
+    pub slab_bytes: u64,
+    pub read_only: Option<String>,
+    pub disks: Vec<DiskView>,
+    pub spaces: Vec<SpaceView>,
+}
+
+/// One slot of one extent in `space show`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SlotView {
+    pub slot: u32,
+    /// e.g. "column 2", "column 0 copy 1".
+    pub role: String,
+    pub disk: u16,
+    pub device: String,
+    pub slab: u32,
+    pub state: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ExtentView {
+    pub index: u64,
+    pub offset_bytes: u64,
+    pub length_bytes: u64,
+    pub slots: Vec<SlotView>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SpaceDetail {
+    pub space: SpaceView,
+    /// Plain-language lines explaining the layout.
+    pub explanation: Vec<String>,
+    pub extent_map: Vec<ExtentView>,
+}
+
+/// A device seen by `disk list`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CandidateView {
+    pub device: String,
+    /// file or block.
+    pub kind: String,
+    pub size_bytes: u64,
+    /// available, in-pool, damaged, unusable.
+    pub status: String,
+    /// Why it cannot be pooled (empty when available).
+    pub reason: String,
+}
+
+/// A pool found on devices by `pool import` without a name.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ImportableView {
+    pub name: String,
+    pub id: String,
+    pub devices: Vec<String>,
+    pub generation: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DaemonView {
+    pub version: String,
+    pub pid: u32,
+    pub control_socket: String,
+    pub nbd_tcp: Option<String>,
+    pub nbd_socket: Option<String>,
+    pub state_dir: String,
+    pub pools: Vec<String>,
+}

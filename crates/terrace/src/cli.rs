@@ -1,0 +1,403 @@
+//! The command line: every command but `daemon` and `demo` is a request to
+//! the daemon over its control socket; answers print as text or, with
+//! `--json`, as the API's JSON.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+use crate::api::{
+    CandidateView, DiskSpec, ErrorKind, ImportableView, PoolSummary, PoolView, Request, Response,
+    SpaceCreate, SpaceDetail, SpaceView,
+};
+use crate::units::parse_size;
+use crate::{render, CliError};
+
+/// Attributes applied to every disk of the command (a disk's own
+/// `path,media=...` attributes win).
+#[derive(Args, Debug, Clone, Default)]
+pub struct DiskDefaults {
+    /// Media of the disks: hdd or ssd.
+    #[arg(long)]
+    media: Option<String>,
+    /// What the pool may use the disks for: auto, manual, hot-spare, journal, retired.
+    #[arg(long)]
+    usage: Option<String>,
+    /// Enclosure (fault domain) label.
+    #[arg(long)]
+    enclosure: Option<String>,
+    /// Node (fault domain) label.
+    #[arg(long)]
+    node: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PoolCommand {
+    /// Create a pool from blank disks or files: DISK is a path, optionally
+    /// followed by ,media=hdd|ssd ,usage=U ,enclosure=E ,node=N.
+    Create {
+        name: String,
+        #[arg(required = true)]
+        disks: Vec<String>,
+        /// Slab size (allocation unit), a power of two from 64K to 64G.
+        #[arg(long, value_parser = parse_size)]
+        slab: Option<u64>,
+        /// Size of each of the two metadata slots on every disk.
+        #[arg(long, value_parser = parse_size)]
+        metadata_slot: Option<u64>,
+        #[command(flatten)]
+        defaults: DiskDefaults,
+    },
+    /// List open pools.
+    List,
+    /// Health, disks and spaces of one pool or all.
+    Status { name: Option<String> },
+    /// Import a pool from devices or folders of disk files (without --name
+    /// and with several pools found, list them).
+    Import {
+        paths: Vec<String>,
+        #[arg(long)]
+        name: Option<String>,
+        /// Open read-write even without a metadata majority.
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        read_only: bool,
+    },
+    /// Flush, close and forget a pool (its disks keep it; import brings it back).
+    Export { name: String },
+    /// Erase a pool: every disk becomes blank. Asks first unless --yes.
+    Destroy {
+        name: String,
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum DiskCommand {
+    /// Candidate disks (block devices, or the given paths) and why one cannot be pooled.
+    List { paths: Vec<String> },
+    /// Add disks to a pool.
+    Add {
+        pool: String,
+        #[arg(required = true)]
+        disks: Vec<String>,
+        #[command(flatten)]
+        defaults: DiskDefaults,
+    },
+    /// Change a disk's usage (DISK: index or path).
+    Set {
+        pool: String,
+        disk: String,
+        /// auto, manual, hot-spare, journal or retired.
+        #[arg(long)]
+        usage: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum SpaceCommand {
+    /// Create a space (a virtual disk) in a pool.
+    Create {
+        pool: String,
+        name: String,
+        /// simple, mirror or parity.
+        #[arg(long, value_parser = ["simple", "mirror", "parity"])]
+        layout: String,
+        /// Mirror copies: 2 or 3 (default 2).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(2..=3))]
+        copies: Option<u32>,
+        /// Parity redundancy: 1 (single) or 2 (dual) (default 1).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=2))]
+        redundancy: Option<u32>,
+        /// Columns; chosen automatically (up to 8) if not given.
+        #[arg(long)]
+        columns: Option<u32>,
+        /// Interleave: a power of two from 4K to 16M (default 256K).
+        #[arg(long, value_parser = parse_size)]
+        interleave: Option<u64>,
+        /// Size, e.g. 10G.
+        #[arg(long, value_parser = parse_size, conflicts_with = "max", required_unless_present = "max")]
+        size: Option<u64>,
+        /// As large as the pool allows.
+        #[arg(long)]
+        max: bool,
+        /// Keep redundant slabs on distinct: disk, enclosure or node.
+        #[arg(long)]
+        fault_domain: Option<String>,
+    },
+    /// List spaces.
+    List { pool: Option<String> },
+    /// Explain a space: layout, columns and why, where each extent lives.
+    Show {
+        name: String,
+        #[arg(long)]
+        pool: Option<String>,
+    },
+    /// Grow a space.
+    Resize {
+        name: String,
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+        #[arg(long)]
+        pool: Option<String>,
+    },
+    /// Delete a space and free its slabs. Asks first unless --yes.
+    Delete {
+        name: String,
+        #[arg(long)]
+        pool: Option<String>,
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+/// Parse `path[,key=value...]` into a disk spec, with defaults.
+pub fn disk_spec(text: &str, defaults: &DiskDefaults) -> Result<DiskSpec, CliError> {
+    let mut parts = text.split(',');
+    let path = parts.next().unwrap_or_default();
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| PathBuf::from(path));
+    let mut spec = DiskSpec {
+        path: absolute.to_string_lossy().into_owned(),
+        media: defaults.media.clone(),
+        usage: defaults.usage.clone(),
+        enclosure: defaults.enclosure.clone(),
+        node: defaults.node.clone(),
+    };
+    for part in parts {
+        let (key, value) = part
+            .split_once('=')
+            .ok_or_else(|| CliError::Usage(format!("{part:?} in {text:?}: expected key=value")))?;
+        let slot = match key {
+            "media" => &mut spec.media,
+            "usage" => &mut spec.usage,
+            "enclosure" => &mut spec.enclosure,
+            "node" => &mut spec.node,
+            other => {
+                return Err(CliError::Usage(format!(
+                    "unknown disk attribute {other:?}: use media, usage, enclosure or node"
+                )))
+            }
+        };
+        *slot = Some(value.to_string());
+    }
+    Ok(spec)
+}
+
+fn absolute_paths(paths: Vec<String>) -> Vec<String> {
+    paths
+        .into_iter()
+        .map(|p| std::path::absolute(&p).map_or(p, |a| a.to_string_lossy().into_owned()))
+        .collect()
+}
+
+/// Send one request to the daemon and wait for its answer.
+pub async fn call(control: &PathBuf, request: &Request) -> Result<serde_json::Value, CliError> {
+    let stream = tokio::net::UnixStream::connect(control)
+        .await
+        .map_err(|error| CliError::NoDaemon {
+            socket: control.display().to_string(),
+            error,
+        })?;
+    let (reader, mut writer) = stream.into_split();
+    let mut line = serde_json::to_string(request).map_err(|e| CliError::Protocol(e.to_string()))?;
+    line.push('\n');
+    writer.write_all(line.as_bytes()).await?;
+    let mut answer = String::new();
+    BufReader::new(reader).read_line(&mut answer).await?;
+    let response: Response = serde_json::from_str(&answer)
+        .map_err(|e| CliError::Protocol(format!("{e}: {answer:?}")))?;
+    if response.ok {
+        return Ok(response.result);
+    }
+    let message = response
+        .error
+        .unwrap_or_else(|| "the daemon refused the request".into());
+    match response.kind {
+        Some(ErrorKind::Usage) => Err(CliError::Usage(message)),
+        _ => Err(CliError::Refused(message)),
+    }
+}
+
+fn confirm(question: &str, expected: &str) -> Result<(), CliError> {
+    print!("{question} Type {expected:?} to confirm: ");
+    std::io::stdout().flush()?;
+    let mut answer = String::new();
+    std::io::stdin().lock().read_line(&mut answer)?;
+    if answer.trim() == expected {
+        Ok(())
+    } else {
+        Err(CliError::Refused(
+            "not confirmed; nothing was changed".into(),
+        ))
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T, CliError> {
+    serde_json::from_value(value).map_err(|e| CliError::Protocol(e.to_string()))
+}
+
+pub fn pool_request(command: PoolCommand) -> Result<Request, CliError> {
+    Ok(match command {
+        PoolCommand::Create {
+            name,
+            disks,
+            slab,
+            metadata_slot,
+            defaults,
+        } => Request::PoolCreate {
+            name,
+            disks: disks
+                .iter()
+                .map(|d| disk_spec(d, &defaults))
+                .collect::<Result<_, _>>()?,
+            slab_bytes: slab,
+            metadata_slot_bytes: metadata_slot,
+        },
+        PoolCommand::List => Request::PoolList,
+        PoolCommand::Status { name } => Request::PoolStatus { name },
+        PoolCommand::Import {
+            paths,
+            name,
+            force,
+            read_only,
+        } => Request::PoolImport {
+            paths: absolute_paths(paths),
+            name,
+            force,
+            read_only,
+        },
+        PoolCommand::Export { name } => Request::PoolExport { name },
+        PoolCommand::Destroy { name, yes } => {
+            if !yes {
+                confirm(
+                    &format!(
+                        "Destroy pool {name}? Every space in it and all their data will be gone."
+                    ),
+                    &name,
+                )?;
+            }
+            Request::PoolDestroy { name }
+        }
+    })
+}
+
+pub fn disk_request(command: DiskCommand) -> Result<Request, CliError> {
+    Ok(match command {
+        DiskCommand::List { paths } => Request::DiskList {
+            paths: absolute_paths(paths),
+        },
+        DiskCommand::Add {
+            pool,
+            disks,
+            defaults,
+        } => Request::DiskAdd {
+            pool,
+            disks: disks
+                .iter()
+                .map(|d| disk_spec(d, &defaults))
+                .collect::<Result<_, _>>()?,
+        },
+        DiskCommand::Set { pool, disk, usage } => Request::DiskSet {
+            pool,
+            disk: if disk.parse::<u16>().is_ok() {
+                disk
+            } else {
+                absolute_paths(vec![disk]).remove(0)
+            },
+            usage,
+        },
+    })
+}
+
+pub fn space_request(command: SpaceCommand) -> Result<Request, CliError> {
+    Ok(match command {
+        SpaceCommand::Create {
+            pool,
+            name,
+            layout,
+            copies,
+            redundancy,
+            columns,
+            interleave,
+            size,
+            max: _,
+            fault_domain,
+        } => Request::SpaceCreate(SpaceCreate {
+            pool,
+            name,
+            layout,
+            copies,
+            redundancy,
+            columns,
+            interleave_bytes: interleave,
+            size_bytes: size,
+            fault_domain,
+        }),
+        SpaceCommand::List { pool } => Request::SpaceList { pool },
+        SpaceCommand::Show { name, pool } => Request::SpaceShow { pool, name },
+        SpaceCommand::Resize { name, size, pool } => Request::SpaceResize {
+            pool,
+            name,
+            size_bytes: size,
+        },
+        SpaceCommand::Delete { name, pool, yes } => {
+            if !yes {
+                confirm(
+                    &format!("Delete space {name}? Its data will be gone."),
+                    &name,
+                )?;
+            }
+            Request::SpaceDelete { pool, name }
+        }
+    })
+}
+
+/// Turn an answer into text, by the request that asked for it.
+pub fn render(request: &Request, result: serde_json::Value) -> Result<String, CliError> {
+    Ok(match request {
+        Request::PoolList => render::pool_list(&parse::<Vec<PoolSummary>>(result)?),
+        Request::PoolStatus { .. } => parse::<Vec<PoolView>>(result)?
+            .iter()
+            .map(render::pool_status)
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Request::PoolImport { .. } if result.get("importable").is_some() => {
+            render::importable(&parse::<Vec<ImportableView>>(result["importable"].clone())?)
+        }
+        Request::PoolCreate { .. }
+        | Request::PoolImport { .. }
+        | Request::DiskAdd { .. }
+        | Request::DiskSet { .. } => render::pool_status(&parse::<PoolView>(result)?),
+        Request::DiskList { .. } => render::candidates(&parse::<Vec<CandidateView>>(result)?),
+        Request::SpaceCreate(_) | Request::SpaceResize { .. } => {
+            let space: SpaceView = parse(result)?;
+            format!(
+                "space {} in pool {}: {}, {} ({}), export {}\n",
+                space.name,
+                space.pool,
+                space.layout_description,
+                crate::units::format_size(space.size_bytes),
+                space.columns_reason,
+                space.export
+            )
+        }
+        Request::SpaceList { .. } => render::space_list(&parse::<Vec<SpaceView>>(result)?),
+        Request::SpaceShow { .. } => render::space_detail(&parse::<SpaceDetail>(result)?),
+        _ => match result.as_object() {
+            Some(object) => object
+                .iter()
+                .map(|(k, v)| {
+                    format!(
+                        "{k}: {}\n",
+                        v.as_str().map_or(v.to_string(), str::to_string)
+                    )
+                })
+                .collect(),
+            None => format!("{result}\n"),
+        },
+    })
+}

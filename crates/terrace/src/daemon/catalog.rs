@@ -1,0 +1,232 @@
+//! Spaces as NBD exports.
+//!
+//! Export name = space name; `pool/space` also works, and is the only name
+//! of a space whose name another pool uses too.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use futures::FutureExt;
+use terrace_engine::layout::Layout;
+use terrace_engine::{EngineError, Space};
+use terrace_export::{Backend, BlockSizes, Catalog, Errno, Extent};
+
+use super::registry::Registry;
+
+/// Largest request a client may send: 32 MiB, the protocol's portable limit
+/// (and half the engine's request limit).
+const PAYLOAD_MAX_BYTES: u32 = 32 << 20;
+
+pub struct SpaceBackend {
+    space: Arc<Space>,
+    description: String,
+}
+
+fn errno(error: &EngineError) -> Errno {
+    match error {
+        EngineError::OutOfRange { .. } => Errno::NoSpace,
+        EngineError::TooLarge { .. } => Errno::Invalid,
+        EngineError::ReadOnly { .. } => Errno::Perm,
+        EngineError::Closed { .. } => Errno::Shutdown,
+        _ => Errno::Io,
+    }
+}
+
+fn map<T>(result: Result<T, EngineError>) -> Result<T, Errno> {
+    result.map_err(|error| errno(&error))
+}
+
+impl SpaceBackend {
+    pub fn new(space: Arc<Space>) -> SpaceBackend {
+        let geometry = space.geometry();
+        let description = format!(
+            "{}, {} columns, {} interleave",
+            geometry.layout(),
+            geometry.columns(),
+            crate::units::format_size(geometry.interleave_bytes())
+        );
+        SpaceBackend { space, description }
+    }
+
+    /// Whether zeroing `[offset, offset + length)` is cheap: whole rows
+    /// become device-level zeroing; partial parity rows would need a
+    /// read-modify-write.
+    fn zeroing_is_fast(&self, offset: u64, length: u64) -> bool {
+        let geometry = self.space.geometry();
+        match geometry.layout() {
+            Layout::Simple | Layout::Mirror { .. } => true,
+            Layout::Parity { .. } => {
+                let row = geometry.row_data_bytes();
+                offset.is_multiple_of(row) && length.is_multiple_of(row)
+            }
+        }
+    }
+}
+
+impl Backend for SpaceBackend {
+    fn size_bytes(&self) -> u64 {
+        self.space.size_bytes()
+    }
+
+    fn read_only(&self) -> bool {
+        self.space.is_read_only()
+    }
+
+    fn block_sizes(&self) -> BlockSizes {
+        // Any byte granularity works; 512 keeps clients from sending less.
+        // The preferred size is the write that needs no read-modify-write
+        // when that is a power of two (the protocol requires one), else the
+        // interleave.
+        let natural = self.space.natural_write_bytes();
+        let preferred = if natural.is_power_of_two() {
+            natural
+        } else {
+            self.space.geometry().interleave_bytes()
+        };
+        BlockSizes {
+            minimum: 512,
+            preferred: preferred.min(u64::from(PAYLOAD_MAX_BYTES)) as u32,
+            maximum: PAYLOAD_MAX_BYTES,
+        }
+    }
+
+    fn description(&self) -> String {
+        self.description.clone()
+    }
+
+    fn read(&self, offset: u64, length: u32) -> BoxFuture<'static, Result<bytes::BytesMut, Errno>> {
+        let space = self.space.clone();
+        async move { map(space.read(offset, u64::from(length)).await) }.boxed()
+    }
+
+    fn write(
+        &self,
+        offset: u64,
+        data: bytes::Bytes,
+        fua: bool,
+    ) -> BoxFuture<'static, Result<(), Errno>> {
+        let space = self.space.clone();
+        async move { map(space.write(offset, data, fua).await) }.boxed()
+    }
+
+    fn write_zeroes(
+        &self,
+        offset: u64,
+        length: u64,
+        fua: bool,
+        _may_trim: bool,
+        fast: bool,
+    ) -> BoxFuture<'static, Result<(), Errno>> {
+        if fast && !self.zeroing_is_fast(offset, length) {
+            return futures::future::ready(Err(Errno::NotSupported)).boxed();
+        }
+        let space = self.space.clone();
+        async move { map(space.write_zeroes(offset, length, fua).await) }.boxed()
+    }
+
+    fn trim(&self, offset: u64, length: u64, fua: bool) -> BoxFuture<'static, Result<(), Errno>> {
+        let space = self.space.clone();
+        async move {
+            map(space.trim(offset, length).await)?;
+            if fua {
+                map(space.flush().await)?;
+            }
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn flush(&self) -> BoxFuture<'static, Result<(), Errno>> {
+        let space = self.space.clone();
+        async move { map(space.flush().await) }.boxed()
+    }
+
+    fn cache(&self, _offset: u64, _length: u64) -> BoxFuture<'static, Result<(), Errno>> {
+        // Nothing to prefetch into: reads go to the disks every time.
+        futures::future::ready(Ok(())).boxed()
+    }
+
+    fn block_status(
+        &self,
+        _offset: u64,
+        length: u64,
+    ) -> BoxFuture<'static, Result<Vec<Extent>, Errno>> {
+        // Fixed provisioning: every byte is allocated data.
+        let length = length.min(u64::from(u32::MAX) / 4096 * 4096).max(1) as u32;
+        futures::future::ready(Ok(vec![Extent { length, flags: 0 }])).boxed()
+    }
+}
+
+/// Every space of every pool of the registry.
+pub struct SpaceCatalog {
+    registry: Arc<Registry>,
+}
+
+impl SpaceCatalog {
+    pub fn new(registry: Arc<Registry>) -> SpaceCatalog {
+        SpaceCatalog { registry }
+    }
+
+    fn spaces(&self) -> Vec<(String, Arc<Space>)> {
+        all_spaces(&self.registry)
+    }
+}
+
+/// Every (pool name, space) of the registry.
+fn all_spaces(registry: &Registry) -> Vec<(String, Arc<Space>)> {
+    registry
+        .all()
+        .into_iter()
+        .flat_map(|entry| {
+            let pool = entry.pool.name().to_string();
+            entry
+                .pool
+                .spaces()
+                .into_iter()
+                .map(move |space| (pool.clone(), space))
+        })
+        .collect()
+}
+
+/// The export name of a space: its own name unless another pool has a
+/// space of that name too.
+pub fn export_name(all: &[(String, Arc<Space>)], pool: &str, space: &str) -> String {
+    let clashes = all.iter().filter(|(_, s)| s.name() == space).count() > 1;
+    if clashes {
+        format!("{pool}/{space}")
+    } else {
+        space.to_string()
+    }
+}
+
+impl Catalog for SpaceCatalog {
+    fn list(&self) -> Vec<(String, String)> {
+        let all = self.spaces();
+        all.iter()
+            .map(|(pool, space)| {
+                let backend = SpaceBackend::new(space.clone());
+                (export_name(&all, pool, space.name()), backend.description)
+            })
+            .collect()
+    }
+
+    fn open(&self, name: &str) -> Option<Arc<dyn Backend>> {
+        let all = self.spaces();
+        let found = if name.is_empty() {
+            (all.len() == 1).then(|| all[0].1.clone())
+        } else {
+            all.iter()
+                .find(|(pool, space)| {
+                    export_name(&all, pool, space.name()) == name
+                        || format!("{pool}/{}", space.name()) == name
+                })
+                .map(|(_, space)| space.clone())
+        };
+        found.map(|space| Arc::new(SpaceBackend::new(space)) as Arc<dyn Backend>)
+    }
+}
+
+/// The export name of `space` of `pool`, as the catalog would serve it.
+pub fn export_name_in(registry: &Registry, pool: &str, space: &str) -> String {
+    export_name(&all_spaces(registry), pool, space)
+}

@@ -1,0 +1,212 @@
+//! `terrace daemon`: owns the pools, serves their spaces over NBD, and
+//! answers the CLI on a control socket.
+//!
+//! ```text
+//!  terrace CLI ──(JSON lines, Unix socket)──▶ control ──▶ registry ──▶ engine pools
+//!  NBD clients ──(TCP 127.0.0.1:10809, Unix)──▶ terrace-export ──▶ catalog ──▶ spaces
+//! ```
+//!
+//! Shutdown (SIGTERM, SIGINT, or `Shutdown` on the control socket): stop
+//! accepting, let NBD connections finish the requests they have in flight,
+//! then close every pool (flush, mark clean). A SIGKILL skips all that; the
+//! next start finds the pools not closed cleanly and resynchronises them,
+//! and nothing acknowledged after a flush is lost.
+
+pub mod candidates;
+pub mod catalog;
+pub mod control;
+pub mod registry;
+pub mod views;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use terrace_engine::io::{Env, SystemEnv};
+use terrace_export::{Server, ServerOptions};
+use tokio::net::{TcpListener, UnixListener, UnixStream};
+use tokio::sync::watch;
+
+use catalog::SpaceCatalog;
+use registry::Registry;
+
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    pub state_dir: PathBuf,
+    pub control_socket: PathBuf,
+    /// TCP address for NBD; `None` disables TCP.
+    pub nbd_tcp: Option<SocketAddr>,
+    /// Unix socket for NBD; `None` disables it.
+    pub nbd_socket: Option<PathBuf>,
+}
+
+pub struct Daemon {
+    pub config: DaemonConfig,
+    pub registry: Arc<Registry>,
+    /// The TCP address actually bound (port 0 picks one).
+    pub nbd_tcp: Option<SocketAddr>,
+    shutdown: watch::Sender<bool>,
+}
+
+impl Daemon {
+    pub fn request_shutdown(&self) {
+        let _ = self.shutdown.send(true);
+    }
+}
+
+/// Write a timestamped line to the daemon's log (standard error).
+pub fn log(message: impl std::fmt::Display) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0);
+    eprintln!("[{now:.3}] terrace: {message}");
+}
+
+/// Bind a Unix socket, replacing a stale file but refusing to steal the
+/// socket of a daemon that is alive.
+async fn bind_unix(path: &PathBuf) -> Result<UnixListener, String> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+    }
+    if path.exists() {
+        if UnixStream::connect(path).await.is_ok() {
+            return Err(format!(
+                "{} is in use: another daemon is running",
+                path.display()
+            ));
+        }
+        std::fs::remove_file(path)
+            .map_err(|e| format!("cannot remove stale {}: {e}", path.display()))?;
+    }
+    UnixListener::bind(path).map_err(|e| format!("cannot listen on {}: {e}", path.display()))
+}
+
+/// A started daemon: its state, and the task that ends when it has shut down.
+pub struct Running {
+    pub daemon: Arc<Daemon>,
+    pub finished: tokio::task::JoinHandle<()>,
+}
+
+/// Import saved pools, bind every socket and start serving.
+pub async fn start(config: DaemonConfig, env: Arc<dyn Env>) -> Result<Running, String> {
+    std::fs::create_dir_all(&config.state_dir).map_err(|e| {
+        format!(
+            "cannot create state folder {}: {e}",
+            config.state_dir.display()
+        )
+    })?;
+    let control = bind_unix(&config.control_socket).await?;
+    let registry = Arc::new(Registry::new(env, &config.state_dir));
+    for problem in registry.import_saved().await {
+        log(format!("not imported: {problem}"));
+    }
+    let tcp = match config.nbd_tcp {
+        Some(address) => Some(
+            TcpListener::bind(address)
+                .await
+                .map_err(|e| format!("cannot listen for NBD on {address}: {e}"))?,
+        ),
+        None => None,
+    };
+    let nbd_unix = match &config.nbd_socket {
+        Some(path) => Some(bind_unix(path).await?),
+        None => None,
+    };
+    let (shutdown, _) = watch::channel(false);
+    let daemon = Arc::new(Daemon {
+        nbd_tcp: tcp.as_ref().and_then(|l| l.local_addr().ok()),
+        config,
+        registry,
+        shutdown,
+    });
+    let finished = tokio::spawn(serve(daemon.clone(), control, tcp, nbd_unix));
+    Ok(Running { daemon, finished })
+}
+
+async fn serve(
+    daemon: Arc<Daemon>,
+    control: UnixListener,
+    tcp: Option<TcpListener>,
+    unix: Option<UnixListener>,
+) {
+    let threads = std::thread::available_parallelism().map_or(2, usize::from);
+    let options = ServerOptions {
+        connection_threads: threads,
+        ..ServerOptions::default()
+    };
+    let server = Arc::new(Server::new(
+        Arc::new(SpaceCatalog::new(daemon.registry.clone())),
+        options,
+    ));
+    let mut servers = Vec::new();
+    if let Some(listener) = tcp {
+        let (server, stop) = (server.clone(), daemon.shutdown.subscribe());
+        servers.push(tokio::spawn(async move {
+            server.serve_tcp(listener, stop).await
+        }));
+    }
+    if let Some(listener) = unix {
+        let (server, stop) = (server.clone(), daemon.shutdown.subscribe());
+        servers.push(tokio::spawn(async move {
+            server.serve_unix(listener, stop).await
+        }));
+    }
+    log(format!(
+        "serving: control {}, NBD {}{}",
+        daemon.config.control_socket.display(),
+        daemon
+            .nbd_tcp
+            .map_or("no TCP".into(), |a| format!("nbd://{a}")),
+        daemon
+            .config
+            .nbd_socket
+            .as_ref()
+            .map_or(String::new(), |p| format!(
+                ", nbd+unix:///?socket={}",
+                p.display()
+            ))
+    ));
+    let mut stop = daemon.shutdown.subscribe();
+    loop {
+        tokio::select! {
+            accepted = control.accept() => match accepted {
+                Ok((stream, _)) => { tokio::spawn(control::serve(daemon.clone(), stream)); }
+                Err(error) => log(format!("control socket: {error}")),
+            },
+            _ = stop.changed() => break,
+        }
+    }
+    for server in servers {
+        let _ = server.await;
+    }
+    for entry in daemon.registry.all() {
+        match entry.pool.close().await {
+            Ok(()) => log(format!("pool {} closed cleanly", entry.pool.name())),
+            Err(error) => log(format!("pool {}: {error}", entry.pool.name())),
+        }
+    }
+    let _ = std::fs::remove_file(&daemon.config.control_socket);
+    if let Some(path) = &daemon.config.nbd_socket {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Run until SIGTERM, SIGINT or a shutdown request.
+pub async fn run(config: DaemonConfig) -> Result<(), String> {
+    let running = start(config, Arc::new(SystemEnv::new())).await?;
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
+    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(|e| format!("cannot watch SIGINT: {e}"))?;
+    let daemon = running.daemon.clone();
+    let mut finished = running.finished;
+    tokio::select! {
+        _ = terminate.recv() => log("SIGTERM: shutting down"),
+        _ = interrupt.recv() => log("SIGINT: shutting down"),
+        _ = &mut finished => return Ok(()),
+    }
+    daemon.request_shutdown();
+    finished.await.map_err(|e| format!("shutdown failed: {e}"))
+}

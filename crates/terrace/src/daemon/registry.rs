@@ -1,0 +1,219 @@
+//! The pools a daemon owns, and where their disks are.
+//!
+//! The registry is the daemon's one owner of pool membership: every admin
+//! change goes through it, one at a time (the admin lock), and the list of
+//! pools with their disk paths is saved to `pools.json` in the state folder
+//! (written to a temporary file, synced, renamed) so the next start imports
+//! them again.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use serde::{Deserialize, Serialize};
+use terrace_engine::io::file::{FileDevice, FileOptions};
+use terrace_engine::io::{BlockDevice, Env};
+use terrace_engine::{ImportOptions, Pool};
+
+/// A pool and the paths of its disks as last known.
+#[derive(Clone)]
+pub struct PoolEntry {
+    pub pool: Arc<Pool>,
+    pub paths: Vec<String>,
+}
+
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct StateFile {
+    pools: Vec<SavedPool>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct SavedPool {
+    name: String,
+    paths: Vec<String>,
+}
+
+pub struct Registry {
+    pub env: Arc<dyn Env>,
+    state_path: PathBuf,
+    pools: RwLock<BTreeMap<String, PoolEntry>>,
+    /// Saved pools that could not be imported at start; kept in the state
+    /// file so a later start (with the disks back) tries again.
+    unavailable: RwLock<Vec<SavedPool>>,
+    /// Serialises admin changes (create, import, export, destroy...).
+    pub admin: tokio::sync::Mutex<()>,
+}
+
+/// Open a device or file for pool use.
+pub fn open_device(path: &str) -> Result<Arc<dyn BlockDevice>, String> {
+    FileDevice::open(path, FileOptions::default())
+        .map(|device| Arc::new(device) as Arc<dyn BlockDevice>)
+        .map_err(|error| error.to_string())
+}
+
+/// Expand folders into the regular files and block devices inside them.
+pub fn expand_paths(paths: &[String]) -> Vec<String> {
+    let mut found = Vec::new();
+    for path in paths {
+        let entries = Path::new(path)
+            .is_dir()
+            .then(|| std::fs::read_dir(path).ok())
+            .flatten();
+        match entries {
+            Some(entries) => {
+                let mut inside: Vec<String> = entries
+                    .flatten()
+                    .filter(|entry| entry.file_type().is_ok_and(|t| !t.is_dir()))
+                    .map(|entry| entry.path().to_string_lossy().into_owned())
+                    .collect();
+                inside.sort();
+                found.extend(inside);
+            }
+            None => found.push(path.clone()),
+        }
+    }
+    found
+}
+
+impl Registry {
+    pub fn new(env: Arc<dyn Env>, state_dir: &Path) -> Registry {
+        Registry {
+            env,
+            state_path: state_dir.join("pools.json"),
+            pools: RwLock::new(BTreeMap::new()),
+            unavailable: RwLock::new(Vec::new()),
+            admin: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    pub fn get(&self, name: &str) -> Option<PoolEntry> {
+        self.pools
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned()
+    }
+
+    pub fn all(&self) -> Vec<PoolEntry> {
+        self.pools
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    pub fn insert(&self, entry: PoolEntry) -> Result<(), String> {
+        let name = entry.pool.name().to_string();
+        self.unavailable
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|saved| saved.name != name);
+        self.pools
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name, entry);
+        self.save()
+    }
+
+    pub fn remove(&self, name: &str) -> Result<Option<PoolEntry>, String> {
+        let removed = self
+            .pools
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
+        self.save()?;
+        Ok(removed)
+    }
+
+    /// Record the current disk paths of a pool (after disks were added).
+    pub fn set_paths(&self, name: &str, paths: Vec<String>) -> Result<(), String> {
+        if let Some(entry) = self
+            .pools
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(name)
+        {
+            entry.paths = paths;
+        }
+        self.save()
+    }
+
+    fn save(&self) -> Result<(), String> {
+        let mut pools: Vec<SavedPool> = self
+            .all()
+            .into_iter()
+            .map(|entry| SavedPool {
+                name: entry.pool.name().to_string(),
+                paths: entry.paths,
+            })
+            .collect();
+        pools.extend(
+            self.unavailable
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .cloned(),
+        );
+        let text = serde_json::to_string_pretty(&StateFile { pools }).map_err(|e| e.to_string())?;
+        let temporary = self.state_path.with_extension("json.new");
+        let write = || -> std::io::Result<()> {
+            use std::io::Write;
+            let mut file = std::fs::File::create(&temporary)?;
+            file.write_all(text.as_bytes())?;
+            file.sync_all()?;
+            std::fs::rename(&temporary, &self.state_path)?;
+            if let Some(parent) = self.state_path.parent() {
+                std::fs::File::open(parent)?.sync_all()?;
+            }
+            Ok(())
+        };
+        write().map_err(|error| format!("cannot save {}: {error}", self.state_path.display()))
+    }
+
+    /// Import every pool named in the state file. Returns one message per
+    /// pool that could not be imported (it stays in the state file, so the
+    /// next start tries again).
+    pub async fn import_saved(&self) -> Vec<String> {
+        let Ok(text) = std::fs::read_to_string(&self.state_path) else {
+            return Vec::new();
+        };
+        let state: StateFile = match serde_json::from_str(&text) {
+            Ok(state) => state,
+            Err(error) => return vec![format!("{}: {error}", self.state_path.display())],
+        };
+        let mut problems = Vec::new();
+        for saved in state.pools {
+            let devices: Vec<Arc<dyn BlockDevice>> = saved
+                .paths
+                .iter()
+                .filter_map(|p| open_device(p).ok())
+                .collect();
+            let options = ImportOptions {
+                pool: Some(saved.name.clone()),
+                ..ImportOptions::default()
+            };
+            match Pool::import(self.env.clone(), devices, options).await {
+                Ok(pool) => {
+                    let entry = PoolEntry {
+                        pool: Arc::new(pool),
+                        paths: saved.paths,
+                    };
+                    let name = entry.pool.name().to_string();
+                    self.pools
+                        .write()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(name, entry);
+                }
+                Err(error) => {
+                    problems.push(format!("pool {}: {error}", saved.name));
+                    self.unavailable
+                        .write()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(saved);
+                }
+            }
+        }
+        problems
+    }
+}

@@ -1,0 +1,243 @@
+//! Engine state → the API's views.
+
+use terrace_engine::layout::Layout;
+use terrace_engine::meta::{FaultDomain, Media, PoolMetadata, Usage};
+use terrace_engine::{Condition, PoolHealth, PoolStatus, SpaceHealth, SpaceStatus};
+
+use crate::api::{DiskView, ExtentView, PoolSummary, PoolView, SlotView, SpaceDetail, SpaceView};
+use crate::units::format_size;
+
+pub fn media_name(media: Media) -> &'static str {
+    match media {
+        Media::Hdd => "hdd",
+        Media::Ssd => "ssd",
+        Media::Unknown => "unknown",
+    }
+}
+
+pub fn usage_name(usage: Usage) -> &'static str {
+    match usage {
+        Usage::Auto => "auto",
+        Usage::Manual => "manual",
+        Usage::HotSpare => "hot-spare",
+        Usage::Journal => "journal",
+        Usage::Retired => "retired",
+    }
+}
+
+pub fn condition_name(condition: Condition) -> &'static str {
+    match condition {
+        Condition::Online => "ONLINE",
+        Condition::Failed => "FAILED",
+        Condition::Missing => "MISSING",
+        Condition::Standby => "STANDBY",
+    }
+}
+
+pub fn domain_name(domain: FaultDomain) -> &'static str {
+    match domain {
+        FaultDomain::Disk => "disk",
+        FaultDomain::Enclosure => "enclosure",
+        FaultDomain::Node => "node",
+    }
+}
+
+fn state_and_reason(status: &PoolStatus) -> (&'static str, String) {
+    let offline = status
+        .disks
+        .iter()
+        .filter(|d| d.condition != Condition::Online)
+        .count();
+    match (&status.health, &status.read_only) {
+        (PoolHealth::DataLoss, _) => (
+            "DATA-LOSS",
+            "some extents lost more disks than their layout tolerates; their data is unavailable"
+                .into(),
+        ),
+        (_, Some(reason)) => ("READ-ONLY", reason.clone()),
+        (PoolHealth::Degraded, None) => (
+            "DEGRADED",
+            format!("{offline} disk(s) failed or missing; every space still has its data"),
+        ),
+        (PoolHealth::Ok, None) => ("ONLINE", "all disks online".into()),
+    }
+}
+
+pub fn summary(status: &PoolStatus) -> PoolSummary {
+    let (state, reason) = state_and_reason(status);
+    PoolSummary {
+        name: status.name.clone(),
+        id: status.id.clone(),
+        state: state.into(),
+        reason,
+        disk_count: status.disks.len(),
+        space_count: status.spaces.len(),
+        capacity_bytes: status.capacity_bytes,
+        allocated_bytes: status.allocated_bytes,
+    }
+}
+
+pub fn space_view(pool: &str, space: &SpaceStatus, read_only: bool, export: String) -> SpaceView {
+    let (layout, copies, redundancy) = match space.layout {
+        Layout::Simple => ("simple", 1, 0),
+        Layout::Mirror { copies } => ("mirror", copies, 0),
+        Layout::Parity { redundancy } => ("parity", 1, redundancy),
+    };
+    let (health, survives) = match space.health {
+        SpaceHealth::Healthy => ("healthy", Some(space.failures_tolerated)),
+        SpaceHealth::NoRedundancy => ("no-redundancy", Some(0)),
+        SpaceHealth::Degraded { survives } => ("degraded", Some(survives)),
+        SpaceHealth::Offline { .. } => ("offline", None),
+    };
+    SpaceView {
+        pool: pool.to_string(),
+        name: space.name.clone(),
+        layout: layout.into(),
+        layout_description: space.layout.to_string(),
+        copies,
+        redundancy,
+        columns: space.columns,
+        data_columns: space.data_columns,
+        columns_reason: space.columns_reason.clone(),
+        interleave_bytes: space.interleave_bytes,
+        size_bytes: space.size_bytes,
+        raw_bytes: space.raw_bytes,
+        extents: space.extents,
+        fault_domain: domain_name(space.fault_domain).into(),
+        failures_tolerated: space.failures_tolerated,
+        health: health.into(),
+        survives,
+        read_only,
+        export,
+    }
+}
+
+pub fn pool_view(status: &PoolStatus, export_name: impl Fn(&str) -> String) -> PoolView {
+    let disks = status
+        .disks
+        .iter()
+        .map(|disk| DiskView {
+            index: disk.index,
+            id: disk.id.clone(),
+            device: disk.device.clone(),
+            state: condition_name(disk.condition).into(),
+            reason: disk.reason.clone(),
+            media: media_name(disk.media).into(),
+            usage: usage_name(disk.usage).into(),
+            size_bytes: disk.size_bytes,
+            slabs_total: disk.slabs_total,
+            slabs_used: disk.slabs_used,
+            enclosure: disk.enclosure.clone(),
+            node: disk.node.clone(),
+        })
+        .collect();
+    let read_only = status.read_only.is_some();
+    let spaces = status
+        .spaces
+        .iter()
+        .map(|space| space_view(&status.name, space, read_only, export_name(&space.name)))
+        .collect();
+    PoolView {
+        summary: summary(status),
+        generation: status.generation,
+        slab_bytes: status.slab_bytes,
+        read_only: status.read_only.clone(),
+        disks,
+        spaces,
+    }
+}
+
+fn slot_role(layout: Layout, slot: u32) -> String {
+    match layout {
+        Layout::Mirror { copies } => format!("column {} copy {}", slot / copies, slot % copies),
+        Layout::Simple | Layout::Parity { .. } => format!("column {slot}"),
+    }
+}
+
+fn explanation(view: &SpaceView, slab_bytes: u64) -> Vec<String> {
+    let mut lines = vec![format!(
+        "{}: {}",
+        view.layout_description, view.columns_reason
+    )];
+    match view.layout.as_str() {
+        "mirror" => lines.push(format!(
+            "each row stripes {} interleave units over {} columns; every column is kept on {} disks",
+            format_size(view.interleave_bytes),
+            view.columns,
+            view.copies
+        )),
+        "parity" => lines.push(format!(
+            "each row holds {} data units of {} and {} parity unit(s); parity rotates one column per row so every disk shares the parity work",
+            view.data_columns,
+            format_size(view.interleave_bytes),
+            view.redundancy
+        )),
+        _ => lines.push(format!(
+            "each row stripes {} interleave units over {} columns; no redundancy",
+            format_size(view.interleave_bytes),
+            view.columns
+        )),
+    }
+    let slots = view.columns * view.copies;
+    lines.push(format!(
+        "an extent is {slots} slabs of {} on {slots} distinct {}s, holding {} of the space",
+        format_size(slab_bytes),
+        view.fault_domain,
+        format_size(u64::from(view.data_columns) * slab_bytes)
+    ));
+    lines.push(format!(
+        "usable {} of raw {} ({:.0}% efficiency)",
+        format_size(view.size_bytes),
+        format_size(view.raw_bytes),
+        100.0 * f64::from(view.data_columns) / f64::from(slots)
+    ));
+    lines.push(match view.survives {
+        Some(n) => format!(
+            "survives any {} disk failure(s) by design; {n} more now",
+            view.failures_tolerated
+        ),
+        None => "some extents have lost their data".into(),
+    });
+    lines
+}
+
+pub fn space_detail(view: SpaceView, metadata: &PoolMetadata, devices: &[DiskView]) -> SpaceDetail {
+    let record = metadata.space(&view.name);
+    let extent_bytes = u64::from(view.data_columns) * metadata.slab_bytes;
+    let extent_map = record
+        .map(|record| {
+            record
+                .extents
+                .iter()
+                .enumerate()
+                .map(|(index, extent)| ExtentView {
+                    index: index as u64,
+                    offset_bytes: index as u64 * extent_bytes,
+                    length_bytes: extent_bytes,
+                    slots: extent
+                        .slabs
+                        .iter()
+                        .flatten()
+                        .enumerate()
+                        .map(|(slot, slab)| {
+                            let disk = devices.iter().find(|d| d.index == slab.disk.0);
+                            SlotView {
+                                slot: slot as u32,
+                                role: slot_role(record.layout, slot as u32),
+                                disk: slab.disk.0,
+                                device: disk.map(|d| d.device.clone()).unwrap_or_default(),
+                                slab: slab.slab.0,
+                                state: disk.map(|d| d.state.clone()).unwrap_or_default(),
+                            }
+                        })
+                        .collect(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    SpaceDetail {
+        explanation: explanation(&view, metadata.slab_bytes),
+        space: view,
+        extent_map,
+    }
+}

@@ -1,0 +1,193 @@
+//! ext4 on a space, through the kernel: nbdfuse presents the space as a
+//! file, a loop device (direct I/O) makes it a block device, and mkfs,
+//! mount, e2fsck work on it. Checked on a 2-way mirror and on dual parity,
+//! then again after the pool was imported with one of its disks missing.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use common::{
+    assert_same_tree, command, hash_tree, run, run_ok, skip_without, write_tree, Daemon, FuseFile,
+    LoopDevice, Mount, GIB,
+};
+
+const TOOLS: [&str; 7] = [
+    "nbdfuse",
+    "fusermount3",
+    "losetup",
+    "mkfs.ext4",
+    "e2fsck",
+    "mount",
+    "umount",
+];
+
+/// The space as a block device: nbdfuse file, then loop device. Drop order
+/// (loop device first, then the fuse file) is the teardown order.
+struct BlockDevice {
+    loop_device: LoopDevice,
+    fuse: FuseFile,
+}
+
+impl BlockDevice {
+    fn attach(daemon: &Daemon, space: &str) -> BlockDevice {
+        let fuse = FuseFile::attach(daemon.temp(), space, &daemon.uri(space));
+        let loop_device = LoopDevice::attach(&fuse.file);
+        BlockDevice { loop_device, fuse }
+    }
+
+    fn device(&self) -> &str {
+        &self.loop_device.device
+    }
+
+    fn detach(self) {
+        self.loop_device.detach();
+        self.fuse.detach();
+    }
+}
+
+fn fsck_clean(device: &str, when: &str) {
+    let answer = run(command("e2fsck").args(["-f", "-n"]).arg(device));
+    assert_eq!(
+        answer.code(),
+        Some(0),
+        "e2fsck -fn {when}\n{}",
+        answer.describe()
+    );
+}
+
+fn sync() {
+    // SAFETY: sync(2) has no arguments and cannot fail.
+    unsafe { libc::sync() };
+}
+
+/// mkfs, write a tree, unmount, fsck, mount again, compare. Returns the tree.
+fn fill_and_check(daemon: &Daemon, space: &str) -> BTreeMap<String, String> {
+    let mountpoint = daemon.temp().join(format!("mnt-{space}"));
+    let device = BlockDevice::attach(daemon, space);
+    run_ok(command("mkfs.ext4").args(["-q", "-F"]).arg(device.device()));
+    let mount = Mount::at(device.device(), &mountpoint);
+    let written = write_tree(&mountpoint, 1, 200);
+    sync();
+    assert_same_tree(
+        &written,
+        &hash_tree(&mountpoint),
+        &format!("{space}: read back before unmount"),
+    );
+    mount.unmount();
+    fsck_clean(
+        device.device(),
+        &format!("of {space} after the first unmount"),
+    );
+    // A fresh connection, device and mount: nothing comes from a cache.
+    device.detach();
+    let device = BlockDevice::attach(daemon, space);
+    let mount = Mount::at(device.device(), &mountpoint);
+    assert_same_tree(
+        &written,
+        &hash_tree(&mountpoint),
+        &format!("{space}: after remount"),
+    );
+    mount.unmount();
+    device.detach();
+    written
+}
+
+/// Mount with a disk missing: old files intact, new files written, fsck clean.
+fn check_degraded(daemon: &Daemon, space: &str, written: &BTreeMap<String, String>) {
+    let mountpoint = daemon.temp().join(format!("mnt-{space}"));
+    let device = BlockDevice::attach(daemon, space);
+    let mount = Mount::at(device.device(), &mountpoint);
+    assert_same_tree(
+        written,
+        &hash_tree(&mountpoint),
+        &format!("{space}: degraded, before writing"),
+    );
+    let mut all = written.clone();
+    all.extend(
+        write_tree(&mountpoint.join("degraded"), 2, 60)
+            .into_iter()
+            .map(|(k, v)| (format!("degraded/{k}"), v)),
+    );
+    sync();
+    assert_same_tree(
+        &all,
+        &hash_tree(&mountpoint),
+        &format!("{space}: degraded, after writing"),
+    );
+    mount.unmount();
+    fsck_clean(device.device(), &format!("of degraded {space}"));
+    device.detach();
+    let device = BlockDevice::attach(daemon, space);
+    let mount = Mount::at(device.device(), &mountpoint);
+    assert_same_tree(
+        &all,
+        &hash_tree(&mountpoint),
+        &format!("{space}: degraded, after remount"),
+    );
+    mount.unmount();
+    device.detach();
+}
+
+/// A disk holding a slab of `space` (from `space show --json`).
+fn disk_of(daemon: &Daemon, space: &str) -> String {
+    let detail = daemon.cli_json(&["space", "show", space]);
+    detail["extent_map"][0]["slots"][1]["device"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no device in the extent map: {detail}"))
+        .to_string()
+}
+
+fn ext4_survives_a_missing_disk(space: &str, layout: &[&str]) {
+    if skip_without("the filesystem test", &TOOLS) {
+        return;
+    }
+    let mut daemon = Daemon::start();
+    let disks: Vec<PathBuf> = daemon.disk_files("fs", 6, 2 * GIB);
+    daemon.create_pool("fs", &disks, "16M");
+    daemon.create_space("fs", space, layout, "256M");
+
+    let written = fill_and_check(&daemon, space);
+
+    // Import the pool again without one of the disks the space uses.
+    let missing = disk_of(&daemon, space);
+    daemon.cli_ok(&["pool", "export", "fs"]);
+    let present: Vec<String> = disks
+        .iter()
+        .map(|p| p.display().to_string())
+        .filter(|p| Path::new(p) != Path::new(&missing))
+        .collect();
+    assert_eq!(
+        present.len(),
+        disks.len() - 1,
+        "{missing} is not one of the pool's disks"
+    );
+    let mut args = vec!["pool", "import", "--name", "fs"];
+    args.extend(present.iter().map(String::as_str));
+    let pool = daemon.cli_json(&args);
+    assert_eq!(
+        pool["state"], "DEGRADED",
+        "pool imported without {missing}: {pool}"
+    );
+    let view = pool["spaces"]
+        .as_array()
+        .and_then(|s| s.iter().find(|v| v["name"] == space))
+        .cloned();
+    let view = view.unwrap_or_else(|| panic!("space {space} missing after import: {pool}"));
+    assert_eq!(view["health"], "degraded", "{view}");
+    assert_eq!(view["read_only"], false, "{view}");
+
+    check_degraded(&daemon, space, &written);
+    daemon.stop();
+}
+
+#[test]
+fn ext4_on_a_two_way_mirror() {
+    ext4_survives_a_missing_disk("mirror", &["--layout", "mirror", "--copies", "2"]);
+}
+
+#[test]
+fn ext4_on_dual_parity() {
+    ext4_survives_a_missing_disk("parity", &["--layout", "parity", "--redundancy", "2"]);
+}

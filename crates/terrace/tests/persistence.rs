@@ -1,0 +1,400 @@
+//! What the daemon remembers across stops: pools come back from the state
+//! folder, data acknowledged before a flush survives SIGKILL, and SIGTERM
+//! flushes whatever was acknowledged, even with a client still connected.
+
+mod common;
+
+use common::nbd::{Connection, Outcome, CMD_FLAG_FUA, CMD_FLUSH, CMD_WRITE};
+use common::{command, random_bytes, run, skip_without, Daemon, GIB, MIB};
+
+/// Run qemu-io commands on `uri`; fail on any failed command or pattern.
+#[track_caller]
+fn qemu_io(uri: &str, commands: &[String], when: &str) {
+    let mut qemu = command("qemu-io");
+    qemu.args(["-f", "raw"]).arg(uri);
+    for c in commands {
+        qemu.arg("-c").arg(c);
+    }
+    let answer = run(&mut qemu);
+    let output = format!("{}{}", answer.stdout, answer.stderr);
+    assert!(
+        answer.success() && !output.contains("failed") && !output.contains("Pattern verification"),
+        "qemu-io {when}\n{}",
+        answer.describe()
+    );
+}
+
+fn commands(list: &[&str]) -> Vec<String> {
+    list.iter().map(|c| c.to_string()).collect()
+}
+
+#[track_caller]
+fn assert_online(daemon: &Daemon, when: &str) {
+    let pool = daemon.pool_status("keep");
+    assert_eq!(pool["state"], "ONLINE", "pool state {when}: {pool}");
+    let spaces = pool["spaces"].as_array().expect("spaces");
+    assert_eq!(spaces.len(), 2, "spaces {when}: {pool}");
+    for space in spaces {
+        assert_eq!(space["health"], "healthy", "space health {when}: {space}");
+    }
+    let status = daemon.cli_json(&["status"]);
+    assert_eq!(
+        status["pools"],
+        serde_json::json!(["keep"]),
+        "daemon status {when}: {status}"
+    );
+}
+
+#[test]
+fn data_survives_sigkill_after_flush_and_sigterm_without_one() {
+    if skip_without("the persistence test", &["qemu-io"]) {
+        return;
+    }
+    let mut daemon = Daemon::start();
+    let disks = daemon.disk_files("keep", 5, GIB);
+    daemon.create_pool("keep", &disks, "16M");
+    daemon.create_space(
+        "keep",
+        "mirror",
+        &["--layout", "mirror", "--copies", "2"],
+        "64M",
+    );
+    daemon.create_space(
+        "keep",
+        "parity",
+        &["--layout", "parity", "--redundancy", "2"],
+        "64M",
+    );
+
+    // Patterns written and flushed, then SIGKILL.
+    let first = [
+        "write -P 0x5a 0 4M",
+        "write -P 0x5b 4M 4k",        // a partial parity row: read-modify-write
+        "write -P 0x5c 9437696 1000", // unaligned, mid-space
+        "flush",
+    ];
+    let first_check = [
+        "read -P 0x5a 0 4M",
+        "read -P 0x5b 4M 4k",
+        "read -P 0x5c 9437696 1000",
+    ];
+    for space in ["mirror", "parity"] {
+        qemu_io(
+            &daemon.uri(space),
+            &commands(&first),
+            &format!("writing {space}"),
+        );
+    }
+    daemon.kill();
+    daemon.restart();
+    assert_online(&daemon, "after SIGKILL and restart");
+    for space in ["mirror", "parity"] {
+        qemu_io(
+            &daemon.uri(space),
+            &commands(&first_check),
+            &format!("reading {space} after SIGKILL"),
+        );
+    }
+
+    // More patterns, no explicit flush, then a clean stop.
+    let second = ["write -P 0x6d 1M 2M", "write -P 0x6e 60M 4M"];
+    let second_check = [
+        "read -P 0x5a 0 1M",
+        "read -P 0x6d 1M 2M",
+        "read -P 0x5a 3M 1M",
+        "read -P 0x5b 4M 4k",
+        "read -P 0x6e 60M 4M",
+    ];
+    for space in ["mirror", "parity"] {
+        qemu_io(
+            &daemon.uri(space),
+            &commands(&second),
+            &format!("writing {space} again"),
+        );
+    }
+    daemon.stop();
+    daemon.restart();
+    assert_online(&daemon, "after SIGTERM and restart");
+    for space in ["mirror", "parity"] {
+        qemu_io(
+            &daemon.uri(space),
+            &commands(&second_check),
+            &format!("reading {space} after SIGTERM"),
+        );
+    }
+    // A clean stop marks the pool clean: nothing to resynchronise, and the
+    // log says the pool closed cleanly.
+    daemon.stop();
+    assert!(
+        daemon.log_text().contains("closed cleanly"),
+        "{}",
+        daemon.log_tail()
+    );
+}
+
+#[test]
+fn sigterm_with_a_client_connected_keeps_acknowledged_writes() {
+    let mut daemon = Daemon::start();
+    let disks = daemon.disk_files("keep", 4, GIB);
+    daemon.create_pool("keep", &disks, "16M");
+    daemon.create_space(
+        "keep",
+        "mirror",
+        &["--layout", "mirror", "--copies", "2"],
+        "64M",
+    );
+    daemon.create_space(
+        "keep",
+        "parity",
+        &["--layout", "parity", "--redundancy", "1"],
+        "64M",
+    );
+
+    // Writes acknowledged (one with FUA, the others without), no flush, and
+    // the connections stay open while the daemon is told to stop.
+    let mut connections = Vec::new();
+    for (seed, space) in [(1u64, "mirror"), (2, "parity")] {
+        let mut connection = Connection::open(&daemon.nbd_socket, space);
+        for block in 0..8u64 {
+            let data = random_bytes(seed * 100 + block, MIB as usize);
+            let flags = if block == 3 { CMD_FLAG_FUA } else { 0 };
+            connection
+                .write(block * 3 * MIB + 512, &data, flags)
+                .unwrap_or_else(|e| panic!("write to {space} failed with error {e}"));
+        }
+        connections.push(connection);
+    }
+    daemon.stop();
+    drop(connections);
+
+    daemon.restart();
+    assert_online(&daemon, "after SIGTERM with clients connected");
+    for (seed, space) in [(1u64, "mirror"), (2, "parity")] {
+        let mut connection = Connection::open(&daemon.nbd_socket, space);
+        for block in 0..8u64 {
+            let expected = random_bytes(seed * 100 + block, MIB as usize);
+            let data = connection
+                .read(block * 3 * MIB + 512, MIB as u32)
+                .unwrap_or_else(|e| panic!("read from {space} failed with error {e}"));
+            assert!(
+                data == expected,
+                "{space}: block {block} differs after SIGTERM and restart"
+            );
+        }
+        connection.disconnect();
+    }
+    daemon.stop();
+}
+
+#[test]
+fn exported_pools_stay_out_until_imported() {
+    let mut daemon = Daemon::start();
+    let disks = daemon.disk_files("keep", 3, GIB);
+    daemon.create_pool("keep", &disks, "16M");
+    daemon.create_space("keep", "data", &["--layout", "mirror"], "32M");
+    let mut connection = Connection::open(&daemon.nbd_socket, "data");
+    let pattern = random_bytes(7, 64 * 1024);
+    connection.write(0, &pattern, 0).expect("write");
+    connection.flush().expect("flush");
+    connection.disconnect();
+
+    daemon.cli_ok(&["pool", "export", "keep"]);
+    daemon.stop();
+    daemon.restart();
+    let pools = daemon.cli_json(&["pool", "list"]);
+    assert_eq!(
+        pools,
+        serde_json::json!([]),
+        "an exported pool came back at start: {pools}"
+    );
+
+    let folder = daemon.root.join("disks").display().to_string();
+    let pool = daemon.cli_json(&["pool", "import", "--name", "keep", &folder]);
+    assert_eq!(pool["state"], "ONLINE", "{pool}");
+    daemon.stop();
+    daemon.restart();
+    // Imported again, so remembered again.
+    assert_eq!(daemon.pool_status("keep")["state"], "ONLINE");
+    let mut connection = Connection::open(&daemon.nbd_socket, "data");
+    assert!(
+        connection.read(0, 64 * 1024).expect("read") == pattern,
+        "data changed across export and import"
+    );
+    connection.disconnect();
+    daemon.stop();
+}
+
+#[test]
+fn a_grown_space_keeps_its_data_and_serves_the_new_size() {
+    let mut daemon = Daemon::start();
+    let disks = daemon.disk_files("keep", 4, GIB);
+    daemon.create_pool("keep", &disks, "16M");
+    daemon.create_space(
+        "keep",
+        "grow",
+        &["--layout", "parity", "--redundancy", "1"],
+        "40M",
+    );
+    let mut connection = Connection::open(&daemon.nbd_socket, "grow");
+    assert_eq!(connection.info.size, 40 * MIB);
+    let head = random_bytes(11, MIB as usize);
+    let tail = random_bytes(12, MIB as usize);
+    connection.write(0, &head, 0).expect("write head");
+    connection.write(39 * MIB, &tail, 0).expect("write tail");
+    connection.flush().expect("flush");
+    connection.disconnect();
+
+    let view = daemon.cli_json(&["space", "resize", "grow", "--size", "200M"]);
+    assert_eq!(view["size_bytes"].as_u64(), Some(200 * MIB), "{view}");
+    // Shrinking is refused and changes nothing.
+    let answer = daemon.cli(&["space", "resize", "grow", "--size", "100M"]);
+    assert_eq!(
+        answer.code(),
+        Some(1),
+        "shrinking a space\n{}",
+        answer.describe()
+    );
+
+    let mut connection = Connection::open(&daemon.nbd_socket, "grow");
+    assert_eq!(connection.info.size, 200 * MIB, "export size after resize");
+    let end = random_bytes(13, MIB as usize);
+    connection
+        .write(199 * MIB, &end, 0)
+        .expect("write the new end");
+    // The grown part reads as zeroes.
+    let zeroes = connection
+        .read(100 * MIB, 64 * 1024)
+        .expect("read the grown part");
+    assert!(
+        zeroes.iter().all(|&b| b == 0),
+        "the grown part of the space is not zeroed"
+    );
+    connection.disconnect();
+
+    daemon.stop();
+    daemon.restart();
+    let mut connection = Connection::open(&daemon.nbd_socket, "grow");
+    assert_eq!(connection.info.size, 200 * MIB, "export size after restart");
+    for (offset, expected) in [(0, &head), (39 * MIB, &tail), (199 * MIB, &end)] {
+        let data = connection.read(offset, MIB as u32).expect("read back");
+        assert!(
+            data == *expected,
+            "data at {offset} changed across resize and restart"
+        );
+    }
+    connection.disconnect();
+    daemon.stop();
+}
+
+/// A writer that flushes after every batch of writes; the daemon is killed
+/// while it writes. Every batch whose flush was acknowledged reads back.
+#[test]
+fn sigkill_during_writes_keeps_every_flushed_batch() {
+    const BLOCK: usize = 192 * 1024; // not a multiple of any row: partial-row writes
+    const BLOCKS_PER_BATCH: u64 = 8;
+    let mut daemon = Daemon::start();
+    let disks = daemon.disk_files("keep", 6, GIB);
+    daemon.create_pool("keep", &disks, "16M");
+    daemon.create_space(
+        "keep",
+        "mirror",
+        &["--layout", "mirror", "--copies", "2"],
+        "96M",
+    );
+    daemon.create_space(
+        "keep",
+        "parity",
+        &["--layout", "parity", "--redundancy", "2"],
+        "96M",
+    );
+    let spaces = ["mirror", "parity"];
+    let block_data = |space: usize, batch: u64, block: u64| {
+        random_bytes(((space as u64) << 40) | (batch << 20) | block, BLOCK)
+    };
+    let offset = |batch: u64, block: u64| (batch * BLOCKS_PER_BATCH + block) * BLOCK as u64 + 4096;
+    let batches_in_space = 96 * MIB / (BLOCKS_PER_BATCH * BLOCK as u64) - 1;
+
+    let (sender, receiver) = std::sync::mpsc::channel::<(usize, u64)>();
+    let writers: Vec<_> = spaces
+        .iter()
+        .enumerate()
+        .map(|(index, space)| {
+            let mut connection = Connection::open(&daemon.nbd_socket, space);
+            let sender = sender.clone();
+            std::thread::spawn(move || {
+                // Keep writing until the connection dies.
+                for batch in 0.. {
+                    let batch = batch % batches_in_space;
+                    for block in 0..BLOCKS_PER_BATCH {
+                        let data = block_data(index, batch, block);
+                        if connection
+                            .try_send(CMD_WRITE, 0, offset(batch, block), BLOCK as u32, &data)
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    for _ in 0..BLOCKS_PER_BATCH {
+                        if !matches!(connection.outcome(), Outcome::Reply { error: 0, .. }) {
+                            return;
+                        }
+                    }
+                    if connection.try_send(CMD_FLUSH, 0, 0, 0, &[]).is_err()
+                        || !matches!(connection.outcome(), Outcome::Reply { error: 0, .. })
+                    {
+                        return;
+                    }
+                    if sender.send((index, batch)).is_err() {
+                        return;
+                    }
+                }
+            })
+        })
+        .collect();
+    drop(sender);
+
+    // Kill once both writers have flushed a few batches (and are writing more).
+    let mut flushed: Vec<Vec<u64>> = vec![Vec::new(); spaces.len()];
+    while flushed.iter().any(|batches| batches.len() < 6) {
+        let (index, batch) = receiver
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("writers flushed nothing within 60s");
+        flushed[index].push(batch);
+    }
+    daemon.kill();
+    // Flushes acknowledged before the kill, whose messages were still queued.
+    for (index, batch) in receiver.try_iter() {
+        flushed[index].push(batch);
+    }
+    for writer in writers {
+        writer.join().expect("writer thread");
+    }
+
+    daemon.restart();
+    assert_eq!(
+        daemon.pool_status("keep")["state"],
+        "ONLINE",
+        "after SIGKILL during writes"
+    );
+    for (index, space) in spaces.iter().enumerate() {
+        let mut connection = Connection::open(&daemon.nbd_socket, space);
+        let mut batches = flushed[index].clone();
+        batches.sort_unstable();
+        batches.dedup();
+        for batch in batches {
+            for block in 0..BLOCKS_PER_BATCH {
+                let data = connection
+                    .read(offset(batch, block), BLOCK as u32)
+                    .unwrap_or_else(|e| {
+                        panic!("{space}: reading block {block} of batch {batch} after SIGKILL failed with error {e}")
+                    });
+                assert!(
+                    data == block_data(index, batch, block),
+                    "{space}: block {block} of batch {batch} was flushed before SIGKILL but reads back different"
+                );
+            }
+        }
+        connection.disconnect();
+    }
+    daemon.stop();
+}
