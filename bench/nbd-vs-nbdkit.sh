@@ -3,7 +3,11 @@
 # jobs, one run, alternating targets job by job. Prints a markdown table of
 # results and ratios (terrace / nbdkit).
 #
-#   bench/nbd-vs-nbdkit.sh [seconds-per-job]
+#   bench/nbd-vs-nbdkit.sh [seconds-per-job] [rounds]
+#
+# Every job runs `rounds` times per target, targets interleaved, and the
+# median is reported: the machines are shared, and a single run can be off
+# by a third.
 #
 # Targets, all over Unix sockets:
 #   terrace-simple  a simple space over 4 files in /dev/shm (4 columns)
@@ -12,6 +16,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-10}
+rounds=${2:-3}
 size_mib=1024
 work=$(mktemp -d /dev/shm/terrace-bench.XXXXXX)
 pids=()
@@ -61,6 +66,7 @@ done
 results="$work/results.txt"
 for job in "${jobs[@]}"; do
     read -r rw bs depth <<<"$job"
+    for _ in $(seq "$rounds"); do
     for target in "${targets[@]}"; do
         fio --name=bench --ioengine=nbd --uri="${uris[$target]}" --rw="$rw" --bs="$bs" \
             --iodepth="$depth" --size=${size_mib}M --time_based --runtime="$seconds" \
@@ -72,14 +78,21 @@ side = job["read"] if job["read"]["io_bytes"] > 0 else job["write"]
 print(sys.argv[1], sys.argv[2], round(side["iops"]), round(side["bw_bytes"] / 1048576, 1), round(side["clat_ns"]["mean"] / 1000, 1))
 ' "$job" "$target" "$work/fio.json" >>"$results"
     done
+    done
 done
 
 python3 - "$results" <<'PY'
-import sys, collections
-rows = collections.OrderedDict()
+import sys, collections, statistics
+runs = collections.OrderedDict()
 for line in open(sys.argv[1]):
     rw, bs, depth, target, iops, mbs, lat = line.split()
-    rows.setdefault(f"{rw} {bs} QD{depth}", {})[target] = (float(iops), float(mbs), float(lat))
+    runs.setdefault(f"{rw} {bs} QD{depth}", {}).setdefault(target, []).append((float(iops), float(mbs), float(lat)))
+rows = collections.OrderedDict()
+for job, by in runs.items():
+    rows[job] = {}
+    for target, samples in by.items():
+        samples.sort()
+        rows[job][target] = samples[len(samples) // 2]
 print("| job | terrace simple (IO/s, MiB/s) | nbdkit file | nbdkit memory | terrace / nbdkit file | terrace / nbdkit memory |")
 print("|---|---|---|---|---|---|")
 for job, by in rows.items():

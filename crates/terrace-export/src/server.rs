@@ -117,6 +117,7 @@ const CONNECTION_THREADS_MAX: usize = 256;
 pub struct Server {
     catalog: Arc<dyn Catalog>,
     options: ServerOptions,
+    offload: Option<tokio::runtime::Handle>,
 }
 
 impl Server {
@@ -124,7 +125,17 @@ impl Server {
         Server {
             catalog,
             options: options.clamped(),
+            offload: None,
         }
+    }
+
+    /// Run requests of 64 KiB and more on `runtime` (a multi-thread
+    /// runtime), where their copying can use every core; useful with
+    /// [`ServerOptions::connection_threads`], which keeps each connection
+    /// on one thread.
+    pub fn with_offload(mut self, runtime: tokio::runtime::Handle) -> Server {
+        self.offload = Some(runtime);
+        self
     }
 
     /// The options in effect (after clamping).
@@ -167,7 +178,13 @@ impl Server {
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         let mut watcher = shutdown.clone();
-        let work = run_connection(self.catalog.clone(), self.options, stream, shutdown);
+        let work = run_connection(
+            self.catalog.clone(),
+            self.options,
+            stream,
+            shutdown,
+            self.offload.clone(),
+        );
         tokio::pin!(work);
         tokio::select! {
             result = &mut work => result,
@@ -258,6 +275,7 @@ async fn run_connection<S>(
     options: ServerOptions,
     stream: S,
     shutdown: watch::Receiver<bool>,
+    offload: Option<tokio::runtime::Handle>,
 ) -> Result<(), ConnectionError>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -282,6 +300,7 @@ where
                 session,
                 options.max_in_flight_per_connection,
                 shutdown,
+                offload,
             )
             .await
         }

@@ -408,9 +408,7 @@ impl DeviceIo {
 
     async fn write(&self, offset: u64, data: Bytes, fua: bool) -> IoResult<()> {
         let data = if self.needs_bounce(&data) {
-            let mut bounce = aligned_buffer(data.len());
-            bounce.copy_from_slice(&data);
-            bounce.freeze()
+            crate::aligned_copy(&data).freeze()
         } else {
             data
         };
