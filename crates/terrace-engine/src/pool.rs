@@ -22,7 +22,9 @@ use terrace_meta::format::{
 };
 use terrace_meta::quorum::{self, Candidate};
 use terrace_meta::store::{self, Probe};
-use terrace_meta::{DiskId, DiskIndex, DiskRecord, DiskState, Media, PoolId, PoolMetadata, Usage};
+use terrace_meta::{
+    DiskId, DiskIndex, DiskRecord, DiskState, Media, PoolId, PoolMetadata, PoolSettings, Usage,
+};
 
 use crate::control::PoolShared;
 use crate::disk::{Condition, Disk};
@@ -268,6 +270,10 @@ impl Pool {
             next_space_id: 1,
             disks: Vec::new(),
             spaces: Vec::new(),
+            settings: PoolSettings::default(),
+            next_job_id: 1,
+            jobs: Vec::new(),
+            dirty: Vec::new(),
         };
         let failures = Arc::new(AtomicU64::new(0));
         let shape = Shape {

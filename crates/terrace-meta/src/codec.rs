@@ -60,6 +60,10 @@ pub enum DecodeError {
     SlabReused { slab: SlabRef },
     #[error("{count} disks exceed the limit of {limit}")]
     TooManyDisks { count: usize, limit: usize },
+    #[error("disk {disk} does not exist")]
+    NoSuchDisk { disk: u16 },
+    #[error("a job moves a slot that space {space} does not have")]
+    BadMove { space: u64 },
     #[error("{trailing} unexpected bytes after the metadata")]
     Trailing { trailing: usize },
 }
@@ -157,6 +161,10 @@ impl<'a> Reader<'a> {
 
     /// A count of items each at least `item_bytes` long: refused before any
     /// allocation if the remaining bytes cannot hold that many.
+    pub(crate) fn count_of(&mut self, field: &'static str, count: usize, item_bytes: usize) -> Result<usize, DecodeError> {
+        self.count(field, count, item_bytes)
+    }
+
     fn count(
         &mut self,
         field: &'static str,
@@ -257,6 +265,7 @@ pub fn encode(metadata: &PoolMetadata) -> Vec<u8> {
     for space in &metadata.spaces {
         encode_space(&mut writer, space, metadata.slab_bytes);
     }
+    crate::codec_state::encode(&mut writer, &metadata.settings, metadata.next_job_id, &metadata.jobs, &metadata.dirty);
     writer.into_bytes()
 }
 
@@ -329,6 +338,12 @@ pub fn decode(bytes: &[u8]) -> Result<PoolMetadata, DecodeError> {
     for _ in 0..space_count {
         spaces.push(decode_space(&mut reader, slab_bytes, &disks, &mut used)?);
     }
+    let known = crate::codec_state::Known {
+        disks: &disks,
+        spaces: &spaces,
+        slab_bytes,
+    };
+    let (settings, next_job_id, jobs, dirty) = crate::codec_state::decode(&mut reader, &known, &mut used)?;
     if reader.remaining() != 0 {
         return Err(DecodeError::Trailing {
             trailing: reader.remaining(),
@@ -345,6 +360,10 @@ pub fn decode(bytes: &[u8]) -> Result<PoolMetadata, DecodeError> {
         next_space_id,
         disks,
         spaces,
+        settings,
+        next_job_id,
+        jobs,
+        dirty,
     })
 }
 

@@ -5,6 +5,7 @@
 //! and metadata slots through the [`terrace_io::BlockDevice`] trait.
 
 pub mod codec;
+mod codec_state;
 pub mod format;
 pub mod fuzzing;
 pub mod ids;
@@ -17,7 +18,8 @@ pub use codec::DecodeError;
 pub use format::{Label, LabelError, SlotError};
 pub use ids::{DiskId, DiskIndex, PoolId, SlabIndex, SlabRef, SpaceId};
 pub use model::{
-    DiskRecord, DiskState, ExtentRecord, FaultDomain, Media, PoolMetadata, Provisioning,
+    DirtyRecord, DiskRecord, DiskState, ExtentRecord, FaultDomain, JobKind, JobRecord, JobState,
+    Media, MoveRecord, PoolMetadata, PoolSettings, Provisioning, RepairPolicy, RetireMissing,
     SpaceRecord, Usage,
 };
 pub use placement::{Allocator, PlacementError};

@@ -124,6 +124,106 @@ impl SpaceRecord {
     }
 }
 
+/// What the pool does when a disk goes missing or fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RetireMissing {
+    /// Wait for the disk or the admin.
+    Never,
+    /// Retire it and repair at once.
+    Always,
+    /// Repair at once when a hot spare or enough free slabs exist.
+    Auto,
+}
+
+/// How many extents a repair works on at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RepairPolicy {
+    /// Many extents, on many disks, at once.
+    Parallel,
+    /// One extent at a time (gentlest on client I/O).
+    Sequential,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolSettings {
+    pub retire_missing: RetireMissing,
+    pub repair_policy: RepairPolicy,
+    /// Repair and move bandwidth limit; 0 = unlimited.
+    pub repair_rate_bytes_per_second: u64,
+}
+
+impl Default for PoolSettings {
+    fn default() -> PoolSettings {
+        PoolSettings {
+            retire_missing: RetireMissing::Auto,
+            repair_policy: RepairPolicy::Parallel,
+            repair_rate_bytes_per_second: 0,
+        }
+    }
+}
+
+/// What a job does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum JobKind {
+    /// Re-create the lost slabs of a failed or missing disk elsewhere.
+    Repair { disk: DiskIndex },
+    /// Move every slab off a disk, then release it.
+    Evacuate { disk: DiskIndex },
+    /// Move every slab of `old` onto `new`.
+    Replace { old: DiskIndex, new: DiskIndex },
+    /// Bring a returning disk up to date (regions written while it was away).
+    Resync { disk: DiskIndex },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum JobState {
+    Running,
+    Paused,
+    Done,
+    Cancelled,
+    Failed,
+}
+
+/// One slot of one extent being re-created (or moved) into `target`.
+/// Rows below `watermark_rows` are already valid on the target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MoveRecord {
+    pub space: SpaceId,
+    pub extent: u32,
+    pub slot: u16,
+    pub target: SlabRef,
+    pub watermark_rows: u64,
+    pub done: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobRecord {
+    pub id: u64,
+    pub kind: JobKind,
+    pub state: JobState,
+    /// Why it failed or was cancelled; empty otherwise.
+    pub reason: String,
+    pub created_ns: u64,
+    pub finished_ns: u64,
+    pub bytes_total: u64,
+    pub bytes_done: u64,
+    pub moves: Vec<MoveRecord>,
+}
+
+impl JobRecord {
+    pub fn is_active(&self) -> bool {
+        matches!(self.state, JobState::Running | JobState::Paused)
+    }
+}
+
+/// Extents written while a disk was away: what it must catch up on if it
+/// returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirtyRecord {
+    pub disk: DiskIndex,
+    pub extents: Vec<(SpaceId, u32)>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolMetadata {
     pub pool_id: PoolId,
@@ -139,6 +239,11 @@ pub struct PoolMetadata {
     pub next_space_id: u64,
     pub disks: Vec<DiskRecord>,
     pub spaces: Vec<SpaceRecord>,
+    pub settings: PoolSettings,
+    pub next_job_id: u64,
+    /// Active jobs, and finished ones kept for `job list` (bounded).
+    pub jobs: Vec<JobRecord>,
+    pub dirty: Vec<DirtyRecord>,
 }
 
 impl PoolMetadata {
@@ -160,15 +265,28 @@ impl PoolMetadata {
         self.spaces.iter().find(|space| space.name == name)
     }
 
-    /// Every slab referenced by any extent.
+    /// Every slab referenced by any extent, or reserved as the target of an
+    /// active job's move.
     pub fn used_slabs(&self) -> BTreeSet<SlabRef> {
-        self.spaces
+        let in_extents = self
+            .spaces
             .iter()
             .flat_map(|space| space.extents.iter())
             .filter_map(|extent| extent.slabs.as_ref())
             .flatten()
-            .copied()
-            .collect()
+            .copied();
+        let reserved = self
+            .jobs
+            .iter()
+            .filter(|job| job.is_active())
+            .flat_map(|job| job.moves.iter())
+            .filter(|m| !m.done)
+            .map(|m| m.target);
+        in_extents.chain(reserved).collect()
+    }
+
+    pub fn space_by_id(&self, id: SpaceId) -> Option<&SpaceRecord> {
+        self.spaces.iter().find(|space| space.id == id)
     }
 
     /// Find the disk index of `id`.

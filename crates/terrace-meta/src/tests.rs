@@ -45,6 +45,10 @@ fn metadata(disks: usize, slab_count: u32) -> PoolMetadata {
         next_space_id: 1,
         disks: (0..disks).map(|i| disk(i as u8, slab_count)).collect(),
         spaces: Vec::new(),
+        settings: PoolSettings::default(),
+        next_job_id: 1,
+        jobs: Vec::new(),
+        dirty: Vec::new(),
     }
 }
 
@@ -88,6 +92,43 @@ fn metadata_round_trips() {
         pool.spaces[0].size_bytes += pool.spaces[0].geometry(SLAB).unwrap().extent_data_bytes();
         pool.disks[1].state = DiskState::Failed;
         pool.disks[1].state_reason = "read error at 4096".into();
+        pool.settings.retire_missing = RetireMissing::Never;
+        pool.settings.repair_rate_bytes_per_second = 100 << 20;
+        let free = Allocator::new(&pool, FaultDomain::Disk, DiskRecord::takes_capacity)
+            .free_by_disk()
+            .into_iter()
+            .find(|(_, free)| *free > 0)
+            .map(|(disk, _)| disk)
+            .unwrap();
+        let target = SlabRef {
+            disk: free,
+            slab: SlabIndex(15),
+        };
+        pool.jobs.push(JobRecord {
+            id: 4,
+            kind: JobKind::Replace {
+                old: DiskIndex(1),
+                new: free,
+            },
+            state: JobState::Paused,
+            reason: String::new(),
+            created_ns: 9,
+            finished_ns: 0,
+            bytes_total: 1 << 20,
+            bytes_done: 4096,
+            moves: vec![MoveRecord {
+                space: SpaceId(1),
+                extent: 0,
+                slot: 0,
+                target,
+                watermark_rows: 3,
+                done: false,
+            }],
+        });
+        pool.dirty.push(DirtyRecord {
+            disk: DiskIndex(1),
+            extents: vec![(SpaceId(1), 0), (SpaceId(1), 2)],
+        });
         let decoded = codec::decode(&codec::encode(&pool)).unwrap();
         assert_eq!(decoded, pool);
     }
@@ -111,11 +152,13 @@ fn payload_golden_prefix() {
     expected.extend_from_slice(&[1, 0]); // one disk
     expected.extend_from_slice(&[0; 16]); // disk id
     assert_eq!(&bytes[..expected.len()], &expected[..]);
-    assert_eq!(
-        &bytes[bytes.len() - 4..],
-        &[0, 0, 0, 0],
-        "zero spaces at the end"
-    );
+    // zero spaces, then settings (auto, parallel, unlimited), next job id 1,
+    // zero jobs, zero dirty records
+    let mut tail = vec![0, 0, 0, 0, 2, 0];
+    tail.extend_from_slice(&0u64.to_le_bytes());
+    tail.extend_from_slice(&1u64.to_le_bytes());
+    tail.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+    assert_eq!(&bytes[bytes.len() - tail.len()..], &tail[..]);
 }
 
 #[test]
