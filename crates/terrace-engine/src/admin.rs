@@ -334,9 +334,9 @@ fn targets(
             })?;
             Ok(slabs
                 .iter()
-                .map(|slab| Target {
-                    disk: disks[usize::from(slab.disk.0)].clone(),
-                    base: data_start + u64::from(slab.slab.0) * metadata.slab_bytes,
+                .map(|slab| {
+                    let base = data_start + u64::from(slab.slab.0) * metadata.slab_bytes;
+                    Target::single(disks[usize::from(slab.disk.0)].clone(), base)
                 })
                 .collect::<Arc<[Target]>>())
         })
@@ -405,9 +405,12 @@ async fn zero_slabs(
     slab_bytes: u64,
 ) -> Result<(), EngineError> {
     for targets in extents {
-        let zeroes = targets
-            .iter()
-            .map(|target| target.disk.write_zeroes(target.base, slab_bytes, false));
+        let zeroes = targets.iter().map(|target| {
+            target
+                .home()
+                .disk
+                .write_zeroes(target.home().base, slab_bytes, false)
+        });
         for result in join_all(zeroes).await {
             result.map_err(|reason| EngineError::Unavailable {
                 space: space.name.clone(),

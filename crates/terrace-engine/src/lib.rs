@@ -31,6 +31,7 @@ mod scan;
 mod simple;
 mod space;
 mod status;
+mod target;
 mod zero;
 
 pub use admin::{default_fault_domain, SpaceConfig, SpaceCreated, SpaceSize};

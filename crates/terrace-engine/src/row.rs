@@ -9,6 +9,7 @@ use terrace_layout::{ColumnPiece, Geometry, RowSpan};
 use crate::error::EngineError;
 use crate::row_lock::RowGuard;
 use crate::space::{join_buffer, split_buffer, Space, Target};
+use crate::target::Location;
 
 pub struct RowIo<'a> {
     pub space: &'a Space,
@@ -34,12 +35,13 @@ impl RowIo<'_> {
         &self.space.geometry
     }
 
+    /// Whether this row of `slot` can be read (some location holds it).
     pub fn online(&self, slot: u32) -> bool {
-        self.targets[slot as usize].disk.is_online()
+        self.targets[slot as usize].readable(self.row).is_some()
     }
 
-    fn disk_offset(&self, slot: u32, column_offset: u64) -> u64 {
-        self.targets[slot as usize].base + self.geometry().slab_offset(self.row, column_offset)
+    fn disk_offset(&self, location: &Location, column_offset: u64) -> u64 {
+        location.base + self.geometry().slab_offset(self.row, column_offset)
     }
 
     pub async fn read(
@@ -48,10 +50,21 @@ impl RowIo<'_> {
         column_offset: u64,
         buf: BytesMut,
     ) -> (BytesMut, Result<(), String>) {
-        let offset = self.disk_offset(slot, column_offset);
-        self.targets[slot as usize].disk.read(offset, buf).await
+        let Some(location) = self.targets[slot as usize].readable(self.row) else {
+            return (
+                buf,
+                Err(format!(
+                    "slot {slot} holds no valid copy of row {}",
+                    self.row
+                )),
+            );
+        };
+        let offset = self.disk_offset(location, column_offset);
+        location.disk.read(offset, buf).await
     }
 
+    /// Write to every valid location of the slot; succeeds if one took it
+    /// (a location that fails has latched its disk failed).
     pub async fn write(
         &self,
         slot: u32,
@@ -59,11 +72,20 @@ impl RowIo<'_> {
         data: Bytes,
         fua: bool,
     ) -> Result<(), String> {
-        let offset = self.disk_offset(slot, column_offset);
-        self.targets[slot as usize]
-            .disk
-            .write(offset, data, fua)
-            .await
+        let writes = self.targets[slot as usize]
+            .writable(self.row)
+            .map(|location| {
+                let offset = self.disk_offset(location, column_offset);
+                location.disk.write(offset, data.clone(), fua)
+            });
+        let results = join_all(writes).await;
+        if results.iter().any(Result::is_ok) {
+            return Ok(());
+        }
+        Err(results
+            .into_iter()
+            .find_map(Result::err)
+            .unwrap_or_else(|| format!("slot {slot} holds no valid copy of row {}", self.row)))
     }
 
     /// The error for a span whose data cannot be served.

@@ -38,22 +38,15 @@ use terrace_layout::{Geometry, Layout, RowSpan, BLOCK_BYTES};
 use terrace_meta::SpaceId;
 
 use crate::control::PoolShared;
-use crate::disk::Disk;
 use crate::error::EngineError;
 use crate::row::RowIo;
 use crate::row_lock::RowLocks;
+pub use crate::target::Target;
 use crate::{mirror, parity, simple, zero};
 
 /// Largest request: 64 MiB bounds the memory one request pins (NBD clients
 /// send at most 32 MiB).
 pub const REQUEST_MAX_BYTES: u64 = 64 << 20;
-
-/// One slot of an extent: its disk and where its slab starts.
-#[derive(Clone)]
-pub struct Target {
-    pub disk: Arc<Disk>,
-    pub base: u64,
-}
 
 /// The mapping of a space: size and the targets of every extent.
 pub struct SpaceMap {
@@ -380,7 +373,7 @@ impl Space {
         for (index, targets) in map.extents.iter().enumerate() {
             if self
                 .geometry
-                .remaining_tolerance(|slot| !targets[slot as usize].disk.is_online())
+                .remaining_tolerance(|slot| !targets[slot as usize].complete())
                 .is_none()
             {
                 return Err(EngineError::Unavailable {

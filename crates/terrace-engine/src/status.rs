@@ -89,7 +89,7 @@ impl Space {
         for targets in &map.extents {
             match self
                 .geometry
-                .remaining_tolerance(|slot| !targets[slot as usize].disk.is_online())
+                .remaining_tolerance(|slot| !targets[slot as usize].complete())
             {
                 None => lost_extents += 1,
                 Some(left) => survives = survives.min(left),

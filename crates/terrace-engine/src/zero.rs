@@ -95,15 +95,16 @@ async fn zero_rows(
     let length = rows * geometry.interleave_bytes();
     let zeroes = targets
         .iter()
-        .filter(|target| target.disk.is_online())
-        .map(|target| {
-            target
+        .flat_map(|target| target.locations.iter())
+        .filter(|location| location.disk.is_online())
+        .map(|location| {
+            location
                 .disk
-                .write_zeroes(target.base + offset_in_slab, length, mode.fua())
+                .write_zeroes(location.base + offset_in_slab, length, mode.fua())
         });
     join_all(zeroes).await;
     if geometry
-        .remaining_tolerance(|slot| !targets[slot as usize].disk.is_online())
+        .remaining_tolerance(|slot| !targets[slot as usize].complete())
         .is_none()
     {
         return Err(EngineError::Unavailable {
@@ -153,11 +154,10 @@ async fn zero_pieces(io: &RowIo<'_>, span: &RowSpan, mode: Mode) -> Result<(), E
     for piece in geometry.split_columns(*span) {
         let zeroes = (0..copies)
             .map(|copy| geometry.slot(piece.data_column, copy))
-            .filter(|&slot| io.online(slot))
-            .map(|slot| {
-                let target = &io.targets[slot as usize];
-                let offset = target.base + geometry.slab_offset(io.row, piece.column_offset);
-                target.disk.write_zeroes(offset, piece.length, mode.fua())
+            .flat_map(|slot| io.targets[slot as usize].writable(io.row))
+            .map(|location| {
+                let offset = location.base + geometry.slab_offset(io.row, piece.column_offset);
+                location.disk.write_zeroes(offset, piece.length, mode.fua())
             });
         let reached = join_all(zeroes).await.iter().any(Result::is_ok);
         if !reached {
