@@ -19,7 +19,7 @@ use std::sync::{Arc, RwLock};
 use futures::future::join_all;
 use terrace_io::Env;
 use terrace_meta::store::{encode_slot, write_slot};
-use terrace_meta::{DiskState, PoolMetadata};
+use terrace_meta::{DirtyRecord, DiskIndex, DiskState, PoolMetadata, SpaceId};
 
 use crate::disk::{Condition, Disk};
 use crate::error::EngineError;
@@ -40,6 +40,10 @@ pub struct PoolShared {
     pub(crate) closed: AtomicBool,
     pub(crate) failures_observed: Arc<AtomicU64>,
     failures_persisted: AtomicU64,
+    pub(crate) job_runtime: crate::jobs::JobRuntime,
+    /// (disk, space, extent) already recorded dirty: the fast path of
+    /// [`PoolShared::note_dirty`].
+    dirty_known: std::sync::Mutex<std::collections::HashSet<(u16, u64, u32)>>,
 }
 
 impl PoolShared {
@@ -56,12 +60,67 @@ impl PoolShared {
             name: metadata.name.clone(),
             read_only,
             metadata_slot_bytes,
+            dirty_known: std::sync::Mutex::new(known_dirty(&metadata)),
             control: futures::lock::Mutex::new(Control { metadata }),
             disks: RwLock::new(disks),
             closed: AtomicBool::new(false),
             failures_persisted: AtomicU64::new(failures_observed.load(Ordering::Acquire)),
+            job_runtime: crate::jobs::JobRuntime::default(),
             failures_observed,
         }
+    }
+
+    /// Record, durably, that `extent` of `space` was written while `disks`
+    /// were missing: if they come back, only such extents are resynced. The
+    /// record is committed before the write is issued, so a crash cannot
+    /// leave a write the returning disk missed unrecorded.
+    pub(crate) async fn note_dirty(
+        &self,
+        space: SpaceId,
+        extent: u32,
+        disks: &[DiskIndex],
+    ) -> Result<(), EngineError> {
+        let unknown: Vec<DiskIndex> = {
+            let known = self.dirty_known.lock().unwrap_or_else(|e| e.into_inner());
+            disks
+                .iter()
+                .copied()
+                .filter(|disk| !known.contains(&(disk.0, space.0, extent)))
+                .collect()
+        };
+        if unknown.is_empty() || self.read_only.is_some() {
+            return Ok(());
+        }
+        let mut control = self.control.lock().await;
+        let mut next = control.metadata.clone();
+        for disk in &unknown {
+            let position = match next.dirty.iter().position(|record| record.disk == *disk) {
+                Some(position) => position,
+                None => {
+                    next.dirty.push(DirtyRecord {
+                        disk: *disk,
+                        extents: Vec::new(),
+                    });
+                    next.dirty.len() - 1
+                }
+            };
+            let extents = &mut next.dirty[position].extents;
+            if !extents.contains(&(space, extent)) {
+                extents.push((space, extent));
+            }
+        }
+        self.commit(&mut control, next).await?;
+        let mut known = self.dirty_known.lock().unwrap_or_else(|e| e.into_inner());
+        known.extend(unknown.iter().map(|disk| (disk.0, space.0, extent)));
+        Ok(())
+    }
+
+    /// Forget the dirty records of a disk that caught up.
+    pub(crate) fn forget_dirty(&self, disk: DiskIndex) {
+        self.dirty_known
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(known, _, _)| *known != disk.0);
     }
 
     pub(crate) fn disks(&self) -> Vec<Arc<Disk>> {
@@ -197,4 +256,17 @@ impl PoolShared {
         join_all(flushes).await;
         self.persist_failures().await
     }
+}
+
+fn known_dirty(metadata: &PoolMetadata) -> std::collections::HashSet<(u16, u64, u32)> {
+    metadata
+        .dirty
+        .iter()
+        .flat_map(|record| {
+            record
+                .extents
+                .iter()
+                .map(move |(space, extent)| (record.disk.0, space.0, *extent))
+        })
+        .collect()
 }

@@ -87,6 +87,14 @@ pub enum EngineError {
         current: u64,
         requested: u64,
     },
+    #[error("no room to re-create extent {extent} of space {space}: no disk outside its other slabs and fault domains has a free slab; add a disk or a hot spare")]
+    NoRoomToRepair { space: String, extent: u64 },
+    #[error("no job {id}")]
+    NoSuchJob { id: u64 },
+    #[error("job {id} is {state}; only running or paused jobs can change")]
+    JobNotActive { id: u64, state: String },
+    #[error("job {id} already works on that disk; wait for it, or cancel it")]
+    JobConflict { id: u64 },
     #[error("a space named {name} already exists")]
     SpaceExists { name: String },
     #[error("no space named {name}")]

@@ -20,10 +20,12 @@ mod admin;
 mod control;
 mod disk;
 mod error;
+mod jobs;
 mod membership;
 mod mirror;
 mod parity;
 mod pool;
+mod rebuild;
 mod resync;
 mod row;
 mod row_lock;
@@ -37,6 +39,7 @@ mod zero;
 pub use admin::{default_fault_domain, SpaceConfig, SpaceCreated, SpaceSize};
 pub use disk::Condition;
 pub use error::EngineError;
+pub use jobs::{JobAction, JobStatus, JOB_HISTORY_MAX};
 pub use pool::{
     ImportOptions, NewDisk, Pool, PoolConfig, NAME_MAX_BYTES, SLAB_DEFAULT_BYTES, SLAB_MAX_BYTES,
     SLAB_MIN_BYTES,

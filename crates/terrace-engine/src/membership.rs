@@ -11,7 +11,7 @@ use futures::future::join_all;
 use terrace_io::BlockDevice;
 use terrace_meta::format::data_offset;
 use terrace_meta::store;
-use terrace_meta::{DiskIndex, DiskState, Usage};
+use terrace_meta::{DiskIndex, DiskState, PoolSettings, Usage};
 
 use crate::error::EngineError;
 use crate::pool::{check_new_disks, write_labels, NewDisk, Pool, Shape};
@@ -116,6 +116,16 @@ impl Pool {
             });
         }
         next.disks[usize::from(disk.0)].usage = usage;
+        self.shared.commit(&mut control, next).await
+    }
+
+    /// Change the pool's repair settings.
+    pub async fn set_settings(&self, settings: PoolSettings) -> Result<(), EngineError> {
+        self.shared.check_open()?;
+        self.shared.check_writable()?;
+        let mut control = self.shared.control.lock().await;
+        let mut next = control.metadata.clone();
+        next.settings = settings;
         self.shared.commit(&mut control, next).await
     }
 

@@ -416,3 +416,32 @@ async fn write_row(
     let writes: Vec<_> = data_writes.chain(parity_writes).collect();
     join_all(writes).await;
 }
+
+/// The whole row (one interleave) of `slot` as the other columns define it:
+/// rebuilt from every other readable column. Used to re-create a lost slab
+/// and to catch up a disk that missed writes; the caller holds the row lock.
+pub(crate) async fn rebuild_slot(io: &RowIo<'_>, slot: u32) -> Result<BytesMut, String> {
+    let columns = Columns::of(io);
+    let width = io.geometry().interleave_bytes();
+    let this = (0..columns.count())
+        .find(|&index| columns.slot(io, index) == slot)
+        .ok_or_else(|| format!("slot {slot} is not in this row"))?;
+    let mut lost = columns.lost(io);
+    if !lost.contains(&this) {
+        lost.push(this);
+        lost.sort_unstable();
+    }
+    if lost.len() > columns.redundancy {
+        return Err(too_many_lost(&columns, &lost));
+    }
+    let wanted: Vec<bool> = (0..columns.count())
+        .map(|index| !lost.contains(&index))
+        .collect();
+    let mut band = read_band(io, &columns, 0, width, &wanted)
+        .await
+        .ok_or_else(|| String::from("a surviving column failed while rebuilding"))?;
+    let mut views: Vec<&mut [u8]> = band.iter_mut().map(|b| &mut b[..]).collect();
+    terrace_ec::reconstruct(&mut views, columns.redundancy, &lost)
+        .map_err(|error| error.to_string())?;
+    Ok(band.swap_remove(this))
+}

@@ -534,13 +534,53 @@ async fn open(
             .unwrap_or_else(|e| e.into_inner())
             .insert(record.name.clone(), Arc::new(space));
     }
+    for job in metadata.jobs.iter().filter(|job| job.is_active()) {
+        pool.install_job(job);
+    }
     if !was_clean && pool.shared.read_only.is_none() {
         for space in pool.spaces() {
             crate::resync::resync_space(&space).await?;
         }
         pool.shared.flush_disks().await?;
     }
+    if pool.shared.read_only.is_none() {
+        pool.welcome_back(&metadata).await?;
+    }
     Ok(pool)
+}
+
+impl Pool {
+    /// Disks that were missing and are present again catch up on what was
+    /// written while they were away (a resync job), unless a repair already
+    /// re-creates their slabs elsewhere; then they wait, unused.
+    async fn welcome_back(&self, metadata: &PoolMetadata) -> Result<(), EngineError> {
+        let repairing: Vec<DiskIndex> = metadata
+            .jobs
+            .iter()
+            .filter(|job| job.is_active())
+            .filter_map(|job| match job.kind {
+                terrace_meta::JobKind::Repair { disk } => Some(disk),
+                _ => None,
+            })
+            .collect();
+        for disk in self.shared.disks() {
+            let record = &metadata.disks[usize::from(disk.index.0)];
+            let returning = record.state == DiskState::Missing && disk.device().is_some();
+            if !returning || repairing.contains(&disk.index) {
+                continue;
+            }
+            let kind = terrace_meta::JobKind::Resync { disk: disk.index };
+            let resyncing = metadata
+                .jobs
+                .iter()
+                .any(|job| job.is_active() && job.kind == kind);
+            if !resyncing {
+                self.start_job(kind).await?;
+            }
+            disk.set_condition(Condition::Online, "");
+        }
+        Ok(())
+    }
 }
 
 fn runtime_disk(

@@ -150,6 +150,7 @@ async fn check_row(io: &RowIo<'_>, pass: Pass) -> RowState {
             }
         }
     }
+    fixes.extend(second_copies(io, &slots).await);
     let state = match (fixes.is_empty(), skipped) {
         (false, _) => RowState::Disagrees,
         (true, true) => RowState::Skipped,
@@ -164,4 +165,26 @@ async fn check_row(io: &RowIo<'_>, pass: Pass) -> RowState {
         .await;
     }
     state
+}
+
+/// A slot being moved has two valid places for this row; they must agree.
+/// The one reads come from is the reference.
+async fn second_copies(io: &RowIo<'_>, slots: &[Option<BytesMut>]) -> Vec<(u32, BytesMut)> {
+    let width = io.geometry().interleave_bytes() as usize;
+    let offset = io.geometry().slab_offset(io.row, 0);
+    let mut fixes = Vec::new();
+    for (slot, content) in slots.iter().enumerate() {
+        let Some(content) = content else { continue };
+        for extra in io.targets[slot].writable(io.row).skip(1) {
+            let (copy, result) = extra
+                .disk
+                .read(extra.base + offset, aligned_buffer(width))
+                .await;
+            if result.is_ok() && copy != *content {
+                fixes.push((slot as u32, content.clone()));
+                break;
+            }
+        }
+    }
+    fixes
 }

@@ -35,7 +35,9 @@ use bytes::Buf;
 use futures::future::join_all;
 use terrace_io::{aligned_buffer, Bytes, BytesMut};
 use terrace_layout::{Geometry, Layout, RowSpan, BLOCK_BYTES};
-use terrace_meta::SpaceId;
+use terrace_meta::{DiskIndex, SpaceId};
+
+use crate::disk::Condition;
 
 use crate::control::PoolShared;
 use crate::error::EngineError;
@@ -136,6 +138,19 @@ impl Space {
         });
     }
 
+    /// Change where the slots of one extent live (moves starting or ending).
+    pub(crate) fn update_extent(&self, extent: u64, change: impl FnOnce(&mut Vec<Target>)) {
+        let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+        let mut extents = map.extents.clone();
+        let mut targets: Vec<Target> = extents[extent as usize].to_vec();
+        change(&mut targets);
+        extents[extent as usize] = targets.into();
+        *map = Arc::new(SpaceMap {
+            size_bytes: map.size_bytes,
+            extents,
+        });
+    }
+
     pub(crate) fn mark_deleted(&self) {
         self.deleted.store(true, Ordering::Release);
     }
@@ -228,6 +243,33 @@ impl Space {
         result
     }
 
+    /// Before writing extents with a missing disk, record them dirty for it.
+    async fn track_missing(
+        &self,
+        map: &SpaceMap,
+        offset: u64,
+        length: u64,
+    ) -> Result<(), EngineError> {
+        if length == 0 {
+            return Ok(());
+        }
+        let extent_bytes = self.geometry.extent_data_bytes();
+        for extent in offset / extent_bytes..=(offset + length - 1) / extent_bytes {
+            let missing: Vec<DiskIndex> = map.extents[extent as usize]
+                .iter()
+                .map(|target| &target.home().disk)
+                .filter(|disk| disk.condition() == Condition::Missing)
+                .map(|disk| disk.index)
+                .collect();
+            if !missing.is_empty() {
+                self.pool
+                    .note_dirty(self.id, extent as u32, &missing)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
     async fn write_checked(
         &self,
         map: &SpaceMap,
@@ -235,6 +277,7 @@ impl Space {
         data: &Bytes,
         fua: bool,
     ) -> Result<(), EngineError> {
+        self.track_missing(map, offset, data.len() as u64).await?;
         let rows = self.geometry.split_rows(offset, data.len() as u64);
         join_all(rows.map(|span| self.write_row(map, span, data, fua)))
             .await
@@ -337,6 +380,7 @@ impl Space {
         length: u64,
         mode: zero::Mode,
     ) -> Result<(), EngineError> {
+        self.track_missing(map, offset, length).await?;
         let end = offset + length;
         let body_start = offset.next_multiple_of(BLOCK_BYTES).min(end);
         let body_end = (end / BLOCK_BYTES * BLOCK_BYTES).max(body_start);

@@ -179,7 +179,9 @@ fn decode_job(reader: &mut Reader, known: &Known, used: &mut BTreeSet<SlabRef>) 
     let count = reader.count_of("moves", count, MOVE_BYTES)?;
     for _ in 0..count {
         let step = decode_move(reader, known)?;
-        if job.is_active() && !step.done && !used.insert(step.target) {
+        // A resync's target is the slot's own slab, already counted.
+        let in_place = matches!(job.kind, JobKind::Resync { .. });
+        if job.is_active() && !step.done && !in_place && !used.insert(step.target) {
             return Err(DecodeError::SlabReused { slab: step.target });
         }
         job.moves.push(step);

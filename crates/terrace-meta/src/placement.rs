@@ -49,12 +49,21 @@ impl Allocator {
         level: FaultDomain,
         eligible: impl Fn(&DiskRecord) -> bool,
     ) -> Allocator {
+        Allocator::with_filter(metadata, level, |_, disk| eligible(disk))
+    }
+
+    /// As [`Allocator::new`], with the disk's index given to the filter.
+    pub fn with_filter(
+        metadata: &PoolMetadata,
+        level: FaultDomain,
+        eligible: impl Fn(DiskIndex, &DiskRecord) -> bool,
+    ) -> Allocator {
         let used = metadata.used_slabs();
         let disks = metadata
             .disks
             .iter()
             .enumerate()
-            .filter(|(_, disk)| eligible(disk))
+            .filter(|(index, disk)| eligible(DiskIndex(*index as u16), disk))
             .map(|(index, disk)| {
                 let index = DiskIndex(index as u16);
                 let free = (0..disk.slab_count)
@@ -140,6 +149,30 @@ impl Allocator {
             needed,
             available: domains,
         }
+    }
+
+    /// One slab on a disk outside `avoid_disks` whose domain is outside
+    /// `avoid_domains` (the most free such disk wins), for re-creating or
+    /// moving a single slot of an extent.
+    pub fn allocate_slab(
+        &mut self,
+        avoid_disks: &BTreeSet<DiskIndex>,
+        avoid_domains: &BTreeSet<String>,
+    ) -> Option<SlabRef> {
+        let disk = self
+            .disks
+            .iter_mut()
+            .filter(|disk| {
+                !disk.free.is_empty()
+                    && !avoid_disks.contains(&disk.index)
+                    && !avoid_domains.contains(&disk.domain)
+            })
+            .max_by_key(|disk| (disk.free.len(), std::cmp::Reverse(disk.index)))?;
+        let slab = disk.free.pop_first()?;
+        Some(SlabRef {
+            disk: disk.index,
+            slab,
+        })
     }
 
     /// Free slabs per disk (for reports and tests).

@@ -1,0 +1,384 @@
+//! Jobs: repair, evacuation, replacement and resync, as one abstraction.
+//!
+//! A job is a list of moves — one slot of one extent filled onto a target
+//! slab — each with a watermark of rows already valid there. The job record
+//! (moves, targets, watermarks, state) lives in the pool metadata, so a job
+//! survives restarts and crashes and resumes at its last persisted
+//! watermark, never from the start. While a move runs, the target is an
+//! extra location of the slot (`target.rs`): client writes below the
+//! watermark reach it too, so it is never behind.
+//!
+//! ```text
+//!  start: plan moves ─ commit (targets reserved) ─ install locations
+//!  run:   per move: fill rows from the watermark (rate-limited) ─ commit
+//!         the watermark about once a second ─ at the end commit the extent
+//!         pointing at the target ─ drop the old location
+//!  end:   repair: the failed disk holds nothing; evacuate/replace: the old
+//!         disk is removed and its label erased; resync: the disk is active
+//! ```
+//!
+//! The runner (`Pool::run_jobs`) is a plain future the daemon spawns; it
+//! starts repairs by the pool's retire-missing policy, runs the moves of
+//! running jobs (several at once under the parallel policy), and stops when
+//! the pool closes.
+
+mod plan;
+mod run;
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+use terrace_meta::{DiskIndex, DiskState, JobKind, JobRecord, JobState, PoolMetadata, SpaceId};
+
+use crate::error::EngineError;
+use crate::pool::Pool;
+use crate::target::Location;
+
+pub use run::JOB_HISTORY_MAX;
+
+/// What a user can ask of a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobAction {
+    Pause,
+    Resume,
+    Cancel,
+}
+
+/// A job as `job list` shows it.
+#[derive(Debug, Clone)]
+pub struct JobStatus {
+    pub id: u64,
+    pub kind: JobKind,
+    pub state: JobState,
+    pub reason: String,
+    pub bytes_total: u64,
+    pub bytes_done: u64,
+    pub moves_total: usize,
+    pub moves_done: usize,
+    /// Bytes per second since the job (re)started in this process.
+    pub rate_bytes_per_second: u64,
+    /// Seconds to completion at that rate, when it is known.
+    pub eta_seconds: Option<u64>,
+}
+
+/// Run-time state of the jobs: the watermarks the data path reads, and the
+/// progress figures for rates.
+#[derive(Default)]
+pub(crate) struct JobRuntime {
+    marks: Mutex<HashMap<MoveKey, Arc<AtomicU64>>>,
+    progress: Mutex<HashMap<u64, Progress>>,
+    /// When the next byte may be moved under the pool's rate limit: shared
+    /// by every move, so the limit holds however many run at once.
+    next_allowed_ns: Mutex<u64>,
+}
+
+/// One move: (space, extent, slot).
+pub(crate) type MoveKey = (SpaceId, u32, u16);
+
+#[derive(Clone, Copy)]
+struct Progress {
+    started_ns: u64,
+    bytes_at_start: u64,
+    bytes_now: u64,
+}
+
+impl JobRuntime {
+    fn mark(&self, key: MoveKey, initial: u64) -> Arc<AtomicU64> {
+        self.marks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key)
+            .or_insert_with(|| Arc::new(AtomicU64::new(initial)))
+            .clone()
+    }
+
+    fn forget(&self, key: &MoveKey) {
+        self.marks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+    }
+
+    fn watermark(&self, key: &MoveKey) -> Option<u64> {
+        self.marks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .map(|mark| mark.load(std::sync::atomic::Ordering::Acquire))
+    }
+
+    /// Reserve `bytes` under `rate` (bytes/s) starting no earlier than
+    /// `now_ns`; returns when the reservation ends.
+    fn reserve(&self, bytes: u64, rate: u64, now_ns: u64) -> u64 {
+        let mut next = self
+            .next_allowed_ns
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let start = (*next).max(now_ns);
+        *next = start + bytes.saturating_mul(1_000_000_000) / rate.max(1);
+        *next
+    }
+
+    fn note_bytes(&self, job: u64, now_ns: u64, bytes_now: u64) {
+        let mut progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = progress.entry(job).or_insert(Progress {
+            started_ns: now_ns,
+            bytes_at_start: bytes_now,
+            bytes_now,
+        });
+        entry.bytes_now = bytes_now;
+    }
+
+    fn rate(&self, job: u64, now_ns: u64) -> u64 {
+        let progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        progress.get(&job).map_or(0, |p| {
+            let seconds = (now_ns.saturating_sub(p.started_ns) as f64 / 1e9).max(1e-3);
+            (p.bytes_now.saturating_sub(p.bytes_at_start) as f64 / seconds) as u64
+        })
+    }
+}
+
+fn kind_disks(kind: JobKind) -> Vec<DiskIndex> {
+    match kind {
+        JobKind::Repair { disk } | JobKind::Evacuate { disk } | JobKind::Resync { disk } => {
+            vec![disk]
+        }
+        JobKind::Replace { old, new } => vec![old, new],
+    }
+}
+
+impl Pool {
+    /// Re-create the slabs of a failed or missing disk elsewhere.
+    pub async fn start_repair(&self, disk: DiskIndex) -> Result<u64, EngineError> {
+        self.start_job(JobKind::Repair { disk }).await
+    }
+
+    /// Move every slab off a disk, then release it (`disk remove`).
+    pub async fn start_evacuation(&self, disk: DiskIndex) -> Result<u64, EngineError> {
+        self.start_job(JobKind::Evacuate { disk }).await
+    }
+
+    /// Move every slab of `old` onto `new` (already in the pool), then
+    /// release `old`.
+    pub async fn start_replacement(
+        &self,
+        old: DiskIndex,
+        new: DiskIndex,
+    ) -> Result<u64, EngineError> {
+        self.start_job(JobKind::Replace { old, new }).await
+    }
+
+    /// Plan, record and install a job. Fails, changing nothing, when a job
+    /// already involves one of its disks or the moves cannot be placed.
+    pub async fn start_job(&self, kind: JobKind) -> Result<u64, EngineError> {
+        self.shared.check_open()?;
+        self.shared.check_writable()?;
+        let mut control = self.shared.control.lock().await;
+        let metadata = &control.metadata;
+        check_job_disks(metadata, kind)?;
+        let moves = plan::plan(metadata, kind)?;
+        let mut next = metadata.clone();
+        let id = next.next_job_id;
+        next.next_job_id += 1;
+        let nothing_to_move = moves.is_empty();
+        let job = JobRecord {
+            id,
+            kind,
+            state: JobState::Running,
+            reason: String::new(),
+            created_ns: self.shared.env.wall_clock_ns(),
+            finished_ns: 0,
+            bytes_total: moves.len() as u64 * next.slab_bytes,
+            bytes_done: 0,
+            moves,
+        };
+        next.jobs.push(job.clone());
+        if nothing_to_move {
+            let position = next.jobs.len() - 1;
+            self.complete_job(&mut next, position);
+        }
+        self.shared.commit(&mut control, next).await?;
+        drop(control);
+        if nothing_to_move {
+            self.after_job(kind).await;
+        } else {
+            self.install_job(&job);
+        }
+        Ok(id)
+    }
+
+    /// Pause, resume or cancel a job.
+    pub async fn job_action(&self, id: u64, action: JobAction) -> Result<(), EngineError> {
+        self.shared.check_open()?;
+        self.shared.check_writable()?;
+        let mut control = self.shared.control.lock().await;
+        let mut next = control.metadata.clone();
+        let job = next
+            .jobs
+            .iter_mut()
+            .find(|job| job.id == id)
+            .ok_or(EngineError::NoSuchJob { id })?;
+        let state = match (job.state, action) {
+            (JobState::Running, JobAction::Pause) => JobState::Paused,
+            (JobState::Paused, JobAction::Resume) => JobState::Running,
+            (JobState::Running | JobState::Paused, JobAction::Cancel) => JobState::Cancelled,
+            (state, _) => {
+                return Err(EngineError::JobNotActive {
+                    id,
+                    state: format!("{state:?}"),
+                })
+            }
+        };
+        job.state = state;
+        if state == JobState::Cancelled {
+            job.reason = "cancelled".into();
+            job.finished_ns = self.shared.env.wall_clock_ns();
+            self.save_watermarks(job);
+        }
+        let cancelled = (state == JobState::Cancelled).then(|| job.clone());
+        self.shared.commit(&mut control, next).await?;
+        drop(control);
+        if let Some(job) = cancelled {
+            self.uninstall_job(&job);
+        }
+        Ok(())
+    }
+
+    /// Every job the metadata remembers, with progress.
+    pub async fn job_statuses(&self) -> Vec<JobStatus> {
+        let metadata = self.metadata().await;
+        let now = self.shared.env.now_ns();
+        metadata
+            .jobs
+            .iter()
+            .map(|job| {
+                let bytes_done = self.live_bytes_done(&metadata, job);
+                let rate = self.shared.job_runtime.rate(job.id, now);
+                let left = job.bytes_total.saturating_sub(bytes_done);
+                JobStatus {
+                    id: job.id,
+                    kind: job.kind,
+                    state: job.state,
+                    reason: job.reason.clone(),
+                    bytes_total: job.bytes_total,
+                    bytes_done,
+                    moves_total: job.moves.len(),
+                    moves_done: job.moves.iter().filter(|m| m.done).count(),
+                    rate_bytes_per_second: rate,
+                    eta_seconds: (job.state == JobState::Running && rate > 0).then(|| left / rate),
+                }
+            })
+            .collect()
+    }
+
+    /// Bytes done, counting rows filled since the last persisted progress.
+    fn live_bytes_done(&self, metadata: &PoolMetadata, job: &JobRecord) -> u64 {
+        if !job.is_active() {
+            return job.bytes_done;
+        }
+        job.moves
+            .iter()
+            .map(|step| {
+                if step.done {
+                    return metadata.slab_bytes;
+                }
+                let rows = self
+                    .shared
+                    .job_runtime
+                    .watermark(&(step.space, step.extent, step.slot))
+                    .unwrap_or(step.watermark_rows);
+                let interleave = metadata
+                    .space_by_id(step.space)
+                    .map_or(0, |s| s.interleave_bytes);
+                rows * interleave
+            })
+            .sum()
+    }
+
+    /// Copy the run-time watermarks into a job record before it is committed.
+    fn save_watermarks(&self, job: &mut JobRecord) {
+        for step in job.moves.iter_mut().filter(|step| !step.done) {
+            if let Some(rows) =
+                self.shared
+                    .job_runtime
+                    .watermark(&(step.space, step.extent, step.slot))
+            {
+                step.watermark_rows = step.watermark_rows.max(rows);
+            }
+        }
+    }
+
+    /// Make the targets of a job's pending moves locations of their slots.
+    pub(crate) fn install_job(&self, job: &JobRecord) {
+        let metadata_slab = self.shared.metadata_slot_bytes;
+        let data_start = terrace_meta::format::data_offset(metadata_slab);
+        let disks = self.shared.disks();
+        for step in job.moves.iter().filter(|step| !step.done) {
+            let Some(space) = self.space_by_id(step.space) else {
+                continue;
+            };
+            let key = (step.space, step.extent, step.slot);
+            let mark = self.shared.job_runtime.mark(key, step.watermark_rows);
+            let slab_bytes = space.geometry().slab_bytes();
+            let location = Location {
+                disk: disks[usize::from(step.target.disk.0)].clone(),
+                base: data_start + u64::from(step.target.slab.0) * slab_bytes,
+                valid_below: Some(mark),
+            };
+            let in_place = matches!(job.kind, JobKind::Resync { .. });
+            space.update_extent(u64::from(step.extent), |targets| {
+                let target = &mut targets[usize::from(step.slot)];
+                if in_place {
+                    target.locations[0].valid_below = location.valid_below.clone();
+                } else {
+                    target.locations.push(location);
+                }
+            });
+        }
+    }
+
+    /// Drop the extra locations of a cancelled or failed job's moves.
+    pub(crate) fn uninstall_job(&self, job: &JobRecord) {
+        for step in job.moves.iter().filter(|step| !step.done) {
+            let key = (step.space, step.extent, step.slot);
+            self.shared.job_runtime.forget(&key);
+            let Some(space) = self.space_by_id(step.space) else {
+                continue;
+            };
+            let in_place = matches!(job.kind, JobKind::Resync { .. });
+            space.update_extent(u64::from(step.extent), |targets| {
+                let target = &mut targets[usize::from(step.slot)];
+                if !in_place {
+                    target.locations.truncate(1);
+                }
+            });
+        }
+    }
+
+    fn space_by_id(&self, id: SpaceId) -> Option<Arc<crate::space::Space>> {
+        self.spaces().into_iter().find(|space| space.id() == id)
+    }
+}
+
+/// One active job per disk: two jobs moving the same slabs would race.
+fn check_job_disks(metadata: &PoolMetadata, kind: JobKind) -> Result<(), EngineError> {
+    let disks = kind_disks(kind);
+    for disk in &disks {
+        let record = metadata
+            .disk(*disk)
+            .ok_or(EngineError::NoSuchDisk { disk: disk.0 })?;
+        if record.state == DiskState::Removed {
+            return Err(EngineError::NoSuchDisk { disk: disk.0 });
+        }
+    }
+    let busy = metadata
+        .jobs
+        .iter()
+        .filter(|job| job.is_active())
+        .find(|job| kind_disks(job.kind).iter().any(|d| disks.contains(d)));
+    match busy {
+        Some(job) => Err(EngineError::JobConflict { id: job.id }),
+        None => Ok(()),
+    }
+}

@@ -1,0 +1,196 @@
+//! Planning a job: which slots move where.
+//!
+//! A repair or a move re-creates each affected slot of each extent on a new
+//! slab, chosen like placement chooses: on a disk the extent does not use
+//! already, outside the fault domains of the slot's redundancy group, hot
+//! spares first (that is what they are for), then the capacity disk with the
+//! most free slabs. Targets are reserved in the job's metadata record, so
+//! nothing else allocates them while the job runs.
+
+use std::collections::BTreeSet;
+
+use terrace_layout::Geometry;
+use terrace_meta::{
+    Allocator, DiskIndex, DiskRecord, DiskState, JobKind, MoveRecord, PoolMetadata, SlabRef, Usage,
+};
+
+use crate::error::EngineError;
+
+/// The disks that may receive a slot: hot spares, then capacity disks.
+fn allocators(
+    metadata: &PoolMetadata,
+    level: terrace_meta::FaultDomain,
+    only: Option<DiskIndex>,
+) -> [Allocator; 2] {
+    let eligible = |wanted: Usage| {
+        move |index: DiskIndex, disk: &DiskRecord| {
+            disk.state == DiskState::Active
+                && disk.usage == wanted
+                && only.is_none_or(|only| only == index)
+        }
+    };
+    [
+        Allocator::with_filter(metadata, level, eligible(Usage::HotSpare)),
+        Allocator::with_filter(metadata, level, eligible(Usage::Auto)),
+    ]
+}
+
+/// Choose a target slab for `slot` of an extent whose slabs are `slabs`.
+fn choose_target(
+    metadata: &PoolMetadata,
+    geometry: &Geometry,
+    level: terrace_meta::FaultDomain,
+    slabs: &[SlabRef],
+    slot: usize,
+    pools: &mut [Allocator; 2],
+    also_avoid: Option<DiskIndex>,
+) -> Option<SlabRef> {
+    let mut avoid_disks: BTreeSet<DiskIndex> = slabs.iter().map(|slab| slab.disk).collect();
+    avoid_disks.extend(also_avoid);
+    let group = geometry
+        .redundancy_groups()
+        .into_iter()
+        .find(|group| group.contains(&(slot as u32)))
+        .unwrap_or_default();
+    let avoid_domains: BTreeSet<String> = group
+        .iter()
+        .filter(|&&other| other as usize != slot)
+        .map(|&other| {
+            let disk = slabs[other as usize].disk;
+            metadata.disks[usize::from(disk.0)].domain_key(disk, level)
+        })
+        .collect();
+    pools
+        .iter_mut()
+        .find_map(|pool| pool.allocate_slab(&avoid_disks, &avoid_domains))
+}
+
+/// The moves of a job: every slot that the job's disk holds (or, for a
+/// resync, the dirty extents of the returning disk, in place).
+pub(crate) fn plan(metadata: &PoolMetadata, kind: JobKind) -> Result<Vec<MoveRecord>, EngineError> {
+    let (source, only) = match kind {
+        JobKind::Repair { disk } | JobKind::Evacuate { disk } => (disk, None),
+        JobKind::Replace { old, new } => (old, Some(new)),
+        JobKind::Resync { disk } => return Ok(resync_moves(metadata, disk)),
+    };
+    let mut moves = Vec::new();
+    let mut level_pools: Vec<(terrace_meta::FaultDomain, [Allocator; 2])> = Vec::new();
+    for space in &metadata.spaces {
+        let geometry = space.geometry(metadata.slab_bytes)?;
+        let position = match level_pools
+            .iter()
+            .position(|(level, _)| *level == space.fault_domain)
+        {
+            Some(position) => position,
+            None => {
+                level_pools.push((
+                    space.fault_domain,
+                    allocators(metadata, space.fault_domain, only),
+                ));
+                level_pools.len() - 1
+            }
+        };
+        for (extent, record) in space.extents.iter().enumerate() {
+            let Some(slabs) = record.slabs.as_ref() else {
+                continue;
+            };
+            for (slot, slab) in slabs.iter().enumerate() {
+                if slab.disk != source {
+                    continue;
+                }
+                let pools = &mut level_pools[position].1;
+                let target = choose_target(
+                    metadata,
+                    &geometry,
+                    space.fault_domain,
+                    slabs,
+                    slot,
+                    pools,
+                    None,
+                )
+                .ok_or(EngineError::NoRoomToRepair {
+                    space: space.name.clone(),
+                    extent: extent as u64,
+                })?;
+                moves.push(MoveRecord {
+                    space: space.id,
+                    extent: extent as u32,
+                    slot: slot as u16,
+                    target,
+                    watermark_rows: 0,
+                    done: false,
+                });
+            }
+        }
+    }
+    Ok(moves)
+}
+
+/// A returning disk catches up in place on the extents written while it
+/// was away.
+fn resync_moves(metadata: &PoolMetadata, disk: DiskIndex) -> Vec<MoveRecord> {
+    let dirty: BTreeSet<(terrace_meta::SpaceId, u32)> = metadata
+        .dirty
+        .iter()
+        .filter(|record| record.disk == disk)
+        .flat_map(|record| record.extents.iter().copied())
+        .collect();
+    let mut moves = Vec::new();
+    for space in &metadata.spaces {
+        for (extent, record) in space.extents.iter().enumerate() {
+            if !dirty.contains(&(space.id, extent as u32)) {
+                continue;
+            }
+            for (slot, slab) in record.slabs.iter().flatten().enumerate() {
+                if slab.disk == disk {
+                    moves.push(MoveRecord {
+                        space: space.id,
+                        extent: extent as u32,
+                        slot: slot as u16,
+                        target: *slab,
+                        watermark_rows: 0,
+                        done: false,
+                    });
+                }
+            }
+        }
+    }
+    moves
+}
+
+/// A new target for move `index` of `job`, whose destination failed.
+pub(crate) fn retarget(
+    metadata: &PoolMetadata,
+    job: &terrace_meta::JobRecord,
+    index: usize,
+) -> Result<SlabRef, EngineError> {
+    let step = &job.moves[index];
+    let only = match job.kind {
+        JobKind::Replace { new, .. } => Some(new),
+        _ => None,
+    };
+    let space = metadata
+        .space_by_id(step.space)
+        .ok_or(EngineError::NoSuchSpace {
+            name: format!("#{}", step.space.0),
+        })?;
+    let geometry = space.geometry(metadata.slab_bytes)?;
+    let slabs = space.extents[step.extent as usize]
+        .slabs
+        .clone()
+        .unwrap_or_default();
+    let mut pools = allocators(metadata, space.fault_domain, only);
+    choose_target(
+        metadata,
+        &geometry,
+        space.fault_domain,
+        &slabs,
+        usize::from(step.slot),
+        &mut pools,
+        Some(step.target.disk),
+    )
+    .ok_or(EngineError::NoRoomToRepair {
+        space: space.name.clone(),
+        extent: u64::from(step.extent),
+    })
+}

@@ -1,0 +1,460 @@
+//! The job runner: moves filled row range by row range, progress committed,
+//! moves and jobs finished, and repairs started by policy.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use futures::future::join_all;
+use terrace_meta::{
+    DiskIndex, DiskState, JobKind, JobRecord, JobState, PoolMetadata, RepairPolicy, RetireMissing,
+};
+
+use super::JobAction;
+use crate::disk::Condition;
+use crate::error::EngineError;
+use crate::pool::Pool;
+use crate::target::{Location, Target};
+
+/// Finished jobs kept in the metadata for `job list`: enough for a history,
+/// small enough not to grow the metadata without bound.
+pub const JOB_HISTORY_MAX: usize = 16;
+/// Bytes a move fills between checks for pause, cancel and the rate limit:
+/// small enough to react within a fraction of a second, large enough that
+/// the checks cost nothing.
+const FILL_STEP_BYTES: u64 = 4 << 20;
+/// How often a running move commits its watermark: a crash repeats at most
+/// this much work, and commits stay rare next to client I/O.
+const PERSIST_INTERVAL_NS: u64 = 1_000_000_000;
+/// Moves in flight at once under the parallel policy: enough to keep many
+/// disks busy, few enough that client I/O still gets through.
+const PARALLEL_MOVES: usize = 8;
+/// How long the runner sleeps when there is nothing to do.
+const IDLE_POLL_NS: u64 = 100_000_000;
+/// How often idle disks are probed: a dead disk is noticed within a second
+/// even when no client touches it, at the cost of one 4 KiB read each.
+const PROBE_INTERVAL_NS: u64 = 1_000_000_000;
+
+/// Where one pending move stands.
+struct MoveWork {
+    job: u64,
+    index: usize,
+}
+
+impl Pool {
+    /// Run jobs until the pool closes. The daemon spawns this once per pool.
+    pub async fn run_jobs(&self) {
+        let mut attempted: BTreeSet<(DiskIndex, u64)> = BTreeSet::new();
+        let mut last_probe: Option<u64> = None;
+        while self.shared.check_open().is_ok() && self.shared.read_only.is_none() {
+            let now = self.shared.env.now_ns();
+            if last_probe.is_none_or(|last| now.saturating_sub(last) >= PROBE_INTERVAL_NS) {
+                last_probe = Some(now);
+                self.probe_disks().await;
+            }
+            self.start_policy_repairs(&mut attempted).await;
+            let work = self.pending_moves().await;
+            if work.is_empty() {
+                self.shared.env.sleep(IDLE_POLL_NS).await;
+                continue;
+            }
+            join_all(work.into_iter().map(|work| self.run_move(work))).await;
+        }
+    }
+
+    /// Start a repair for each failed or missing disk that still holds
+    /// slabs, as the retire-missing policy says (each disk is tried once per
+    /// metadata generation).
+    async fn start_policy_repairs(&self, attempted: &mut BTreeSet<(DiskIndex, u64)>) {
+        let metadata = self.metadata().await;
+        if metadata.settings.retire_missing == RetireMissing::Never {
+            return;
+        }
+        let used = metadata.used_slabs();
+        for (index, disk) in metadata.disks.iter().enumerate() {
+            let index = DiskIndex(index as u16);
+            let lost = matches!(disk.state, DiskState::Failed | DiskState::Missing);
+            let holds = used.iter().any(|slab| slab.disk == index);
+            if !lost || !holds || !attempted.insert((index, metadata.generation)) {
+                continue;
+            }
+            if let Err(error) = self.start_repair(index).await {
+                if metadata.settings.retire_missing == RetireMissing::Always {
+                    self.record_failed_job(JobKind::Repair { disk: index }, error.to_string())
+                        .await;
+                }
+            }
+        }
+    }
+
+    async fn record_failed_job(&self, kind: JobKind, reason: String) {
+        let mut control = self.shared.control.lock().await;
+        let mut next = control.metadata.clone();
+        let now = self.shared.env.wall_clock_ns();
+        next.jobs.push(JobRecord {
+            id: next.next_job_id,
+            kind,
+            state: JobState::Failed,
+            reason,
+            created_ns: now,
+            finished_ns: now,
+            bytes_total: 0,
+            bytes_done: 0,
+            moves: Vec::new(),
+        });
+        next.next_job_id += 1;
+        trim_history(&mut next);
+        let _ = self.shared.commit(&mut control, next).await;
+    }
+
+    /// The moves to run now, by the repair policy.
+    async fn pending_moves(&self) -> Vec<MoveWork> {
+        let metadata = self.metadata().await;
+        let limit = match metadata.settings.repair_policy {
+            RepairPolicy::Parallel => PARALLEL_MOVES,
+            RepairPolicy::Sequential => 1,
+        };
+        metadata
+            .jobs
+            .iter()
+            .filter(|job| job.state == JobState::Running)
+            .flat_map(|job| {
+                job.moves
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, step)| !step.done)
+                    .map(move |(index, _)| MoveWork { job: job.id, index })
+            })
+            .take(limit)
+            .collect()
+    }
+
+    /// Fill one move to its end, or until its job stops running.
+    async fn run_move(&self, work: MoveWork) {
+        let mut last_persist = self.shared.env.now_ns();
+        loop {
+            let metadata = self.metadata().await;
+            let Some(job) = metadata.jobs.iter().find(|job| job.id == work.job) else {
+                return;
+            };
+            if job.state != JobState::Running || self.shared.check_open().is_err() {
+                return;
+            }
+            let step = &job.moves[work.index];
+            let Some(space) = self.space_by_id(step.space) else {
+                self.finish_move(work.job, work.index).await;
+                return;
+            };
+            let geometry = *space.geometry();
+            let key = (step.space, step.extent, step.slot);
+            let mark = self.shared.job_runtime.mark(key, step.watermark_rows);
+            let from = mark.load(Ordering::Acquire);
+            if from >= geometry.rows_per_extent() {
+                self.finish_move(work.job, work.index).await;
+                return;
+            }
+            let Some(destination) = find_destination(&space, step.extent, step.slot, &mark) else {
+                return;
+            };
+            let rows_per_step = (FILL_STEP_BYTES / geometry.interleave_bytes()).max(1);
+            let to = (from + rows_per_step).min(geometry.rows_per_extent());
+            let started = self.shared.env.now_ns();
+            let filled = crate::rebuild::fill_rows(
+                &space,
+                u64::from(step.extent),
+                u32::from(step.slot),
+                &destination,
+                from..to,
+            )
+            .await;
+            match filled {
+                Ok(bytes) => {
+                    self.pace(
+                        metadata.settings.repair_rate_bytes_per_second,
+                        bytes,
+                        started,
+                    )
+                    .await
+                }
+                Err(error) => {
+                    self.move_failed(work.job, work.index, &destination, error)
+                        .await;
+                    return;
+                }
+            }
+            let now = self.shared.env.now_ns();
+            self.shared
+                .job_runtime
+                .note_bytes(work.job, now, self.live_bytes_done(&metadata, job));
+            if now.saturating_sub(last_persist) >= PERSIST_INTERVAL_NS {
+                last_persist = now;
+                self.persist_progress(work.job).await;
+            }
+        }
+    }
+
+    /// Sleep as long as the pool's rate limit asks after moving `bytes`.
+    async fn pace(&self, rate: u64, bytes: u64, started_ns: u64) {
+        if rate == 0 {
+            return;
+        }
+        let until = self.shared.job_runtime.reserve(bytes, rate, started_ns);
+        let now = self.shared.env.now_ns();
+        if until > now {
+            self.shared.env.sleep(until - now).await;
+        }
+    }
+
+    /// Read the label block of every online disk, so that a disk that died
+    /// while nothing touched it is noticed (and repaired by policy).
+    async fn probe_disks(&self) {
+        let probes = self
+            .shared
+            .disks()
+            .into_iter()
+            .filter(|disk| disk.is_online())
+            .map(|disk| async move {
+                let _ = disk
+                    .read(
+                        0,
+                        terrace_io::aligned_buffer(terrace_meta::format::LABEL_BYTES),
+                    )
+                    .await;
+            });
+        join_all(probes).await;
+        let _ = self.shared.persist_failures().await;
+    }
+
+    async fn persist_progress(&self, job_id: u64) {
+        let mut control = self.shared.control.lock().await;
+        let mut next = control.metadata.clone();
+        let Some(position) = next.jobs.iter().position(|job| job.id == job_id) else {
+            return;
+        };
+        let mut job = next.jobs[position].clone();
+        self.save_watermarks(&mut job);
+        job.bytes_done = self.live_bytes_done(&next, &job);
+        next.jobs[position] = job;
+        let _ = self.shared.commit(&mut control, next).await;
+    }
+
+    /// The destination failed: choose another target and start that move
+    /// over. Anything else (the data itself is unavailable) fails the job.
+    async fn move_failed(
+        &self,
+        job_id: u64,
+        index: usize,
+        destination: &Location,
+        error: EngineError,
+    ) {
+        let retarget = !destination.disk.is_online();
+        let outcome = if retarget {
+            self.retarget(job_id, index).await
+        } else {
+            Err(error)
+        };
+        if let Err(error) = outcome {
+            self.fail_job(job_id, error.to_string()).await;
+        }
+    }
+}
+
+/// The location a move is filling: the one whose watermark is `mark`.
+fn find_destination(
+    space: &crate::space::Space,
+    extent: u32,
+    slot: u16,
+    mark: &Arc<std::sync::atomic::AtomicU64>,
+) -> Option<Location> {
+    let map = space.map();
+    map.extents[extent as usize][usize::from(slot)]
+        .locations
+        .iter()
+        .find(|location| {
+            location
+                .valid_below
+                .as_ref()
+                .is_some_and(|m| Arc::ptr_eq(m, mark))
+        })
+        .cloned()
+}
+
+/// Keep at most [`JOB_HISTORY_MAX`] finished jobs, oldest dropped first.
+pub(super) fn trim_history(metadata: &mut PoolMetadata) {
+    let finished = metadata.jobs.iter().filter(|job| !job.is_active()).count();
+    let mut excess = finished.saturating_sub(JOB_HISTORY_MAX);
+    metadata.jobs.retain(|job| {
+        if excess > 0 && !job.is_active() {
+            excess -= 1;
+            false
+        } else {
+            true
+        }
+    });
+}
+
+impl Pool {
+    /// Commit a finished move: the extent now points at the target (a
+    /// resync's target is the slab itself); the old location is dropped.
+    async fn finish_move(&self, job_id: u64, index: usize) {
+        let mut control = self.shared.control.lock().await;
+        let mut next = control.metadata.clone();
+        let Some(position) = next.jobs.iter().position(|job| job.id == job_id) else {
+            return;
+        };
+        let step = next.jobs[position].moves[index].clone();
+        let kind = next.jobs[position].kind;
+        if let Some(space) = next.spaces.iter_mut().find(|space| space.id == step.space) {
+            if let Some(slabs) = space.extents[step.extent as usize].slabs.as_mut() {
+                slabs[usize::from(step.slot)] = step.target;
+            }
+        }
+        {
+            let job = &mut next.jobs[position];
+            job.moves[index].done = true;
+            job.bytes_done = job
+                .bytes_done
+                .saturating_add(next.slab_bytes)
+                .min(job.bytes_total);
+        }
+        let all_done = next.jobs[position].moves.iter().all(|m| m.done);
+        if all_done {
+            self.complete_job(&mut next, position);
+        }
+        if self.shared.commit(&mut control, next).await.is_err() {
+            return;
+        }
+        drop(control);
+        self.settle_move(kind, &step);
+        if all_done {
+            self.after_job(kind).await;
+        }
+    }
+
+    /// Point the run-time slot at its new home alone.
+    fn settle_move(&self, kind: JobKind, step: &terrace_meta::MoveRecord) {
+        let key = (step.space, step.extent, step.slot);
+        self.shared.job_runtime.forget(&key);
+        let Some(space) = self.space_by_id(step.space) else {
+            return;
+        };
+        space.update_extent(u64::from(step.extent), |targets| {
+            let target = &mut targets[usize::from(step.slot)];
+            let keep = match kind {
+                JobKind::Resync { .. } => target.locations[0].clone(),
+                _ => target
+                    .locations
+                    .last()
+                    .cloned()
+                    .unwrap_or_else(|| target.locations[0].clone()),
+            };
+            *target = Target {
+                locations: vec![Location {
+                    valid_below: None,
+                    ..keep
+                }],
+            };
+        });
+    }
+
+    /// Metadata changes when a job's last move is done.
+    pub(super) fn complete_job(&self, next: &mut PoolMetadata, position: usize) {
+        let kind = next.jobs[position].kind;
+        {
+            let job = &mut next.jobs[position];
+            job.state = JobState::Done;
+            job.finished_ns = self.shared.env.wall_clock_ns();
+            job.bytes_done = job.bytes_total;
+        }
+        match kind {
+            JobKind::Repair { .. } => {}
+            JobKind::Evacuate { disk } | JobKind::Replace { old: disk, .. } => {
+                let record = &mut next.disks[usize::from(disk.0)];
+                record.state = DiskState::Removed;
+                record.state_reason = "emptied and released".into();
+            }
+            JobKind::Resync { disk } => {
+                let record = &mut next.disks[usize::from(disk.0)];
+                record.state = DiskState::Active;
+                record.state_reason.clear();
+                next.dirty.retain(|dirty| dirty.disk != disk);
+            }
+        }
+        trim_history(next);
+    }
+
+    /// Run-time changes when a job finished.
+    pub(super) async fn after_job(&self, kind: JobKind) {
+        match kind {
+            JobKind::Evacuate { disk } | JobKind::Replace { old: disk, .. } => {
+                let disks = self.shared.disks();
+                let released = &disks[usize::from(disk.0)];
+                if let Some(device) = released.device() {
+                    let _ = terrace_meta::store::erase_label(device.inner().as_ref()).await;
+                }
+                released.set_condition(Condition::Standby, "removed from the pool");
+            }
+            JobKind::Resync { disk } => {
+                self.shared.forget_dirty(disk);
+                let disks = self.shared.disks();
+                disks[usize::from(disk.0)].set_condition(Condition::Online, "");
+            }
+            JobKind::Repair { .. } => {}
+        }
+    }
+
+    async fn fail_job(&self, job_id: u64, reason: String) {
+        let mut control = self.shared.control.lock().await;
+        let mut next = control.metadata.clone();
+        let Some(job) = next.jobs.iter_mut().find(|job| job.id == job_id) else {
+            return;
+        };
+        job.state = JobState::Failed;
+        job.reason = reason;
+        job.finished_ns = self.shared.env.wall_clock_ns();
+        let failed = job.clone();
+        trim_history(&mut next);
+        if self.shared.commit(&mut control, next).await.is_ok() {
+            drop(control);
+            self.uninstall_job(&failed);
+        }
+    }
+
+    /// Give a move a new target after its destination failed.
+    async fn retarget(&self, job_id: u64, index: usize) -> Result<(), EngineError> {
+        let mut control = self.shared.control.lock().await;
+        let mut next = control.metadata.clone();
+        let position = next
+            .jobs
+            .iter()
+            .position(|job| job.id == job_id)
+            .ok_or(EngineError::NoSuchJob { id: job_id })?;
+        let old = next.jobs[position].clone();
+        if matches!(old.kind, JobKind::Resync { .. }) {
+            return Err(EngineError::JobNotActive {
+                id: job_id,
+                state: "the returning disk failed again".into(),
+            });
+        }
+        let target = super::plan::retarget(&next, &old, index)?;
+        let step = &mut next.jobs[position].moves[index];
+        step.target = target;
+        step.watermark_rows = 0;
+        let fresh = next.jobs[position].clone();
+        self.shared.commit(&mut control, next).await?;
+        drop(control);
+        let mut only = old.clone();
+        only.moves = vec![old.moves[index].clone()];
+        self.uninstall_job(&only);
+        let mut install = fresh;
+        install.moves = vec![install.moves[index].clone()];
+        self.install_job(&install);
+        Ok(())
+    }
+
+    /// Resume a job paused by `job_action` (kept here beside the runner that
+    /// picks it up again).
+    pub async fn resume_job(&self, id: u64) -> Result<(), EngineError> {
+        self.job_action(id, JobAction::Resume).await
+    }
+}

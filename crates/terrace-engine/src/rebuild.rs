@@ -1,0 +1,108 @@
+//! Filling a slab row by row: the one mechanism behind repair, moves and
+//! the catch-up of a returning disk.
+//!
+//! For each row, under its lock: find the row's content for the slot — from
+//! another valid location of the slot (a move off an online disk), from
+//! another mirror copy, or rebuilt from the other parity columns — write it
+//! to the destination, and raise the destination's watermark past the row.
+//! From then on client writes of that row also go to the destination (see
+//! `target.rs`), so the destination stays current behind the watermark.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use terrace_io::{aligned_buffer, BytesMut};
+use terrace_layout::{Layout, RowSpan};
+
+use crate::error::EngineError;
+use crate::row::RowIo;
+use crate::space::Space;
+use crate::target::Location;
+
+fn same_place(a: &Location, b: &Location) -> bool {
+    Arc::ptr_eq(&a.disk, &b.disk) && a.base == b.base
+}
+
+/// The content of one row of `slot`, from anywhere but `destination`.
+async fn row_content(
+    io: &RowIo<'_>,
+    slot: u32,
+    destination: &Location,
+) -> Result<BytesMut, String> {
+    let geometry = io.geometry();
+    let width = geometry.interleave_bytes() as usize;
+    let offset = geometry.slab_offset(io.row, 0);
+    let target = &io.targets[slot as usize];
+    let elsewhere = target
+        .locations
+        .iter()
+        .find(|location| !same_place(location, destination) && location.valid_for(io.row));
+    if let Some(source) = elsewhere {
+        let (buffer, result) = source
+            .disk
+            .read(source.base + offset, aligned_buffer(width))
+            .await;
+        return result.map(|()| buffer);
+    }
+    match geometry.layout() {
+        Layout::Simple => Err("a simple layout keeps one copy; its data is lost".into()),
+        Layout::Mirror { copies } => {
+            let column = slot / copies;
+            for copy in 0..copies {
+                let other = geometry.slot(column, copy);
+                if other != slot && io.online(other) {
+                    let (buffer, result) = io.read(other, 0, aligned_buffer(width)).await;
+                    if result.is_ok() {
+                        return Ok(buffer);
+                    }
+                }
+            }
+            Err("no other copy of this column is readable".into())
+        }
+        Layout::Parity { .. } => crate::parity::rebuild_slot(io, slot).await,
+    }
+}
+
+/// Bring `rows` of `slot` of `extent` into `destination`, raising its
+/// watermark row by row. Returns the bytes written.
+pub(crate) async fn fill_rows(
+    space: &Space,
+    extent: u64,
+    slot: u32,
+    destination: &Location,
+    rows: std::ops::Range<u64>,
+) -> Result<u64, EngineError> {
+    let map = space.map();
+    let geometry = space.geometry;
+    let mark = destination
+        .valid_below
+        .as_ref()
+        .expect("a destination being filled has a watermark");
+    let mut written = 0;
+    for row in rows {
+        let _guard = space.locks.lock((extent, row)).await;
+        let span = RowSpan {
+            extent,
+            row,
+            row_offset: 0,
+            length: geometry.row_data_bytes(),
+            request_offset: 0,
+        };
+        let io = RowIo {
+            lock_held: true,
+            ..space.row_io(&map, &span)
+        };
+        let content = row_content(&io, slot, destination)
+            .await
+            .map_err(|reason| io.unavailable(&span, reason))?;
+        let offset = destination.base + geometry.slab_offset(row, 0);
+        written += content.len() as u64;
+        destination
+            .disk
+            .write(offset, content.freeze(), false)
+            .await
+            .map_err(|reason| io.unavailable(&span, format!("the destination failed: {reason}")))?;
+        mark.fetch_max(row + 1, Ordering::AcqRel);
+    }
+    Ok(written)
+}

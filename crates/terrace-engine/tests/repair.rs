@@ -1,0 +1,491 @@
+//! Repair, evacuation, replacement and resync, on memory disks: the
+//! redundancy template (lose what the layout tolerates, read everything,
+//! repair, verify redundancy, lose another, read everything), plus moves
+//! under client load, jobs surviving a restart, and jobs that fail.
+
+mod common;
+
+use std::future::Future;
+use std::time::Duration;
+
+use common::*;
+use futures::executor::block_on;
+use futures::future::{select, Either};
+use terrace_engine::layout::Layout;
+use terrace_engine::meta::{DiskIndex, DiskState, JobKind, JobState, Usage};
+use terrace_engine::{
+    verify_space, ImportOptions, JobAction, Pool, Space, SpaceConfig, SpaceHealth, SpaceSize,
+};
+
+const DISK_BYTES: u64 = 4 << 20;
+
+/// Run `work` while the pool's job runner runs beside it.
+async fn with_jobs<T>(pool: &Pool, work: impl Future<Output = T>) -> T {
+    let runner = Box::pin(pool.run_jobs());
+    match select(runner, Box::pin(work)).await {
+        Either::Left(_) => panic!("the job runner stopped on its own"),
+        Either::Right((value, _)) => value,
+    }
+}
+
+async fn sleep(milliseconds: u64) {
+    futures_timer_sleep(Duration::from_millis(milliseconds)).await;
+}
+
+fn futures_timer_sleep(duration: Duration) -> impl Future<Output = ()> {
+    let env = env();
+    async move { env.sleep(duration.as_nanos() as u64).await }
+}
+
+/// Wait until no job is active; returns the final statuses.
+async fn jobs_settle(pool: &Pool) -> Vec<terrace_engine::JobStatus> {
+    for _ in 0..3000 {
+        let statuses = pool.job_statuses().await;
+        if !statuses.is_empty()
+            && statuses
+                .iter()
+                .all(|s| !matches!(s.state, JobState::Running | JobState::Paused))
+        {
+            return statuses;
+        }
+        sleep(5).await;
+    }
+    panic!("jobs did not finish: {:?}", pool.job_statuses().await);
+}
+
+async fn fill(space: &Space, seed: u64) -> Model {
+    let mut model = Model::new(space.size_bytes());
+    let data = Rng(seed).bytes(space.size_bytes() as usize);
+    space.write(0, bytes(data.clone()), false).await.unwrap();
+    model.write(0, &data);
+    model
+}
+
+async fn check(space: &Space, model: &Model) {
+    let read = space.read(0, space.size_bytes()).await.unwrap();
+    assert!(
+        read[..] == model.bytes[..],
+        "{} differs from what was written",
+        space.name()
+    );
+}
+
+async fn assert_redundant(space: &Space) {
+    let report = verify_space(space).await.unwrap();
+    assert_eq!(report.mismatched_rows, vec![], "{}", space.name());
+    assert_eq!(
+        report.skipped_rows,
+        0,
+        "{}: rows without full redundancy",
+        space.name()
+    );
+}
+
+fn disks_of(pool_metadata: &terrace_engine::meta::PoolMetadata, space: &str) -> Vec<DiskIndex> {
+    let mut disks: Vec<DiskIndex> = pool_metadata
+        .space(space)
+        .unwrap()
+        .extents
+        .iter()
+        .flat_map(|e| e.slabs.clone().unwrap())
+        .map(|slab| slab.disk)
+        .collect();
+    disks.sort_unstable();
+    disks.dedup();
+    disks
+}
+
+#[test]
+fn every_redundant_layout_survives_repairs_and_another_loss() {
+    for (layout, name) in layouts()
+        .into_iter()
+        .filter(|(l, _)| l.failures_tolerated() > 0)
+    {
+        block_on(async {
+            let disks = Disks::new(8, DISK_BYTES);
+            let pool = create_pool(&disks).await;
+            let mut config = SpaceConfig::new(name, layout, SpaceSize::Bytes(512 << 10));
+            config.columns = Some(layout.min_columns().max(2));
+            config.interleave_bytes = Some(8192);
+            let space = pool.create_space(config).await.unwrap().space;
+            let model = fill(&space, 11).await;
+            let used = disks_of(&pool.metadata().await, name);
+            let tolerated = layout.failures_tolerated() as usize;
+            for disk in used.iter().take(tolerated) {
+                disks.faults[usize::from(disk.0)].lose();
+            }
+            check(&space, &model).await;
+            assert!(
+                matches!(space.health(), SpaceHealth::Degraded { survives: 0 }),
+                "{name}"
+            );
+            // The default policy (auto) starts the repairs by itself.
+            with_jobs(&pool, async {
+                let statuses = jobs_settle(&pool).await;
+                assert!(
+                    statuses.iter().all(|s| s.state == JobState::Done),
+                    "{name}: {statuses:?}"
+                );
+                assert_eq!(
+                    statuses.len(),
+                    tolerated,
+                    "{name}: one repair per lost disk"
+                );
+            })
+            .await;
+            assert_eq!(space.health(), SpaceHealth::Healthy, "{name}");
+            check(&space, &model).await;
+            assert_redundant(&space).await;
+            let metadata = pool.metadata().await;
+            let now_used = disks_of(&metadata, name);
+            for disk in used.iter().take(tolerated) {
+                assert!(
+                    !now_used.contains(disk),
+                    "{name}: the lost disk still holds slabs"
+                );
+            }
+            disks.faults[usize::from(now_used[0].0)].lose();
+            check(&space, &model).await;
+        });
+    }
+}
+
+#[test]
+fn repairs_keep_client_writes_and_prefer_hot_spares() {
+    block_on(async {
+        let disks = Disks::new(6, DISK_BYTES);
+        let pool = create_pool(&disks).await;
+        pool.set_disk_usage(DiskIndex(5), Usage::HotSpare)
+            .await
+            .unwrap();
+        let mut config = SpaceConfig::new(
+            "p",
+            Layout::Parity { redundancy: 1 },
+            SpaceSize::Bytes(1 << 20),
+        );
+        config.columns = Some(3);
+        config.interleave_bytes = Some(4096);
+        let space = pool.create_space(config).await.unwrap().space;
+        let mut model = fill(&space, 3).await;
+        let lost = disks_of(&pool.metadata().await, "p")[0];
+        disks.faults[usize::from(lost.0)].lose();
+        let mut rng = Rng(77);
+        with_jobs(&pool, async {
+            // Keep writing while the repair runs.
+            for _ in 0..150 {
+                let (offset, length) = random_range(&mut rng, space.size_bytes(), 32 << 10);
+                let data = rng.bytes(length as usize);
+                space
+                    .write(offset, bytes(data.clone()), false)
+                    .await
+                    .unwrap();
+                model.write(offset, &data);
+            }
+            jobs_settle(&pool).await;
+        })
+        .await;
+        check(&space, &model).await;
+        assert_redundant(&space).await;
+        let metadata = pool.metadata().await;
+        assert!(
+            disks_of(&metadata, "p").contains(&DiskIndex(5)),
+            "the hot spare took the lost slabs"
+        );
+    });
+}
+
+#[test]
+fn a_repair_resumes_from_its_watermark_after_a_restart() {
+    block_on(async {
+        let disks = Disks::new(5, 16 << 20);
+        let pool = create_pool(&disks).await;
+        let mut config =
+            SpaceConfig::new("m", Layout::Mirror { copies: 2 }, SpaceSize::Bytes(8 << 20));
+        config.columns = Some(2);
+        config.interleave_bytes = Some(4096);
+        let space = pool.create_space(config).await.unwrap().space;
+        let model = fill(&space, 5).await;
+        pool.set_settings(terrace_engine::meta::PoolSettings {
+            repair_rate_bytes_per_second: 1 << 20,
+            ..pool.metadata().await.settings
+        })
+        .await
+        .unwrap();
+        let lost = disks_of(&pool.metadata().await, "m")[0];
+        disks.faults[usize::from(lost.0)].lose();
+        // Run the repair for a while, then stop as a crash would: no close.
+        with_jobs(&pool, sleep(1500)).await;
+        let before = pool.metadata().await;
+        let job = before
+            .jobs
+            .iter()
+            .find(|j| j.kind == JobKind::Repair { disk: lost })
+            .unwrap();
+        assert!(
+            job.is_active() && job.bytes_done > 0,
+            "progress was persisted: {job:?}"
+        );
+        let persisted = job.bytes_done;
+        drop(space);
+        drop(pool);
+        let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
+            .await
+            .unwrap();
+        let resumed = pool.job_statuses().await;
+        assert!(
+            resumed[0].bytes_done >= persisted,
+            "resumes where it stopped, not from 0: {resumed:?}"
+        );
+        pool.set_settings(terrace_engine::meta::PoolSettings {
+            repair_rate_bytes_per_second: 0,
+            ..pool.metadata().await.settings
+        })
+        .await
+        .unwrap();
+        with_jobs(&pool, jobs_settle(&pool)).await;
+        let space = pool.space("m").unwrap();
+        check(&space, &model).await;
+        assert_redundant(&space).await;
+    });
+}
+
+#[test]
+fn evacuation_and_replacement_move_everything_off_a_healthy_disk() {
+    block_on(async {
+        let disks = Disks::new(5, DISK_BYTES);
+        let pool = create_pool(&disks).await;
+        let mut config = SpaceConfig::new(
+            "d",
+            Layout::Parity { redundancy: 2 },
+            SpaceSize::Bytes(512 << 10),
+        );
+        config.columns = Some(4);
+        let space = pool.create_space(config).await.unwrap().space;
+        let mut model = fill(&space, 8).await;
+        let victim = disks_of(&pool.metadata().await, "d")[0];
+        pool.start_evacuation(victim).await.unwrap();
+        with_jobs(&pool, async {
+            let (offset, length) = (4096u64, 64u64 << 10);
+            let data = Rng(1).bytes(length as usize);
+            space
+                .write(offset, bytes(data.clone()), false)
+                .await
+                .unwrap();
+            model.write(offset, &data);
+            jobs_settle(&pool).await;
+        })
+        .await;
+        let metadata = pool.metadata().await;
+        assert!(!disks_of(&metadata, "d").contains(&victim));
+        assert_eq!(
+            metadata.disks[usize::from(victim.0)].state,
+            DiskState::Removed
+        );
+        let scanned =
+            terrace_engine::scan(&disks.devices[usize::from(victim.0)..=usize::from(victim.0)])
+                .await;
+        assert_eq!(
+            scanned[0].kind,
+            terrace_engine::DeviceKind::Blank,
+            "the released disk is blank"
+        );
+        check(&space, &model).await;
+        assert_redundant(&space).await;
+        // Replace: a new disk joins and takes every slab of an old one.
+        let more = Disks::new(1, DISK_BYTES);
+        let new = pool.add_disks(more.new_disks()).await.unwrap()[0];
+        let old = disks_of(&pool.metadata().await, "d")[1];
+        pool.start_replacement(old, new).await.unwrap();
+        with_jobs(&pool, jobs_settle(&pool)).await;
+        let now = disks_of(&pool.metadata().await, "d");
+        assert!(now.contains(&new) && !now.contains(&old));
+        check(&space, &model).await;
+        assert_redundant(&space).await;
+    });
+}
+
+#[test]
+fn jobs_pause_resume_and_cancel_without_losing_writes() {
+    block_on(async {
+        let disks = Disks::new(4, 16 << 20);
+        let pool = create_pool(&disks).await;
+        let mut config =
+            SpaceConfig::new("m", Layout::Mirror { copies: 2 }, SpaceSize::Bytes(8 << 20));
+        config.columns = Some(1);
+        config.interleave_bytes = Some(4096);
+        let space = pool.create_space(config).await.unwrap().space;
+        let mut model = fill(&space, 9).await;
+        pool.set_settings(terrace_engine::meta::PoolSettings {
+            repair_rate_bytes_per_second: 2 << 20,
+            ..pool.metadata().await.settings
+        })
+        .await
+        .unwrap();
+        let victim = disks_of(&pool.metadata().await, "m")[0];
+        let id = pool.start_evacuation(victim).await.unwrap();
+        with_jobs(&pool, sleep(300)).await;
+        pool.job_action(id, JobAction::Pause).await.unwrap();
+        let paused = pool.job_statuses().await[0].clone();
+        assert_eq!(paused.state, JobState::Paused);
+        with_jobs(&pool, sleep(300)).await;
+        assert_eq!(
+            pool.job_statuses().await[0].bytes_done,
+            paused.bytes_done,
+            "a paused job does not move"
+        );
+        // Writes while moving reach both places; cancel keeps them.
+        let data = Rng(2).bytes(1 << 20);
+        space.write(0, bytes(data.clone()), false).await.unwrap();
+        model.write(0, &data);
+        pool.job_action(id, JobAction::Resume).await.unwrap();
+        with_jobs(&pool, sleep(200)).await;
+        pool.job_action(id, JobAction::Cancel).await.unwrap();
+        assert!(
+            pool.job_action(id, JobAction::Resume).await.is_err(),
+            "a cancelled job stays cancelled"
+        );
+        assert!(
+            disks_of(&pool.metadata().await, "m").contains(&victim),
+            "cancel leaves the disk in place"
+        );
+        check(&space, &model).await;
+        assert_redundant(&space).await;
+    });
+}
+
+#[test]
+fn a_returning_disk_resyncs_only_what_it_missed() {
+    block_on(async {
+        let disks = Disks::new(3, 16 << 20);
+        let pool = create_pool(&disks).await;
+        pool.set_settings(terrace_engine::meta::PoolSettings {
+            retire_missing: terrace_engine::meta::RetireMissing::Never,
+            ..pool.metadata().await.settings
+        })
+        .await
+        .unwrap();
+        let mut config =
+            SpaceConfig::new("m", Layout::Mirror { copies: 3 }, SpaceSize::Bytes(4 << 20));
+        config.columns = Some(1);
+        let space = pool.create_space(config).await.unwrap().space;
+        let mut model = fill(&space, 4).await;
+        pool.close().await.unwrap();
+        // Disk 2 is away; one extent is written meanwhile.
+        let pool = Pool::import(env(), disks.devices[..2].to_vec(), ImportOptions::default())
+            .await
+            .unwrap();
+        let space = pool.space("m").unwrap();
+        let data = Rng(6).bytes(32 << 10);
+        space.write(0, bytes(data.clone()), false).await.unwrap();
+        model.write(0, &data);
+        let metadata = pool.metadata().await;
+        assert_eq!(metadata.dirty.len(), 1);
+        assert_eq!(
+            metadata.dirty[0].extents.len(),
+            1,
+            "only the extent written is dirty"
+        );
+        pool.close().await.unwrap();
+        // It comes back: a resync of that one extent, then it is active.
+        let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
+            .await
+            .unwrap();
+        with_jobs(&pool, jobs_settle(&pool)).await;
+        let metadata = pool.metadata().await;
+        let job = metadata.jobs.last().unwrap();
+        assert_eq!(job.kind, JobKind::Resync { disk: DiskIndex(2) });
+        assert_eq!(job.moves.len(), 1);
+        assert_eq!(metadata.disks[2].state, DiskState::Active);
+        assert!(metadata.dirty.is_empty());
+        let space = pool.space("m").unwrap();
+        check(&space, &model).await;
+        assert_redundant(&space).await;
+        // And its copy is really current: lose the other two.
+        disks.faults[0].lose();
+        disks.faults[1].lose();
+        check(&space, &model).await;
+    });
+}
+
+#[test]
+fn a_failing_target_is_replaced_and_a_second_loss_beyond_tolerance_fails_the_job() {
+    block_on(async {
+        let disks = Disks::new(5, 16 << 20);
+        let pool = create_pool(&disks).await;
+        let mut config =
+            SpaceConfig::new("m", Layout::Mirror { copies: 2 }, SpaceSize::Bytes(4 << 20));
+        config.columns = Some(1);
+        config.interleave_bytes = Some(4096);
+        let space = pool.create_space(config).await.unwrap().space;
+        let model = fill(&space, 12).await;
+        pool.set_settings(terrace_engine::meta::PoolSettings {
+            repair_rate_bytes_per_second: 4 << 20,
+            ..pool.metadata().await.settings
+        })
+        .await
+        .unwrap();
+        let used = disks_of(&pool.metadata().await, "m");
+        disks.faults[usize::from(used[0].0)].lose();
+        with_jobs(&pool, async {
+            sleep(300).await;
+            let metadata = pool.metadata().await;
+            let target = metadata.jobs[0].moves[0].target.disk;
+            disks.faults[usize::from(target.0)].lose();
+            jobs_settle(&pool).await;
+        })
+        .await;
+        let metadata = pool.metadata().await;
+        assert!(
+            metadata.jobs.iter().any(|j| j.state == JobState::Done),
+            "{:?}",
+            metadata.jobs
+        );
+        check(&space, &model).await;
+        // A second repair, during which the source of a pending move dies:
+        // beyond tolerance for that extent.
+        let metadata = pool.metadata().await;
+        let record = metadata.space("m").unwrap().clone();
+        let victim = record.extents[0].slabs.as_ref().unwrap()[0].disk;
+        disks.faults[usize::from(victim.0)].lose();
+        let source = with_jobs(&pool, async {
+            loop {
+                let metadata = pool.metadata().await;
+                let pending = metadata
+                    .jobs
+                    .iter()
+                    .filter(|j| j.is_active())
+                    .flat_map(|j| j.moves.iter())
+                    .find(|m| !m.done);
+                if let Some(step) = pending {
+                    let slabs = record.extents[step.extent as usize].slabs.as_ref().unwrap();
+                    let other = slabs[1 - usize::from(step.slot)].disk;
+                    disks.faults[usize::from(other.0)].lose();
+                    jobs_settle(&pool).await;
+                    break (step.extent, other);
+                }
+                sleep(5).await;
+            }
+        })
+        .await;
+        let statuses = pool.job_statuses().await;
+        let failed: Vec<_> = statuses
+            .iter()
+            .filter(|s| s.state == JobState::Failed)
+            .collect();
+        assert!(!failed.is_empty(), "the repair fails: {statuses:?}");
+        assert!(failed.iter().all(|s| !s.reason.is_empty()), "with a reason");
+        let _ = source;
+        let mut unavailable = 0;
+        for block in 0..space.size_bytes() / 4096 {
+            match space.read(block * 4096, 4096).await {
+                Ok(read) => assert_eq!(&read[..], model.slice(block * 4096, 4096), "block {block}"),
+                Err(_) => unavailable += 1,
+            }
+        }
+        assert!(
+            unavailable > 0,
+            "the extents that lost both copies are unavailable"
+        );
+        assert!(matches!(space.health(), SpaceHealth::Offline { .. }));
+    });
+}
