@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use terrace_io::latch::LatchedDevice;
-use terrace_io::{BlockDevice, Bytes, BytesMut, IoResult};
+use terrace_io::{BlockDevice, Bytes, BytesMut, Env, IoResult};
 use terrace_meta::{DiskIndex, Label};
 
 /// Run-time condition of a disk.
@@ -45,6 +45,17 @@ pub struct Disk {
     /// The pool's count of failures observed, bumped when this disk fails,
     /// so requests know a metadata commit must precede their completion.
     failures_observed: Arc<AtomicU64>,
+    env: Arc<dyn Env>,
+    /// Moving average of read and write service times, in microseconds
+    /// (weight 1/16 per operation): how `pool status` spots a slow disk.
+    latency_us: AtomicU64,
+}
+
+/// What every disk of a pool shares.
+#[derive(Clone)]
+pub struct DiskContext {
+    pub failures_observed: Arc<AtomicU64>,
+    pub env: Arc<dyn Env>,
 }
 
 impl Disk {
@@ -52,10 +63,12 @@ impl Disk {
         index: DiskIndex,
         device: Arc<dyn BlockDevice>,
         label: Label,
-        failures_observed: Arc<AtomicU64>,
+        context: DiskContext,
     ) -> Disk {
         Disk {
-            failures_observed,
+            failures_observed: context.failures_observed,
+            env: context.env,
+            latency_us: AtomicU64::new(0),
             index,
             device: Some(Arc::new(LatchedDevice::new(device))),
             label: Some(label),
@@ -64,13 +77,11 @@ impl Disk {
         }
     }
 
-    pub fn absent(
-        index: DiskIndex,
-        reason: impl Into<String>,
-        failures_observed: Arc<AtomicU64>,
-    ) -> Disk {
+    pub fn absent(index: DiskIndex, reason: impl Into<String>, context: DiskContext) -> Disk {
         Disk {
-            failures_observed,
+            failures_observed: context.failures_observed,
+            env: context.env,
+            latency_us: AtomicU64::new(0),
             index,
             device: None,
             label: None,
@@ -144,13 +155,36 @@ impl Disk {
             Ok(device) => device,
             Err(error) => return (buf, Err(error)),
         };
+        let started = self.env.now_ns();
         let (buf, result) = device.read(offset, buf).await;
+        self.note_latency(started);
         (buf, self.on_error(result))
     }
 
     pub async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), String> {
         let device = self.online_device()?;
-        self.on_error(device.write(offset, data, fua).await)
+        let started = self.env.now_ns();
+        let result = device.write(offset, data, fua).await;
+        self.note_latency(started);
+        self.on_error(result)
+    }
+
+    fn note_latency(&self, started_ns: u64) {
+        let sample = self.env.now_ns().saturating_sub(started_ns) / 1000;
+        let _ = self
+            .latency_us
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |average| {
+                Some(if average == 0 {
+                    sample
+                } else {
+                    average - average / 16 + sample / 16
+                })
+            });
+    }
+
+    /// Moving average of service times, in microseconds.
+    pub fn latency_us(&self) -> u64 {
+        self.latency_us.load(Ordering::Acquire)
     }
 
     pub async fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> Result<(), String> {

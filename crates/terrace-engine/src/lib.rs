@@ -47,7 +47,7 @@ pub use pool::{
 pub use resync::{resync_space, verify_space, RedundancyReport};
 pub use scan::{scan, DeviceKind, DeviceReport};
 pub use space::{Space, REQUEST_MAX_BYTES};
-pub use status::{DiskStatus, PoolHealth, PoolStatus, SpaceHealth, SpaceStatus};
+pub use status::{DiskStatus, FailureImpact, PoolHealth, PoolStatus, SpaceHealth, SpaceStatus};
 
 pub use terrace_io as io;
 pub use terrace_layout as layout;

@@ -62,7 +62,7 @@ impl Pool {
         for (offset, disk) in disks.into_iter().enumerate() {
             let index = DiskIndex((first + offset) as u16);
             let member = shape.member(
-                self.shared.env.as_ref(),
+                &self.shared.env,
                 index,
                 disk,
                 &self.shared.failures_observed,

@@ -29,7 +29,7 @@ async fn read_piece(
 ) -> (BytesMut, Result<(), String>) {
     let geometry = io.geometry();
     let copies = geometry.layout().copies();
-    let first = ((io.row + u64::from(piece.data_column)) % u64::from(copies)) as u32;
+    let first = ((io.extent + io.row + u64::from(piece.data_column)) % u64::from(copies)) as u32;
     let mut last_error = String::from("no copy is online");
     for attempt in 0..copies {
         let slot = geometry.slot(piece.data_column, (first + attempt) % copies);

@@ -27,7 +27,7 @@ use terrace_meta::{
 };
 
 use crate::control::PoolShared;
-use crate::disk::{Condition, Disk};
+use crate::disk::{Condition, Disk, DiskContext};
 use crate::error::EngineError;
 use crate::space::Space;
 
@@ -188,11 +188,16 @@ pub(crate) struct Member {
 impl Shape {
     pub(crate) fn member(
         &self,
-        env: &dyn Env,
+        env: &Arc<dyn Env>,
         index: DiskIndex,
         disk: NewDisk,
         failures: &Arc<AtomicU64>,
     ) -> Member {
+        let context = DiskContext {
+            failures_observed: failures.clone(),
+            env: env.clone(),
+        };
+        let env = env.as_ref();
         let size_bytes = disk.device.size_bytes();
         let data_start = data_offset(self.metadata_slot_bytes);
         let label = Label {
@@ -217,7 +222,7 @@ impl Shape {
             path_hint: disk.device.name().to_string(),
             state_reason: String::new(),
         };
-        let runtime = Disk::present(index, disk.device.clone(), label.clone(), failures.clone());
+        let runtime = Disk::present(index, disk.device.clone(), label.clone(), context.clone());
         Member {
             record,
             label: (disk.device, label),
@@ -286,7 +291,7 @@ impl Pool {
         let mut runtime = Vec::new();
         let mut labels = Vec::new();
         for (position, disk) in disks.into_iter().enumerate() {
-            let member = shape.member(env.as_ref(), DiskIndex(position as u16), disk, &failures);
+            let member = shape.member(&env, DiskIndex(position as u16), disk, &failures);
             metadata.disks.push(member.record);
             labels.push(member.label);
             runtime.push(member.disk);
@@ -505,7 +510,11 @@ async fn open(
         .map(|(position, record)| {
             let index = DiskIndex(position as u16);
             let found = by_id.remove(&record.id);
-            Arc::new(runtime_disk(index, record, found, failures.clone()))
+            let context = DiskContext {
+                failures_observed: failures.clone(),
+                env: env.clone(),
+            };
+            Arc::new(runtime_disk(index, record, found, context))
         })
         .collect();
     let was_clean = metadata.clean;
@@ -587,7 +596,7 @@ fn runtime_disk(
     index: DiskIndex,
     record: &DiskRecord,
     found: Option<(Arc<dyn BlockDevice>, Label)>,
-    failures: Arc<AtomicU64>,
+    failures: DiskContext,
 ) -> Disk {
     match (record.state, found) {
         (DiskState::Active, Some((device, label))) => Disk::present(index, device, label, failures),

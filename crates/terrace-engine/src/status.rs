@@ -1,12 +1,33 @@
 //! What `pool status` shows: health derived from the metadata and the
 //! run-time condition of each disk, never stored separately.
+//!
+//! Space health, worst first:
+//!
+//! | state | meaning |
+//! |---|---|
+//! | offline | some extents lost more slabs than the layout tolerates; their data is unavailable, the rest still works |
+//! | repairing | a job is re-creating lost slabs (with its progress) |
+//! | degraded | slabs on failed disks are lost; the space survives `survives` more failures |
+//! | incomplete | slabs are on missing disks only: data intact, and the disks may come back |
+//! | no-redundancy | a simple space: healthy, but any failure loses data |
+//! | healthy | every slab present |
+
+use std::collections::BTreeMap;
 
 use terrace_layout::Layout;
-use terrace_meta::{DiskState, FaultDomain, Media, Usage};
+use terrace_meta::{DiskState, FaultDomain, JobKind, JobState, Media, PoolMetadata, Usage};
 
 use crate::disk::Condition;
 use crate::pool::Pool;
 use crate::space::Space;
+
+/// A disk is flagged slow when its average service time is this many times
+/// the median of its online peers: far beyond normal spread between drives
+/// of one kind, well below the difference a failing drive shows.
+const SLOW_FACTOR: u64 = 8;
+/// ... and at least this slow (µs), so that tiny absolute differences
+/// between memory-speed devices never count.
+const SLOW_FLOOR_US: u64 = 2_000;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PoolHealth {
@@ -33,6 +54,10 @@ pub struct DiskStatus {
     pub slabs_used: u32,
     pub enclosure: String,
     pub node: String,
+    /// Average service time of its reads and writes, in microseconds.
+    pub latency_us: u64,
+    /// Far slower than its peers: a drive on its way out, or a bad path.
+    pub slow: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,8 +65,18 @@ pub enum SpaceHealth {
     Healthy,
     /// A simple space: healthy, but one failure loses data.
     NoRedundancy,
-    /// Disks lost; the space survives `survives` more failures.
+    /// Slabs are on missing disks only; the space survives `survives` more.
+    Incomplete {
+        survives: u32,
+    },
+    /// Slabs on failed disks are lost; the space survives `survives` more.
     Degraded {
+        survives: u32,
+    },
+    /// A job re-creates lost slabs.
+    Repairing {
+        job: u64,
+        percent: u32,
         survives: u32,
     },
     /// Some extents lost their data; the others still work.
@@ -66,6 +101,17 @@ pub struct SpaceStatus {
     pub health: SpaceHealth,
 }
 
+/// What would happen if one disk, enclosure or node failed now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailureImpact {
+    /// "disk 3", "enclosure e1", "node n2".
+    pub what: String,
+    /// Spaces that would lose data (go offline).
+    pub lose_data: Vec<String>,
+    /// Spaces that would keep their data but no further redundancy.
+    pub lose_redundancy: Vec<String>,
+}
+
 #[derive(Debug, Clone)]
 pub struct PoolStatus {
     pub name: String,
@@ -78,99 +124,80 @@ pub struct PoolStatus {
     pub allocated_bytes: u64,
     pub disks: Vec<DiskStatus>,
     pub spaces: Vec<SpaceStatus>,
+    pub impact: Vec<FailureImpact>,
 }
 
 impl Space {
-    /// Health of this space from the current condition of its disks.
+    /// Health of this space from the current condition of its disks (jobs
+    /// aside; see [`Pool::status`]).
     pub fn health(&self) -> SpaceHealth {
         let map = self.map();
         let mut lost_extents = 0;
-        let mut survives = self.geometry.layout().failures_tolerated();
+        let mut failed = false;
+        let tolerated = self.geometry.layout().failures_tolerated();
+        let mut survives = tolerated;
         for targets in &map.extents {
-            match self
-                .geometry
-                .remaining_tolerance(|slot| !targets[slot as usize].complete())
-            {
+            let lost = |slot: u32| !targets[slot as usize].complete();
+            failed |= (0..targets.len() as u32).any(|slot| {
+                lost(slot) && targets[slot as usize].home().disk.condition() != Condition::Missing
+            });
+            match self.geometry.remaining_tolerance(lost) {
                 None => lost_extents += 1,
                 Some(left) => survives = survives.min(left),
             }
         }
-        let tolerated = self.geometry.layout().failures_tolerated();
         match (lost_extents, tolerated) {
             (0, 0) => SpaceHealth::NoRedundancy,
             (0, _) if survives == tolerated => SpaceHealth::Healthy,
-            (0, _) => SpaceHealth::Degraded { survives },
+            (0, _) if failed => SpaceHealth::Degraded { survives },
+            (0, _) => SpaceHealth::Incomplete { survives },
             _ => SpaceHealth::Offline { lost_extents },
         }
+    }
+
+    /// Whether losing the disks `gone` as well would cost this space data
+    /// (`Some(true)`), all redundancy (`Some(false)`), or neither (`None`).
+    fn impact_of(&self, gone: &dyn Fn(u16) -> bool) -> Option<bool> {
+        let map = self.map();
+        let mut worst = None;
+        for targets in &map.extents {
+            let lost = |slot: u32| {
+                let target = &targets[slot as usize];
+                !target.complete() || gone(target.home().disk.index.0)
+            };
+            match self.geometry.remaining_tolerance(lost) {
+                None => return Some(true),
+                Some(0) if self.geometry.layout().failures_tolerated() > 0 => worst = Some(false),
+                _ => {}
+            }
+        }
+        worst
     }
 }
 
 impl Pool {
     pub async fn status(&self) -> PoolStatus {
         let metadata = self.metadata().await;
-        let used = metadata.used_slabs();
-        let disks: Vec<DiskStatus> = self
-            .shared
-            .disks()
-            .iter()
-            .zip(&metadata.disks)
-            .map(|(disk, record)| DiskStatus {
-                index: disk.index.0,
-                id: record.id.to_string(),
-                device: disk.device_name().unwrap_or(&record.path_hint).to_string(),
-                condition: disk.condition(),
-                state: record.state,
-                reason: if disk.is_online() {
-                    String::new()
-                } else {
-                    disk.reason()
-                },
-                media: record.media,
-                usage: record.usage,
-                size_bytes: record.size_bytes,
-                slabs_total: record.slab_count,
-                slabs_used: used.iter().filter(|slab| slab.disk == disk.index).count() as u32,
-                enclosure: record.enclosure.clone(),
-                node: record.node.clone(),
-            })
-            .collect();
+        let disks = self.disk_statuses(&metadata);
+        let jobs = self.job_statuses().await;
         let spaces: Vec<SpaceStatus> = self
             .spaces()
             .iter()
-            .filter_map(|space| {
-                let record = metadata.space(space.name())?;
-                let geometry = space.geometry();
-                Some(SpaceStatus {
-                    name: record.name.clone(),
-                    layout: record.layout,
-                    columns: record.columns,
-                    data_columns: geometry.data_columns(),
-                    columns_reason: record.columns_reason.clone(),
-                    interleave_bytes: record.interleave_bytes,
-                    size_bytes: record.size_bytes,
-                    raw_bytes: record.extents.len() as u64
-                        * u64::from(geometry.slots_per_extent())
-                        * metadata.slab_bytes,
-                    extents: record.extents.len() as u64,
-                    fault_domain: record.fault_domain,
-                    failures_tolerated: record.layout.failures_tolerated(),
-                    health: space.health(),
-                })
-            })
+            .filter_map(|space| space_status(space, &metadata, &jobs))
             .collect();
         let health = if spaces
             .iter()
             .any(|s| matches!(s.health, SpaceHealth::Offline { .. }))
         {
             PoolHealth::DataLoss
-        } else if disks
-            .iter()
-            .any(|d| d.state != DiskState::Removed && d.condition != Condition::Online)
-        {
+        } else if disks.iter().any(|d| {
+            d.state != DiskState::Removed && d.condition != Condition::Online && d.slabs_used > 0
+        }) {
             PoolHealth::Degraded
         } else {
             PoolHealth::Ok
         };
+        let used = metadata.used_slabs();
         PoolStatus {
             name: metadata.name.clone(),
             id: metadata.pool_id.to_string(),
@@ -185,8 +212,144 @@ impl Pool {
                 .map(|d| u64::from(d.slab_count) * metadata.slab_bytes)
                 .sum(),
             allocated_bytes: used.len() as u64 * metadata.slab_bytes,
+            impact: self.impacts(&metadata),
             disks,
             spaces,
         }
     }
+
+    fn disk_statuses(&self, metadata: &PoolMetadata) -> Vec<DiskStatus> {
+        let used = metadata.used_slabs();
+        let runtime = self.shared.disks();
+        let mut online: Vec<u64> = runtime
+            .iter()
+            .filter(|d| d.is_online() && d.latency_us() > 0)
+            .map(|d| d.latency_us())
+            .collect();
+        online.sort_unstable();
+        let median = online.get(online.len() / 2).copied().unwrap_or(0);
+        runtime
+            .iter()
+            .zip(&metadata.disks)
+            .map(|(disk, record)| {
+                let latency_us = disk.latency_us();
+                DiskStatus {
+                    index: disk.index.0,
+                    id: record.id.to_string(),
+                    device: disk.device_name().unwrap_or(&record.path_hint).to_string(),
+                    condition: disk.condition(),
+                    state: record.state,
+                    reason: if disk.is_online() {
+                        String::new()
+                    } else {
+                        disk.reason()
+                    },
+                    media: record.media,
+                    usage: record.usage,
+                    size_bytes: record.size_bytes,
+                    slabs_total: record.slab_count,
+                    slabs_used: used.iter().filter(|slab| slab.disk == disk.index).count() as u32,
+                    enclosure: record.enclosure.clone(),
+                    node: record.node.clone(),
+                    latency_us,
+                    slow: online.len() >= 3
+                        && latency_us >= SLOW_FLOOR_US
+                        && latency_us > median * SLOW_FACTOR,
+                }
+            })
+            .collect()
+    }
+
+    /// What each online disk — and each labelled enclosure and node — would
+    /// cost if it failed now.
+    fn impacts(&self, metadata: &PoolMetadata) -> Vec<FailureImpact> {
+        let mut groups: BTreeMap<String, Vec<u16>> = BTreeMap::new();
+        for (index, record) in metadata.disks.iter().enumerate() {
+            if record.state != DiskState::Active {
+                continue;
+            }
+            groups
+                .entry(format!("disk {index}"))
+                .or_default()
+                .push(index as u16);
+            if !record.enclosure.is_empty() {
+                let key = format!(
+                    "enclosure {}",
+                    record.domain_key(
+                        terrace_meta::DiskIndex(index as u16),
+                        FaultDomain::Enclosure
+                    )
+                );
+                groups.entry(key).or_default().push(index as u16);
+            }
+            if !record.node.is_empty() {
+                groups
+                    .entry(format!("node {}", record.node))
+                    .or_default()
+                    .push(index as u16);
+            }
+        }
+        let spaces = self.spaces();
+        groups
+            .into_iter()
+            .map(|(what, members)| {
+                let gone = |disk: u16| members.contains(&disk);
+                let mut impact = FailureImpact {
+                    what,
+                    lose_data: Vec::new(),
+                    lose_redundancy: Vec::new(),
+                };
+                for space in &spaces {
+                    match space.impact_of(&gone) {
+                        Some(true) => impact.lose_data.push(space.name().to_string()),
+                        Some(false) => impact.lose_redundancy.push(space.name().to_string()),
+                        None => {}
+                    }
+                }
+                impact
+            })
+            .collect()
+    }
+}
+
+fn space_status(
+    space: &Space,
+    metadata: &PoolMetadata,
+    jobs: &[crate::JobStatus],
+) -> Option<SpaceStatus> {
+    let record = metadata.space(space.name())?;
+    let geometry = space.geometry();
+    let mut health = space.health();
+    let repairing = metadata.jobs.iter().find(|job| {
+        job.state == JobState::Running
+            && matches!(job.kind, JobKind::Repair { .. } | JobKind::Resync { .. })
+            && job.moves.iter().any(|m| m.space == record.id && !m.done)
+    });
+    if let (Some(job), SpaceHealth::Degraded { survives } | SpaceHealth::Incomplete { survives }) =
+        (repairing, &health)
+    {
+        let status = jobs.iter().find(|status| status.id == job.id);
+        let percent = status.map_or(0, |s| (s.bytes_done * 100 / s.bytes_total.max(1)) as u32);
+        health = SpaceHealth::Repairing {
+            job: job.id,
+            percent,
+            survives: *survives,
+        };
+    }
+    Some(SpaceStatus {
+        name: record.name.clone(),
+        layout: record.layout,
+        columns: record.columns,
+        data_columns: geometry.data_columns(),
+        columns_reason: record.columns_reason.clone(),
+        interleave_bytes: record.interleave_bytes,
+        size_bytes: record.size_bytes,
+        raw_bytes: record.extents.len() as u64
+            * u64::from(geometry.slots_per_extent())
+            * metadata.slab_bytes,
+        extents: record.extents.len() as u64,
+        fault_domain: record.fault_domain,
+        failures_tolerated: record.layout.failures_tolerated(),
+        health,
+    })
 }

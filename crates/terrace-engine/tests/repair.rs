@@ -489,3 +489,88 @@ fn a_failing_target_is_replaced_and_a_second_loss_beyond_tolerance_fails_the_job
         assert!(matches!(space.health(), SpaceHealth::Offline { .. }));
     });
 }
+
+#[test]
+fn health_tells_missing_from_failed_and_what_another_failure_would_cost() {
+    block_on(async {
+        let disks = Disks::new(5, 16 << 20);
+        let pool = create_pool(&disks).await;
+        pool.set_settings(terrace_engine::meta::PoolSettings {
+            retire_missing: terrace_engine::meta::RetireMissing::Never,
+            ..pool.metadata().await.settings
+        })
+        .await
+        .unwrap();
+        let mut mirror =
+            SpaceConfig::new("m", Layout::Mirror { copies: 2 }, SpaceSize::Bytes(1 << 20));
+        mirror.columns = Some(2);
+        pool.create_space(mirror).await.unwrap();
+        let mut simple = SpaceConfig::new("s", Layout::Simple, SpaceSize::Bytes(1 << 20));
+        simple.columns = Some(5);
+        pool.create_space(simple).await.unwrap();
+        let status = pool.status().await;
+        let disk0 = status.impact.iter().find(|i| i.what == "disk 0").unwrap();
+        assert_eq!(disk0.lose_data, vec!["s".to_string()], "{disk0:?}");
+        assert_eq!(disk0.lose_redundancy, vec!["m".to_string()], "{disk0:?}");
+        pool.close().await.unwrap();
+        // Disk 4 missing: the mirror is incomplete (its data intact).
+        let pool = Pool::import(env(), disks.devices[..4].to_vec(), ImportOptions::default())
+            .await
+            .unwrap();
+        let status = pool.status().await;
+        let m = status.spaces.iter().find(|s| s.name == "m").unwrap();
+        assert_eq!(m.health, SpaceHealth::Incomplete { survives: 0 });
+        let s = status.spaces.iter().find(|s| s.name == "s").unwrap();
+        assert!(matches!(s.health, SpaceHealth::Offline { .. }));
+        pool.close().await.unwrap();
+        // All present, disk 1 fails: degraded, then repairing while a job runs.
+        let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
+            .await
+            .unwrap();
+        with_jobs(&pool, jobs_settle(&pool)).await;
+        disks.faults[1].lose();
+        let space = pool.space("m").unwrap();
+        let _ = space.read(0, 1 << 20).await;
+        let conditions: Vec<_> = pool
+            .status()
+            .await
+            .disks
+            .iter()
+            .map(|d| (d.condition, d.state))
+            .collect();
+        assert_eq!(
+            space.health(),
+            SpaceHealth::Degraded { survives: 0 },
+            "{conditions:?}"
+        );
+        pool.set_settings(terrace_engine::meta::PoolSettings {
+            retire_missing: terrace_engine::meta::RetireMissing::Auto,
+            repair_rate_bytes_per_second: 256 << 10,
+            ..pool.metadata().await.settings
+        })
+        .await
+        .unwrap();
+        let seen = with_jobs(&pool, async {
+            for _ in 0..400 {
+                let status = pool.status().await;
+                let m = status
+                    .spaces
+                    .iter()
+                    .find(|s| s.name == "m")
+                    .unwrap()
+                    .health
+                    .clone();
+                if matches!(m, SpaceHealth::Repairing { .. }) {
+                    return Some(m);
+                }
+                sleep(5).await;
+            }
+            None
+        })
+        .await;
+        assert!(
+            matches!(seen, Some(SpaceHealth::Repairing { survives: 0, .. })),
+            "{seen:?}"
+        );
+    });
+}

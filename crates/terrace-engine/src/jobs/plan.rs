@@ -94,6 +94,13 @@ pub(crate) fn plan(metadata: &PoolMetadata, kind: JobKind) -> Result<Vec<MoveRec
             let Some(slabs) = record.slabs.as_ref() else {
                 continue;
             };
+            if matches!(kind, JobKind::Repair { .. })
+                && !recoverable(metadata, &geometry, slabs, source)
+            {
+                // Its data is gone with the disk (no redundancy left to
+                // rebuild from): nothing to re-create; it stays lost.
+                continue;
+            }
             for (slot, slab) in slabs.iter().enumerate() {
                 if slab.disk != source {
                     continue;
@@ -124,6 +131,22 @@ pub(crate) fn plan(metadata: &PoolMetadata, kind: JobKind) -> Result<Vec<MoveRec
         }
     }
     Ok(moves)
+}
+
+/// Whether an extent's data survives losing `source` on top of the disks
+/// the metadata already counts lost.
+fn recoverable(
+    metadata: &PoolMetadata,
+    geometry: &Geometry,
+    slabs: &[SlabRef],
+    source: DiskIndex,
+) -> bool {
+    geometry
+        .remaining_tolerance(|slot| {
+            let disk = slabs[slot as usize].disk;
+            disk == source || metadata.disks[usize::from(disk.0)].state != DiskState::Active
+        })
+        .is_some()
 }
 
 /// A returning disk catches up in place on the extents written while it
