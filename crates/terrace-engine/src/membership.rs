@@ -119,6 +119,17 @@ impl Pool {
         self.shared.commit(&mut control, next).await
     }
 
+    /// A disk's file or device is gone (the daemon noticed): it is missing,
+    /// recorded so before this returns, and repaired as the policy says.
+    pub async fn disk_gone(&self, disk: DiskIndex, reason: &str) -> Result<(), EngineError> {
+        let disks = self.shared.disks();
+        let runtime = disks.get(usize::from(disk.0)).ok_or(EngineError::NoSuchDisk { disk: disk.0 })?;
+        if runtime.is_online() {
+            runtime.set_condition(crate::disk::Condition::Missing, reason);
+        }
+        self.shared.persist_failures().await
+    }
+
     /// Change the pool's repair settings.
     pub async fn set_settings(&self, settings: PoolSettings) -> Result<(), EngineError> {
         self.shared.check_open()?;

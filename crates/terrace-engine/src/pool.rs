@@ -365,6 +365,11 @@ impl Pool {
         &self.shared.name
     }
 
+    /// Whether the pool is still open (not closed, exported or destroyed).
+    pub fn is_open(&self) -> bool {
+        self.shared.check_open().is_ok()
+    }
+
     /// Why the pool refuses writes, if it does.
     pub fn read_only_reason(&self) -> Option<&str> {
         self.shared.read_only.as_deref()
