@@ -13,7 +13,7 @@ use futures::future::join_all;
 use terrace_layout::{choose_columns, ColumnChoice, Geometry, Layout, INTERLEAVE_DEFAULT_BYTES};
 use terrace_meta::{
     Allocator, DiskRecord, ExtentRecord, FaultDomain, PlacementError, PoolMetadata, Provisioning,
-    SlabRef, SpaceId, SpaceRecord,
+    SlabRef, SpaceId, SpaceRecord, SpaceRole,
 };
 
 use crate::control::PoolShared;
@@ -252,6 +252,8 @@ fn record(config: &SpaceConfig, metadata: &PoolMetadata, planned: Planned) -> Sp
         fault_domain: planned.level,
         created_ns: planned.created_ns,
         columns_reason: planned.choice.reason,
+        role: SpaceRole::Data,
+        cache: None,
         extents: planned
             .extents
             .into_iter()

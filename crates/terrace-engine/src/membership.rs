@@ -123,7 +123,9 @@ impl Pool {
     /// recorded so before this returns, and repaired as the policy says.
     pub async fn disk_gone(&self, disk: DiskIndex, reason: &str) -> Result<(), EngineError> {
         let disks = self.shared.disks();
-        let runtime = disks.get(usize::from(disk.0)).ok_or(EngineError::NoSuchDisk { disk: disk.0 })?;
+        let runtime = disks
+            .get(usize::from(disk.0))
+            .ok_or(EngineError::NoSuchDisk { disk: disk.0 })?;
         if runtime.is_online() {
             runtime.set_condition(crate::disk::Condition::Missing, reason);
         }

@@ -12,8 +12,8 @@ use terrace_layout::{Layout, LayoutError};
 
 use crate::ids::{DiskId, DiskIndex, PoolId, SlabIndex, SlabRef, SpaceId};
 use crate::model::{
-    DiskRecord, DiskState, ExtentRecord, FaultDomain, Media, PoolMetadata, Provisioning,
-    SpaceRecord, Usage,
+    CacheRecord, DiskRecord, DiskState, ExtentRecord, FaultDomain, Media, PoolMetadata,
+    Provisioning, SpaceRecord, SpaceRole, Usage,
 };
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -161,7 +161,12 @@ impl<'a> Reader<'a> {
 
     /// A count of items each at least `item_bytes` long: refused before any
     /// allocation if the remaining bytes cannot hold that many.
-    pub(crate) fn count_of(&mut self, field: &'static str, count: usize, item_bytes: usize) -> Result<usize, DecodeError> {
+    pub(crate) fn count_of(
+        &mut self,
+        field: &'static str,
+        count: usize,
+        item_bytes: usize,
+    ) -> Result<usize, DecodeError> {
         self.count(field, count, item_bytes)
     }
 
@@ -242,7 +247,7 @@ fn layout_from(kind: u8, parameter: u8) -> Result<Layout, DecodeError> {
 /// Smallest encoded disk record: fixed fields plus four empty strings.
 const DISK_RECORD_MIN_BYTES: usize = 16 + 8 + 4 + 3 + 4 * 2;
 /// Smallest encoded space record (no extents, empty strings).
-const SPACE_RECORD_MIN_BYTES: usize = 8 + 2 + 2 + 4 + 8 + 8 + 2 + 8 + 2 + 4 + 2;
+const SPACE_RECORD_MIN_BYTES: usize = 8 + 2 + 2 + 4 + 8 + 8 + 2 + 8 + 2 + 9 + 32 + 4 + 2;
 /// An encoded slab reference: u16 disk index, u32 slab index.
 const SLAB_REF_BYTES: usize = 6;
 
@@ -265,7 +270,13 @@ pub fn encode(metadata: &PoolMetadata) -> Vec<u8> {
     for space in &metadata.spaces {
         encode_space(&mut writer, space, metadata.slab_bytes);
     }
-    crate::codec_state::encode(&mut writer, &metadata.settings, metadata.next_job_id, &metadata.jobs, &metadata.dirty);
+    crate::codec_state::encode(
+        &mut writer,
+        &metadata.settings,
+        metadata.next_job_id,
+        &metadata.jobs,
+        &metadata.dirty,
+    );
     writer.into_bytes()
 }
 
@@ -295,6 +306,26 @@ fn encode_space(writer: &mut Writer, space: &SpaceRecord, slab_bytes: u64) {
     writer.u8(domain_code(space.fault_domain));
     writer.u64(space.created_ns);
     writer.text(&space.columns_reason);
+    match space.role {
+        SpaceRole::Data => {
+            writer.u8(0);
+            writer.u64(0);
+        }
+        SpaceRole::Log { owner } => {
+            writer.u8(1);
+            writer.u64(owner.0);
+        }
+    }
+    let cache = space.cache.unwrap_or(CacheRecord {
+        bytes: 0,
+        log_space: SpaceId(0),
+        epoch: 0,
+        checkpoint_hint: 0,
+    });
+    writer.u64(cache.bytes);
+    writer.u64(cache.log_space.0);
+    writer.u64(cache.epoch);
+    writer.u64(cache.checkpoint_hint);
     writer.u32(space.extents.len() as u32);
     let slots = space
         .geometry(slab_bytes)
@@ -343,7 +374,8 @@ pub fn decode(bytes: &[u8]) -> Result<PoolMetadata, DecodeError> {
         spaces: &spaces,
         slab_bytes,
     };
-    let (settings, next_job_id, jobs, dirty) = crate::codec_state::decode(&mut reader, &known, &mut used)?;
+    let (settings, next_job_id, jobs, dirty) =
+        crate::codec_state::decode(&mut reader, &known, &mut used)?;
     if reader.remaining() != 0 {
         return Err(DecodeError::Trailing {
             trailing: reader.remaining(),
@@ -405,6 +437,33 @@ fn decode_space(
         fault_domain: domain_from(reader.u8("space fault domain")?)?,
         created_ns: reader.u64("space created")?,
         columns_reason: reader.text("space columns reason")?,
+        role: match reader.u8("space role")? {
+            0 => {
+                reader.u64("space owner")?;
+                SpaceRole::Data
+            }
+            1 => SpaceRole::Log {
+                owner: SpaceId(reader.u64("space owner")?),
+            },
+            code => {
+                return Err(DecodeError::BadCode {
+                    field: "space role",
+                    code,
+                })
+            }
+        },
+        cache: {
+            let bytes = reader.u64("cache bytes")?;
+            let log_space = SpaceId(reader.u64("cache log space")?);
+            let epoch = reader.u64("cache epoch")?;
+            let checkpoint_hint = reader.u64("cache checkpoint")?;
+            (bytes > 0).then_some(CacheRecord {
+                bytes,
+                log_space,
+                epoch,
+                checkpoint_hint,
+            })
+        },
         extents: Vec::new(),
     };
     let geometry = space

@@ -18,7 +18,13 @@ const MOVE_BYTES: usize = 8 + 4 + 2 + 6 + 8 + 1;
 /// An encoded dirty extent.
 const DIRTY_EXTENT_BYTES: usize = 8 + 4;
 
-pub(crate) fn encode(writer: &mut Writer, settings: &PoolSettings, next_job_id: u64, jobs: &[JobRecord], dirty: &[DirtyRecord]) {
+pub(crate) fn encode(
+    writer: &mut Writer,
+    settings: &PoolSettings,
+    next_job_id: u64,
+    jobs: &[JobRecord],
+    dirty: &[DirtyRecord],
+) {
     writer.u8(match settings.retire_missing {
         RetireMissing::Never => 0,
         RetireMissing::Always => 1,
@@ -89,17 +95,31 @@ pub(crate) struct Known<'a> {
 
 pub(crate) type State = (PoolSettings, u64, Vec<JobRecord>, Vec<DirtyRecord>);
 
-pub(crate) fn decode(reader: &mut Reader, known: &Known, used: &mut BTreeSet<SlabRef>) -> Result<State, DecodeError> {
+pub(crate) fn decode(
+    reader: &mut Reader,
+    known: &Known,
+    used: &mut BTreeSet<SlabRef>,
+) -> Result<State, DecodeError> {
     let retire_missing = match reader.u8("retire missing")? {
         0 => RetireMissing::Never,
         1 => RetireMissing::Always,
         2 => RetireMissing::Auto,
-        code => return Err(DecodeError::BadCode { field: "retire missing", code }),
+        code => {
+            return Err(DecodeError::BadCode {
+                field: "retire missing",
+                code,
+            })
+        }
     };
     let repair_policy = match reader.u8("repair policy")? {
         0 => RepairPolicy::Parallel,
         1 => RepairPolicy::Sequential,
-        code => return Err(DecodeError::BadCode { field: "repair policy", code }),
+        code => {
+            return Err(DecodeError::BadCode {
+                field: "repair policy",
+                code,
+            })
+        }
     };
     let settings = PoolSettings {
         retire_missing,
@@ -123,7 +143,10 @@ pub(crate) fn decode(reader: &mut Reader, known: &Known, used: &mut BTreeSet<Sla
         let count = reader.count_of("dirty extents", count, DIRTY_EXTENT_BYTES)?;
         let mut extents = Vec::with_capacity(count);
         for _ in 0..count {
-            extents.push((SpaceId(reader.u64("dirty space")?), reader.u32("dirty extent")?));
+            extents.push((
+                SpaceId(reader.u64("dirty space")?),
+                reader.u32("dirty extent")?,
+            ));
         }
         dirty.push(DirtyRecord { disk, extents });
     }
@@ -147,13 +170,23 @@ fn decode_kind(reader: &mut Reader, known: &Known) -> Result<JobKind, DecodeErro
     match code {
         0 => Ok(JobKind::Repair { disk: first }),
         1 => Ok(JobKind::Evacuate { disk: first }),
-        2 => Ok(JobKind::Replace { old: first, new: second }),
+        2 => Ok(JobKind::Replace {
+            old: first,
+            new: second,
+        }),
         3 => Ok(JobKind::Resync { disk: first }),
-        code => Err(DecodeError::BadCode { field: "job kind", code }),
+        code => Err(DecodeError::BadCode {
+            field: "job kind",
+            code,
+        }),
     }
 }
 
-fn decode_job(reader: &mut Reader, known: &Known, used: &mut BTreeSet<SlabRef>) -> Result<JobRecord, DecodeError> {
+fn decode_job(
+    reader: &mut Reader,
+    known: &Known,
+    used: &mut BTreeSet<SlabRef>,
+) -> Result<JobRecord, DecodeError> {
     let id = reader.u64("job id")?;
     let kind = decode_kind(reader, known)?;
     let state = match reader.u8("job state")? {
@@ -162,7 +195,12 @@ fn decode_job(reader: &mut Reader, known: &Known, used: &mut BTreeSet<SlabRef>) 
         2 => JobState::Done,
         3 => JobState::Cancelled,
         4 => JobState::Failed,
-        code => return Err(DecodeError::BadCode { field: "job state", code }),
+        code => {
+            return Err(DecodeError::BadCode {
+                field: "job state",
+                code,
+            })
+        }
     };
     let mut job = JobRecord {
         id,
@@ -212,9 +250,13 @@ fn decode_move(reader: &mut Reader, known: &Known) -> Result<MoveRecord, DecodeE
         });
     }
     if let Some(space) = known.spaces.iter().find(|s| s.id == step.space) {
-        let slots = space.geometry(known.slab_bytes).map_or(0, |g| g.slots_per_extent());
+        let slots = space
+            .geometry(known.slab_bytes)
+            .map_or(0, |g| g.slots_per_extent());
         if step.extent as usize >= space.extents.len() || u32::from(step.slot) >= slots {
-            return Err(DecodeError::BadMove { space: step.space.0 });
+            return Err(DecodeError::BadMove {
+                space: step.space.0,
+            });
         }
     }
     Ok(step)

@@ -18,9 +18,9 @@ pub use codec::DecodeError;
 pub use format::{Label, LabelError, SlotError};
 pub use ids::{DiskId, DiskIndex, PoolId, SlabIndex, SlabRef, SpaceId};
 pub use model::{
-    DirtyRecord, DiskRecord, DiskState, ExtentRecord, FaultDomain, JobKind, JobRecord, JobState,
-    Media, MoveRecord, PoolMetadata, PoolSettings, Provisioning, RepairPolicy, RetireMissing,
-    SpaceRecord, Usage,
+    CacheRecord, DirtyRecord, DiskRecord, DiskState, ExtentRecord, FaultDomain, JobKind, JobRecord,
+    JobState, Media, MoveRecord, PoolMetadata, PoolSettings, Provisioning, RepairPolicy,
+    RetireMissing, SpaceRecord, SpaceRole, Usage,
 };
 pub use placement::{Allocator, PlacementError};
 

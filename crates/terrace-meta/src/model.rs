@@ -115,7 +115,35 @@ pub struct SpaceRecord {
     pub created_ns: u64,
     /// Why the column count is what it is (shown by `space show`).
     pub columns_reason: String,
+    /// A space clients use, or the hidden log of one.
+    pub role: SpaceRole,
+    /// The write-back cache: its log space and its state.
+    pub cache: Option<CacheRecord>,
     pub extents: Vec<ExtentRecord>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SpaceRole {
+    Data,
+    /// The write-back log of space `owner`: a hidden mirrored space.
+    Log {
+        owner: SpaceId,
+    },
+}
+
+/// A space's write-back cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheRecord {
+    /// Bytes of log the cache may fill (the ring's size).
+    pub bytes: u64,
+    /// The hidden space that holds the log.
+    pub log_space: SpaceId,
+    /// Random per log: records of an earlier log on the same slabs never
+    /// pass for this one's.
+    pub epoch: u64,
+    /// Ring position (absolute, ever increasing) of a recent checkpoint
+    /// record: where recovery starts scanning.
+    pub checkpoint_hint: u64,
 }
 
 impl SpaceRecord {

@@ -73,6 +73,8 @@ fn metadata_with_space(layout: Layout, columns: u32, extents: u64) -> PoolMetada
         fault_domain: FaultDomain::Disk,
         created_ns: 3,
         columns_reason: "because".into(),
+        role: SpaceRole::Data,
+        cache: None,
         extents,
     });
     pool
