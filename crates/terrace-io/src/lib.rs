@@ -30,6 +30,7 @@ pub mod fault;
 pub mod file;
 pub mod latch;
 pub mod memory;
+pub mod model;
 
 pub use env::{Env, SystemEnv};
 
