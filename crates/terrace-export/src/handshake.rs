@@ -31,8 +31,8 @@ use tokio::sync::watch;
 
 use crate::error::ConnectionError;
 use crate::protocol::*;
+use crate::requests::Session;
 use crate::server::{shutdown_requested, ServerOptions};
-use crate::transmission::Session;
 use crate::{Backend, BlockSizes, Catalog};
 
 /// Largest option data the server reads and parses. The longest legitimate

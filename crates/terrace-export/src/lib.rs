@@ -38,12 +38,14 @@ pub mod client;
 mod error;
 mod handshake;
 pub mod protocol;
+mod requests;
 mod server;
+mod threaded;
 mod transmission;
 mod workers;
 
 pub use error::ConnectionError;
-pub use server::{Server, ServerOptions};
+pub use server::{Server, ServerOptions, Socket};
 
 /// NBD error values (proto.md "Error values"); only these go on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

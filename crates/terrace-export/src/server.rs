@@ -2,10 +2,16 @@
 //!
 //! ```text
 //!   serve_tcp / serve_unix ── accept ──▶ connection task ──▶ handshake ──▶ transmission
-//!          │                               (one per client,                 (reader, writer,
-//!          │                                in a JoinSet)                    request tasks)
+//!          │                               (one per client,                 async: reader, writer,
+//!          │                                in a JoinSet)                    request tasks; or
+//!          │                                                                 threaded: a few OS
+//!          │                                                                 threads of its own
 //!          └── shutdown: stop accepting, wait for every connection task
 //! ```
+//!
+//! [`ServerOptions::threads_per_connection`] chooses the transmission mode
+//! for sockets (see `threaded.rs` for why threads are faster); streams that
+//! are not sockets ([`Server::serve_connection`]) always use async mode.
 //!
 //! Shutdown is a `watch` channel turning `true`. The accept loop stops and
 //! drops its listener; each connection notices on its own: between options
@@ -14,27 +20,29 @@
 //! closes (proto.md "Terminating the transmission phase"). A connection that
 //! is still busy [`ServerOptions::shutdown_grace`] after shutdown began (a
 //! backend that hangs, a client that stopped reading) is dropped, which
-//! aborts its tasks, so shutdown always finishes.
+//! aborts its tasks (in threaded mode: drops its backend operations and
+//! shuts its socket, which ends its threads), so shutdown always finishes.
 
 use std::future::Future;
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter, ReadHalf, WriteHalf};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::error::ConnectionError;
-use crate::transmission::WRITE_DISCARD_MAX_BYTES;
+use crate::requests::{Session, WRITE_DISCARD_MAX_BYTES};
+use crate::threaded::{BlockingSocket, THREADS_PER_CONNECTION_MAX};
 use crate::workers::{Detached, Workers};
-use crate::{handshake, transmission, Catalog};
+use crate::{handshake, threaded, transmission, Catalog};
 
 /// Socket read buffer per connection: requests are 28 bytes, so one read
 /// takes in a whole pipeline of them; write payloads larger than this
 /// bypass it and go straight into their own buffer.
-const READ_BUFFER_BYTES: usize = 128 << 10;
+pub(crate) const READ_BUFFER_BYTES: usize = 128 << 10;
 
 /// Socket write buffer per connection: gathers many small replies into one
 /// system call; read data larger than this is written directly.
@@ -80,6 +88,12 @@ pub struct ServerOptions {
     /// runtime (see `workers.rs`); 0 serves them on the caller's runtime.
     /// Clamped to at most 256.
     pub connection_threads: usize,
+    /// Threads that serve each connection on a socket once its handshake
+    /// is done, each taking one whole request at a time (see
+    /// `threaded.rs`); 0 serves transmission with tasks instead (async
+    /// mode). The in-flight limit of such a connection is the smaller of
+    /// this and `max_in_flight_per_connection`. Clamped to at most 64.
+    pub threads_per_connection: usize,
 }
 
 impl Default for ServerOptions {
@@ -89,6 +103,7 @@ impl Default for ServerOptions {
             max_payload_bytes: 32 << 20,
             shutdown_grace: Duration::from_secs(30),
             connection_threads: 0,
+            threads_per_connection: 0,
         }
     }
 }
@@ -104,6 +119,7 @@ impl ServerOptions {
                 .clamp(MIN_PAYLOAD_FLOOR, WRITE_DISCARD_MAX_BYTES),
             shutdown_grace: self.shutdown_grace,
             connection_threads: self.connection_threads.min(CONNECTION_THREADS_MAX),
+            threads_per_connection: self.threads_per_connection.min(THREADS_PER_CONNECTION_MAX),
         }
     }
 }
@@ -166,9 +182,9 @@ impl Server {
     }
 
     /// Serves one connection, handshake to close, on any byte stream (tests,
-    /// custom transports). Returns `Ok` when the client ended the session
-    /// (`NBD_OPT_ABORT`, `NBD_CMD_DISC`, or closing between messages) or
-    /// shutdown closed it cleanly.
+    /// custom transports), in async mode. Returns `Ok` when the client ended
+    /// the session (`NBD_OPT_ABORT`, `NBD_CMD_DISC`, or closing between
+    /// messages) or shutdown closed it cleanly.
     pub async fn serve_connection<S>(
         &self,
         stream: S,
@@ -177,18 +193,98 @@ impl Server {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let mut watcher = shutdown.clone();
-        let work = run_connection(
-            self.catalog.clone(),
-            self.options,
-            stream,
-            shutdown,
-            self.offload.clone(),
+        let work = async {
+            let Some((session, stream)) = self.negotiate(stream, &shutdown).await? else {
+                return Ok(());
+            };
+            transmission::transmit(
+                stream.reader,
+                stream.writer,
+                session,
+                self.options.max_in_flight_per_connection,
+                shutdown.clone(),
+                self.offload.clone(),
+            )
+            .await
+        };
+        self.within_grace(work, shutdown.clone()).await
+    }
+
+    /// [`Server::serve_connection`] for a TCP or Unix socket, in the
+    /// transmission mode [`ServerOptions::threads_per_connection`] selects;
+    /// in threaded mode it returns only after the connection's threads
+    /// have ended. This is what [`Server::serve_tcp`] and
+    /// [`Server::serve_unix`] run for each accepted connection.
+    pub async fn serve_socket<S: Socket>(
+        &self,
+        stream: S,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<(), ConnectionError> {
+        let threads = self
+            .options
+            .threads_per_connection
+            .min(self.options.max_in_flight_per_connection);
+        if threads == 0 {
+            return self.serve_connection(stream, shutdown).await;
+        }
+        let negotiated = self.negotiate(stream, &shutdown);
+        let Some((session, stream)) = self.within_grace(negotiated, shutdown.clone()).await? else {
+            return Ok(());
+        };
+        let (stream, leftover) = stream.into_parts();
+        let socket = stream.into_blocking()?;
+        let limits = (
+            self.options.max_in_flight_per_connection,
+            self.options.shutdown_grace,
         );
+        threaded::transmit(socket, &leftover, session, threads, limits, shutdown).await
+    }
+
+    /// The handshake; `Some` when transmission is to begin. A connection
+    /// that ends here has been closed politely.
+    async fn negotiate<S>(
+        &self,
+        stream: S,
+        shutdown: &watch::Receiver<bool>,
+    ) -> Result<Option<(Session, Negotiated<S>)>, ConnectionError>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let (read_half, write_half) = tokio::io::split(stream);
+        let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, read_half);
+        let mut writer = BufWriter::with_capacity(WRITE_BUFFER_BYTES, write_half);
+        let catalog = self.catalog.as_ref();
+        let mut watcher = shutdown.clone();
+        let session = handshake::negotiate(
+            &mut reader,
+            &mut writer,
+            catalog,
+            &self.options,
+            &mut watcher,
+        )
+        .await?;
+        match session {
+            Some(session) => Ok(Some((session, Negotiated { reader, writer }))),
+            None => {
+                // Flushes anything pending (the ACK to NBD_OPT_ABORT) and
+                // closes our direction; the client may already be gone.
+                let _ = writer.shutdown().await;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Runs `work`; once shutdown begins, gives it
+    /// [`ServerOptions::shutdown_grace`] to finish before dropping it.
+    async fn within_grace<T>(
+        &self,
+        work: impl Future<Output = Result<T, ConnectionError>>,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> Result<T, ConnectionError> {
         tokio::pin!(work);
         tokio::select! {
             result = &mut work => result,
-            _ = shutdown_requested(&mut watcher) => {
+            _ = shutdown_requested(&mut shutdown) => {
                 let grace = self.options.shutdown_grace;
                 tokio::time::timeout(grace, work).await.unwrap_or(Err(ConnectionError::ShutdownTimeout(grace)))
             }
@@ -225,7 +321,7 @@ impl Server {
                     let (server, stop) = (self.clone(), shutdown.clone());
                     // The outcome of one connection concerns only that
                     // client; the server carries on either way.
-                    connections.spawn(async move { server.serve_connection(stream, stop).await });
+                    connections.spawn(async move { server.serve_socket(stream, stop).await });
                 }
                 Err(error) if is_per_connection(&error) => {}
                 Err(error) => {
@@ -269,53 +365,56 @@ pub(crate) async fn shutdown_requested(shutdown: &mut watch::Receiver<bool>) {
     }
 }
 
-/// One connection from greeting to close.
-async fn run_connection<S>(
-    catalog: Arc<dyn Catalog>,
-    options: ServerOptions,
-    stream: S,
-    shutdown: watch::Receiver<bool>,
-    offload: Option<tokio::runtime::Handle>,
-) -> Result<(), ConnectionError>
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let (read_half, write_half) = tokio::io::split(stream);
-    let mut reader = BufReader::with_capacity(READ_BUFFER_BYTES, read_half);
-    let mut writer = BufWriter::with_capacity(WRITE_BUFFER_BYTES, write_half);
-    let mut watcher = shutdown.clone();
-    match handshake::negotiate(
-        &mut reader,
-        &mut writer,
-        catalog.as_ref(),
-        &options,
-        &mut watcher,
-    )
-    .await?
-    {
-        Some(session) => {
-            transmission::transmit(
-                reader,
-                writer,
-                session,
-                options.max_in_flight_per_connection,
-                shutdown,
-                offload,
-            )
-            .await
-        }
-        None => {
-            // Flushes anything pending (the ACK to NBD_OPT_ABORT) and closes
-            // our direction; the client may already be gone.
-            let _ = writer.shutdown().await;
-            Ok(())
-        }
+/// A stream as the handshake left it: buffered both ways.
+struct Negotiated<S> {
+    reader: BufReader<ReadHalf<S>>,
+    writer: BufWriter<WriteHalf<S>>,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Negotiated<S> {
+    /// The stream again, and the bytes the handshake read beyond its last
+    /// option (requests a client pipelined after `NBD_OPT_GO`). Nothing is
+    /// left to write: the handshake flushes after every option.
+    fn into_parts(self) -> (S, Vec<u8>) {
+        debug_assert!(self.writer.buffer().is_empty());
+        let leftover = self.reader.buffer().to_vec();
+        let stream = self.reader.into_inner().unsplit(self.writer.into_inner());
+        (stream, leftover)
+    }
+}
+
+/// A socket that [`Server::serve_socket`] can hand over to threads: a tokio
+/// [`TcpStream`] or [`UnixStream`].
+pub trait Socket: AsyncRead + AsyncWrite + Unpin + Send + 'static + sealed::IntoBlocking {}
+
+mod sealed {
+    use super::*;
+
+    /// Release from the runtime, for threaded transmission.
+    pub trait IntoBlocking {
+        fn into_blocking(self) -> io::Result<BlockingSocket>;
+    }
+}
+
+impl Socket for TcpStream {}
+
+impl sealed::IntoBlocking for TcpStream {
+    fn into_blocking(self) -> io::Result<BlockingSocket> {
+        self.into_std().map(BlockingSocket::Tcp)
+    }
+}
+
+impl Socket for UnixStream {}
+
+impl sealed::IntoBlocking for UnixStream {
+    fn into_blocking(self) -> io::Result<BlockingSocket> {
+        self.into_std().map(BlockingSocket::Unix)
     }
 }
 
 /// A listening socket, as the accept loop needs it.
 trait Acceptor: Send + Sync {
-    type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    type Stream: Socket;
     fn next_stream(&self) -> impl Future<Output = io::Result<Self::Stream>> + Send;
     /// Release an accepted stream from this runtime, for a connection thread.
     fn detach(stream: Self::Stream) -> io::Result<Detached>;
@@ -362,11 +461,13 @@ mod tests {
             max_payload_bytes: u32::MAX,
             shutdown_grace: Duration::ZERO,
             connection_threads: 100_000,
+            threads_per_connection: 100_000,
         };
         let clamped = wild.clamped();
         assert_eq!(clamped.max_in_flight_per_connection, 1);
         assert_eq!(clamped.max_payload_bytes, WRITE_DISCARD_MAX_BYTES);
         assert_eq!(clamped.connection_threads, CONNECTION_THREADS_MAX);
+        assert_eq!(clamped.threads_per_connection, THREADS_PER_CONNECTION_MAX);
         assert_eq!(
             ServerOptions {
                 max_payload_bytes: 1,

@@ -98,12 +98,12 @@ async fn serve(
             match detached {
                 Detached::Tcp(stream) => {
                     if let Ok(stream) = TcpStream::from_std(stream) {
-                        let _ = server.serve_connection(stream, stop).await;
+                        let _ = server.serve_socket(stream, stop).await;
                     }
                 }
                 Detached::Unix(stream) => {
                     if let Ok(stream) = UnixStream::from_std(stream) {
-                        let _ = server.serve_connection(stream, stop).await;
+                        let _ = server.serve_socket(stream, stop).await;
                     }
                 }
             }

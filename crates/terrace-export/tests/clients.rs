@@ -3,13 +3,14 @@
 //! on an ephemeral port (or a Unix socket) and skips with a note if its
 //! tool is missing. Tool runs have time limits: a hang fails the test.
 
+#[macro_use]
 mod common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use terrace_export::{Server, ServerOptions};
+use terrace_export::Server;
 use tokio::sync::watch;
 
 const LIMIT: Duration = Duration::from_secs(30);
@@ -29,23 +30,22 @@ fn json_value(json: &str, key: &str) -> Option<String> {
 
 /// A server with a writable "disk" of `size` bytes and a read-only
 /// "archive".
-async fn serve(size: usize) -> (TestServer, Arc<MemoryBackend>, Arc<MemoryBackend>) {
+async fn serve(size: usize, mode: Mode) -> (TestServer, Arc<MemoryBackend>, Arc<MemoryBackend>) {
     let disk = Arc::new(MemoryBackend::new(size));
     let archive = Arc::new(MemoryBackend::read_only(MIB));
     let catalog = MemoryCatalog::new(vec![("disk", disk.clone()), ("archive", archive.clone())]);
     (
-        TestServer::start(catalog, ServerOptions::default()).await,
+        TestServer::start(catalog, mode.options()).await,
         disk,
         archive,
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nbdinfo_json_reports_size_block_sizes_and_capabilities() {
+async fn nbdinfo_json_reports_size_block_sizes_and_capabilities(mode: Mode) {
     if !have_tool("nbdinfo").await {
         return;
     }
-    let (server, _, _) = serve(4 * MIB).await;
+    let (server, _, _) = serve(4 * MIB, mode).await;
     let output = run_tool("nbdinfo", &["--json", &server.uri("disk")], LIMIT).await;
     let json = text(&output);
     assert!(output.status.success(), "{json}");
@@ -79,12 +79,11 @@ async fn nbdinfo_json_reports_size_block_sizes_and_capabilities() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nbdinfo_list_shows_every_export() {
+async fn nbdinfo_list_shows_every_export(mode: Mode) {
     if !have_tool("nbdinfo").await {
         return;
     }
-    let (server, _, _) = serve(4 * MIB).await;
+    let (server, _, _) = serve(4 * MIB, mode).await;
     let output = run_tool("nbdinfo", &["--list", "--json", &server.uri("")], LIMIT).await;
     let json = text(&output);
     assert!(output.status.success(), "{json}");
@@ -98,12 +97,11 @@ async fn nbdinfo_list_shows_every_export() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nbdinfo_map_follows_block_status() {
+async fn nbdinfo_map_follows_block_status(mode: Mode) {
     if !have_tool("nbdinfo").await {
         return;
     }
-    let (server, disk, _) = serve(4 * MIB).await;
+    let (server, disk, _) = serve(4 * MIB, mode).await;
     disk.fill(0, &[1; 8192]);
     disk.fill(MIB as u64, &[2; 4096]);
     let output = run_tool("nbdinfo", &["--map", &server.uri("disk")], LIMIT).await;
@@ -133,12 +131,11 @@ async fn nbdinfo_map_follows_block_status() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nbdinfo_can_and_is_match_the_transmission_flags() {
+async fn nbdinfo_can_and_is_match_the_transmission_flags(mode: Mode) {
     if !have_tool("nbdinfo").await {
         return;
     }
-    let (server, _, _) = serve(MIB).await;
+    let (server, _, _) = serve(MIB, mode).await;
     // nbdinfo exits 0 for true, 2 for false.
     let cases = [
         ("disk", "--can", "flush", 0),
@@ -170,18 +167,14 @@ async fn nbdinfo_can_and_is_match_the_transmission_flags() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nbdinfo_over_a_unix_socket() {
+async fn nbdinfo_over_a_unix_socket(mode: Mode) {
     if !have_tool("nbdinfo").await {
         return;
     }
     let directory = tempfile::tempdir().unwrap();
     let path = directory.path().join("nbd.sock");
     let disk = Arc::new(MemoryBackend::new(2 * MIB));
-    let server = Server::new(
-        MemoryCatalog::new(vec![("disk", disk)]),
-        ServerOptions::default(),
-    );
+    let server = Server::new(MemoryCatalog::new(vec![("disk", disk)]), mode.options());
     let listener = tokio::net::UnixListener::bind(&path).unwrap();
     let (stop, shutdown) = watch::channel(false);
     let task = tokio::spawn(async move { server.serve_unix(listener, shutdown).await });
@@ -204,12 +197,11 @@ async fn nbdinfo_over_a_unix_socket() {
         .unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn qemu_io_writes_reads_zeroes_discards_and_flushes() {
+async fn qemu_io_writes_reads_zeroes_discards_and_flushes(mode: Mode) {
     if !have_tool("qemu-io").await {
         return;
     }
-    let (server, disk, _) = serve(4 * MIB).await;
+    let (server, disk, _) = serve(4 * MIB, mode).await;
     let commands = [
         "write -P 0xab 0 1M",
         "read -P 0xab 0 1M",
@@ -263,12 +255,11 @@ async fn qemu_io_writes_reads_zeroes_discards_and_flushes() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn qemu_img_info_sees_the_size() {
+async fn qemu_img_info_sees_the_size(mode: Mode) {
     if !have_tool("qemu-img").await {
         return;
     }
-    let (server, _, _) = serve(4 * MIB).await;
+    let (server, _, _) = serve(4 * MIB, mode).await;
     let output = run_tool(
         "qemu-img",
         &["info", "--output=json", &server.uri("disk")],
@@ -285,13 +276,12 @@ async fn qemu_img_info_sees_the_size() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nbdcopy_round_trips_random_data() {
+async fn nbdcopy_round_trips_random_data(mode: Mode) {
     if !have_tool("nbdcopy").await {
         return;
     }
     let size = 8 * MIB;
-    let (server, disk, _) = serve(size).await;
+    let (server, disk, _) = serve(size, mode).await;
     let directory = tempfile::tempdir().unwrap();
     let source = directory.path().join("source.img");
     let copy = directory.path().join("copy.img");
@@ -325,12 +315,11 @@ async fn nbdcopy_round_trips_random_data() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fio_random_read_write_with_verification() {
+async fn fio_random_read_write_with_verification(mode: Mode) {
     if !have_tool("fio").await {
         return;
     }
-    let (server, disk, _) = serve(16 * MIB).await;
+    let (server, disk, _) = serve(16 * MIB, mode).await;
     let uri = format!("--uri={}", server.uri("disk"));
     let args = [
         "--name=nbd-randrw",
@@ -358,3 +347,15 @@ async fn fio_random_read_write_with_verification() {
     );
     server.stop().await;
 }
+
+in_both_modes!(
+    nbdinfo_json_reports_size_block_sizes_and_capabilities,
+    nbdinfo_list_shows_every_export,
+    nbdinfo_map_follows_block_status,
+    nbdinfo_can_and_is_match_the_transmission_flags,
+    nbdinfo_over_a_unix_socket,
+    qemu_io_writes_reads_zeroes_discards_and_flushes,
+    qemu_img_info_sees_the_size,
+    nbdcopy_round_trips_random_data,
+    fio_random_read_write_with_verification,
+);

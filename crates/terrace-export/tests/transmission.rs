@@ -2,6 +2,7 @@
 //! structured mode, errors at the edge, pipelining and reordering, the
 //! in-flight bound, disconnects, shutdown.
 
+#[macro_use]
 mod common;
 
 use std::collections::HashSet;
@@ -10,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use terrace_export::{ConnectionError, Errno, Server, ServerOptions};
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixStream};
 use tokio::sync::watch;
 
 const SIZE: usize = 1 << 20;
@@ -49,9 +50,8 @@ async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn simple_replies_round_trip_every_command() {
-    let (server, disk) = TestServer::with_disk(SIZE).await;
+async fn simple_replies_round_trip_every_command(mode: Mode) {
+    let (server, disk) = TestServer::with_disk(SIZE, mode).await;
     let (mut c, _) = RawClient::open(server.addr, "disk", false).await;
     let pattern = pseudo_random(8192, 1);
 
@@ -101,9 +101,8 @@ async fn simple_replies_round_trip_every_command() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zero_length_requests_succeed_without_reaching_the_backend() {
-    let (server, disk) = TestServer::with_disk(SIZE).await;
+async fn zero_length_requests_succeed_without_reaching_the_backend(mode: Mode) {
+    let (server, disk) = TestServer::with_disk(SIZE, mode).await;
     let (mut simple, _) = RawClient::open(server.addr, "disk", false).await;
     let empty = Reply::Simple {
         error: 0,
@@ -129,9 +128,8 @@ async fn zero_length_requests_succeed_without_reaching_the_backend() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn structured_replies_carry_reads_and_errors_as_final_chunks() {
-    let (server, disk) = TestServer::with_disk(SIZE).await;
+async fn structured_replies_carry_reads_and_errors_as_final_chunks(mode: Mode) {
+    let (server, disk) = TestServer::with_disk(SIZE, mode).await;
     let (mut c, _) = open_structured(&server, "disk").await;
     let pattern = pseudo_random(4096, 2);
     assert_ok(&c.call(CMD_WRITE, 0, 4096, 4096, &pattern).await);
@@ -159,9 +157,8 @@ async fn structured_replies_carry_reads_and_errors_as_final_chunks() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn block_status_reports_allocation_under_the_negotiated_context() {
-    let (server, disk) = TestServer::with_disk(SIZE).await;
+async fn block_status_reports_allocation_under_the_negotiated_context(mode: Mode) {
+    let (server, disk) = TestServer::with_disk(SIZE, mode).await;
     let (mut c, context) = open_structured(&server, "disk").await;
     disk.fill(4096, &[9; 4096]);
 
@@ -186,12 +183,11 @@ async fn block_status_reports_allocation_under_the_negotiated_context() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn block_status_needs_a_negotiated_context() {
+async fn block_status_needs_a_negotiated_context(mode: Mode) {
     let disk = Arc::new(MemoryBackend::new(SIZE));
     let other = Arc::new(MemoryBackend::new(SIZE));
     let catalog = MemoryCatalog::new(vec![("disk", disk.clone()), ("other", other.clone())]);
-    let server = TestServer::start(catalog, ServerOptions::default()).await;
+    let server = TestServer::start(catalog, mode.options()).await;
     let (mut simple, _) = RawClient::open(server.addr, "disk", false).await;
     assert_eq!(
         simple.call(CMD_BLOCK_STATUS, 0, 0, 4096, &[]).await.error(),
@@ -229,9 +225,8 @@ async fn block_status_needs_a_negotiated_context() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn invalid_requests_get_the_spec_errors_and_the_connection_stays_usable() {
-    let (server, disk) = TestServer::with_disk(SIZE).await;
+async fn invalid_requests_get_the_spec_errors_and_the_connection_stays_usable(mode: Mode) {
+    let (server, disk) = TestServer::with_disk(SIZE, mode).await;
     for structured in [false, true] {
         let (mut c, _) = RawClient::open(server.addr, "disk", structured).await;
         let end = SIZE as u64;
@@ -278,12 +273,11 @@ async fn invalid_requests_get_the_spec_errors_and_the_connection_stays_usable() 
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn oversized_writes_are_discarded_and_absurd_ones_disconnect() {
+async fn oversized_writes_are_discarded_and_absurd_ones_disconnect(mode: Mode) {
     let disk = Arc::new(MemoryBackend::new(SIZE));
     let options = ServerOptions {
         max_payload_bytes: 64 << 10,
-        ..ServerOptions::default()
+        ..mode.options()
     };
     let server = TestServer::start(MemoryCatalog::new(vec![("disk", disk.clone())]), options).await;
     let (mut c, info) = RawClient::open(server.addr, "disk", false).await;
@@ -316,13 +310,12 @@ async fn oversized_writes_are_discarded_and_absurd_ones_disconnect() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn read_only_exports_refuse_writes_with_eperm() {
+async fn read_only_exports_refuse_writes_with_eperm(mode: Mode) {
     let archive = Arc::new(MemoryBackend::read_only(SIZE));
     archive.fill(0, b"kept");
     let server = TestServer::start(
         MemoryCatalog::new(vec![("archive", archive.clone())]),
-        ServerOptions::default(),
+        mode.options(),
     )
     .await;
     let (mut c, info) = RawClient::open(server.addr, "archive", false).await;
@@ -339,8 +332,7 @@ async fn read_only_exports_refuse_writes_with_eperm() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn backend_errors_reach_the_client_in_both_modes() {
+async fn backend_errors_reach_the_client_in_both_modes(mode: Mode) {
     let disk = Arc::new(MemoryBackend::build(
         SIZE,
         false,
@@ -353,7 +345,7 @@ async fn backend_errors_reach_the_client_in_both_modes() {
     ));
     let server = TestServer::start(
         MemoryCatalog::new(vec![("disk", disk.clone())]),
-        ServerOptions::default(),
+        mode.options(),
     )
     .await;
     for structured in [false, true] {
@@ -376,9 +368,8 @@ async fn backend_errors_reach_the_client_in_both_modes() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_bad_request_magic_disconnects_and_the_server_carries_on() {
-    let (server, _disk) = TestServer::with_disk(SIZE).await;
+async fn a_bad_request_magic_disconnects_and_the_server_carries_on(mode: Mode) {
+    let (server, _disk) = TestServer::with_disk(SIZE, mode).await;
     let (mut c, _) = RawClient::open(server.addr, "disk", false).await;
     let mut bad = request(CMD_READ, 0, 1, 0, 512, &[]);
     bad[0] ^= 0xff;
@@ -389,22 +380,40 @@ async fn a_bad_request_magic_disconnects_and_the_server_carries_on() {
     server.stop().await;
 }
 
-/// Runs `serve_connection` over an in-memory pipe and returns the client
-/// end and the connection's outcome.
-fn serve_pipe(
-    disk: &Arc<MemoryBackend>,
-) -> (
-    RawClient<tokio::io::DuplexStream>,
+/// Any byte stream a test client can use.
+trait Duplex: AsyncRead + AsyncWrite + Unpin + Send {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Duplex for T {}
+
+/// A served connection: the client end, the connection's outcome, and the
+/// switch that shuts the server down.
+type Served = (
+    RawClient<Box<dyn Duplex>>,
     tokio::task::JoinHandle<Result<(), ConnectionError>>,
     watch::Sender<bool>,
-) {
-    let (client, server_end) = tokio::io::duplex(64 << 10);
+);
+
+/// Serves one connection without a listener, and returns the client end and
+/// the connection's outcome: in async mode `serve_connection` over an
+/// in-memory pipe, in threaded mode `serve_socket` over a Unix socket pair.
+fn serve_pipe(disk: &Arc<MemoryBackend>, mode: Mode) -> Served {
     let server = Server::new(
         MemoryCatalog::new(vec![("disk", disk.clone())]),
-        ServerOptions::default(),
+        mode.options(),
     );
     let (stop, shutdown) = watch::channel(false);
-    let task = tokio::spawn(async move { server.serve_connection(server_end, shutdown).await });
+    let (client, task): (Box<dyn Duplex>, _) = match mode {
+        Mode::Async => {
+            let (client, end) = tokio::io::duplex(64 << 10);
+            let task = tokio::spawn(async move { server.serve_connection(end, shutdown).await });
+            (Box::new(client), task)
+        }
+        Mode::Threaded => {
+            let (client, end) = UnixStream::pair().unwrap();
+            let task = tokio::spawn(async move { server.serve_socket(end, shutdown).await });
+            (Box::new(client), task)
+        }
+    };
     (RawClient::new(client), task, stop)
 }
 
@@ -417,12 +426,11 @@ async fn outcome(
         .unwrap()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn serve_connection_reports_how_a_connection_ended() {
+async fn serve_connection_reports_how_a_connection_ended(mode: Mode) {
     let disk = Arc::new(MemoryBackend::new(SIZE));
 
     // Clean: NBD_CMD_DISC.
-    let (mut c, task, _stop) = serve_pipe(&disk);
+    let (mut c, task, _stop) = serve_pipe(&disk, mode);
     c.handshake(C_FIXED_NEWSTYLE | C_NO_ZEROES).await;
     c.go("disk", &[]).await.unwrap();
     assert_ok(&c.call(CMD_WRITE, 0, 0, 3, b"abc").await);
@@ -430,7 +438,7 @@ async fn serve_connection_reports_how_a_connection_ended() {
     outcome(task).await.unwrap();
 
     // A truncated request header, then the client goes away.
-    let (mut c, task, _stop) = serve_pipe(&disk);
+    let (mut c, task, _stop) = serve_pipe(&disk, mode);
     c.handshake(C_FIXED_NEWSTYLE | C_NO_ZEROES).await;
     c.go("disk", &[]).await.unwrap();
     c.stream
@@ -444,7 +452,7 @@ async fn serve_connection_reports_how_a_connection_ended() {
     ));
 
     // Gone in the middle of a write payload: nothing reaches the backend.
-    let (mut c, task, _stop) = serve_pipe(&disk);
+    let (mut c, task, _stop) = serve_pipe(&disk, mode);
     c.handshake(C_FIXED_NEWSTYLE | C_NO_ZEROES).await;
     c.go("disk", &[]).await.unwrap();
     c.stream
@@ -467,13 +475,13 @@ async fn serve_connection_reports_how_a_connection_ended() {
     assert_eq!(disk.contents(4096, 4096), vec![0; 4096]);
 
     // Unknown client flags and a bad request magic are reported as such.
-    let (mut c, task, _stop) = serve_pipe(&disk);
+    let (mut c, task, _stop) = serve_pipe(&disk, mode);
     c.handshake(0x80).await;
     assert!(matches!(
         outcome(task).await,
         Err(ConnectionError::ClientFlags(0x80))
     ));
-    let (mut c, task, _stop) = serve_pipe(&disk);
+    let (mut c, task, _stop) = serve_pipe(&disk, mode);
     c.handshake(C_FIXED_NEWSTYLE | C_NO_ZEROES).await;
     c.go("disk", &[]).await.unwrap();
     c.stream.write_all(&[0u8; 28]).await.unwrap();
@@ -486,8 +494,7 @@ async fn serve_connection_reports_how_a_connection_ended() {
     assert_eq!(Arc::strong_count(&disk), 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn clients_vanishing_mid_request_cost_nothing() {
+async fn clients_vanishing_mid_request_cost_nothing(mode: Mode) {
     let disk = Arc::new(MemoryBackend::build(
         SIZE,
         false,
@@ -496,7 +503,7 @@ async fn clients_vanishing_mid_request_cost_nothing() {
     ));
     let server = TestServer::start(
         MemoryCatalog::new(vec![("disk", disk.clone())]),
-        ServerOptions::default(),
+        mode.options(),
     )
     .await;
     for round in 0..8u64 {
@@ -546,8 +553,7 @@ async fn burst(
     replies
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pipelined_requests_are_answered_out_of_order_by_cookie() {
+async fn pipelined_requests_are_answered_out_of_order_by_cookie(mode: Mode) {
     // Every fourth block is slow, so later requests overtake it.
     let slow = |_: Op, offset: u64| match (offset / 4096) % 4 {
         0 => Duration::from_millis(100),
@@ -555,7 +561,7 @@ async fn pipelined_requests_are_answered_out_of_order_by_cookie() {
     };
     let disk = Arc::new(MemoryBackend::build(SIZE, false, slow, |_| None));
     let catalog = MemoryCatalog::new(vec![("disk", disk.clone())]);
-    let server = TestServer::start(catalog, ServerOptions::default()).await;
+    let server = TestServer::start(catalog, mode.options()).await;
     let (mut c, _) = RawClient::open(server.addr, "disk", false).await;
     let block = |cookie: u64| pseudo_random(4096, 100 + cookie);
 
@@ -589,12 +595,11 @@ async fn pipelined_requests_are_answered_out_of_order_by_cookie() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_in_flight_bound_holds() {
+async fn the_in_flight_bound_holds(mode: Mode) {
     let disk = Arc::new(MemoryBackend::gated(SIZE, Op::Write));
     let options = ServerOptions {
         max_in_flight_per_connection: 4,
-        ..ServerOptions::default()
+        ..mode.options()
     };
     let server = TestServer::start(MemoryCatalog::new(vec![("disk", disk.clone())]), options).await;
     let (mut c, _) = RawClient::open(server.addr, "disk", false).await;
@@ -623,8 +628,7 @@ async fn the_in_flight_bound_holds() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn disc_after_in_flight_writes_applies_them_first() {
+async fn disc_after_in_flight_writes_applies_them_first(mode: Mode) {
     let disk = Arc::new(MemoryBackend::build(
         SIZE,
         false,
@@ -633,7 +637,7 @@ async fn disc_after_in_flight_writes_applies_them_first() {
     ));
     let server = TestServer::start(
         MemoryCatalog::new(vec![("disk", disk.clone())]),
-        ServerOptions::default(),
+        mode.options(),
     )
     .await;
     let (mut c, _) = RawClient::open(server.addr, "disk", false).await;
@@ -663,12 +667,11 @@ async fn disc_after_in_flight_writes_applies_them_first() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shutdown_finishes_in_flight_requests_and_refuses_new_ones() {
+async fn shutdown_finishes_in_flight_requests_and_refuses_new_ones(mode: Mode) {
     let disk = Arc::new(MemoryBackend::gated(SIZE, Op::Write));
     let server = TestServer::start(
         MemoryCatalog::new(vec![("disk", disk.clone())]),
-        ServerOptions::default(),
+        mode.options(),
     )
     .await;
     let (mut c, _) = RawClient::open(server.addr, "disk", true).await;
@@ -701,8 +704,7 @@ async fn shutdown_finishes_in_flight_requests_and_refuses_new_ones() {
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shutdown_drops_connections_still_busy_after_the_grace_period() {
+async fn shutdown_drops_connections_still_busy_after_the_grace_period(mode: Mode) {
     let stuck = |op: Op, _| {
         if op == Op::Read {
             Duration::from_secs(60)
@@ -713,7 +715,7 @@ async fn shutdown_drops_connections_still_busy_after_the_grace_period() {
     let disk = Arc::new(MemoryBackend::build(SIZE, false, stuck, |_| None));
     let options = ServerOptions {
         shutdown_grace: Duration::from_millis(300),
-        ..ServerOptions::default()
+        ..mode.options()
     };
     let server = TestServer::start(MemoryCatalog::new(vec![("disk", disk.clone())]), options).await;
     let (mut c, _) = RawClient::open(server.addr, "disk", false).await;
@@ -729,3 +731,23 @@ async fn shutdown_drops_connections_still_busy_after_the_grace_period() {
     })
     .await;
 }
+
+in_both_modes!(
+    simple_replies_round_trip_every_command,
+    zero_length_requests_succeed_without_reaching_the_backend,
+    structured_replies_carry_reads_and_errors_as_final_chunks,
+    block_status_reports_allocation_under_the_negotiated_context,
+    block_status_needs_a_negotiated_context,
+    invalid_requests_get_the_spec_errors_and_the_connection_stays_usable,
+    oversized_writes_are_discarded_and_absurd_ones_disconnect,
+    read_only_exports_refuse_writes_with_eperm,
+    backend_errors_reach_the_client_in_both_modes,
+    a_bad_request_magic_disconnects_and_the_server_carries_on,
+    serve_connection_reports_how_a_connection_ended,
+    clients_vanishing_mid_request_cost_nothing,
+    pipelined_requests_are_answered_out_of_order_by_cookie,
+    the_in_flight_bound_holds,
+    disc_after_in_flight_writes_applies_them_first,
+    shutdown_finishes_in_flight_requests_and_refuses_new_ones,
+    shutdown_drops_connections_still_busy_after_the_grace_period,
+);

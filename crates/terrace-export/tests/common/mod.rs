@@ -352,6 +352,60 @@ impl Catalog for MemoryCatalog {
 }
 
 // ---------------------------------------------------------------------------
+// Transmission modes.
+
+/// Threads per connection in threaded mode: what the daemon uses.
+pub const THREADS_PER_CONNECTION: usize = 4;
+
+/// The two ways a server can serve a connection's transmission phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Tasks on the runtime (`threads_per_connection: 0`).
+    Async,
+    /// [`THREADS_PER_CONNECTION`] OS threads per connection.
+    Threaded,
+}
+
+impl Mode {
+    /// The default options, in this mode.
+    pub fn options(self) -> ServerOptions {
+        let threads_per_connection = match self {
+            Mode::Async => 0,
+            Mode::Threaded => THREADS_PER_CONNECTION,
+        };
+        ServerOptions {
+            threads_per_connection,
+            ..ServerOptions::default()
+        }
+    }
+}
+
+/// Turns each listed `async fn name(mode: Mode)` of a test file into two
+/// tests, `async_mode::name` and `threaded::name`.
+#[allow(unused_macros)]
+macro_rules! in_both_modes {
+    ($($name:ident),+ $(,)?) => {
+        mod async_mode {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(crate::common::Mode::Async).await
+                }
+            )+
+        }
+
+        mod threaded {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(crate::common::Mode::Threaded).await
+                }
+            )+
+        }
+    };
+}
+
+// ---------------------------------------------------------------------------
 // Server harness.
 
 pub struct TestServer {
@@ -371,11 +425,11 @@ impl TestServer {
     }
 
     /// A server with one writable export "disk" of `size` bytes.
-    pub async fn with_disk(size: usize) -> (TestServer, Arc<MemoryBackend>) {
+    pub async fn with_disk(size: usize, mode: Mode) -> (TestServer, Arc<MemoryBackend>) {
         let backend = Arc::new(MemoryBackend::new(size));
         let server = TestServer::start(
             MemoryCatalog::new(vec![("disk", backend.clone())]),
-            ServerOptions::default(),
+            mode.options(),
         )
         .await;
         (server, backend)
