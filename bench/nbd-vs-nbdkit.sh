@@ -5,6 +5,8 @@
 #
 #   bench/nbd-vs-nbdkit.sh [seconds-per-job] [rounds]
 #
+# The binary is built and taken from $CARGO_TARGET_DIR (default target/).
+#
 # Every job runs `rounds` times per target, targets interleaved, and the
 # median is reported: the machines are shared, and a single run can be off
 # by a third.
@@ -28,10 +30,10 @@ cleanup() {
 trap cleanup EXIT
 
 cargo build --release -q -p terrace
-terrace=target/release/terrace
+terrace="${CARGO_TARGET_DIR:-target}/release/terrace"
 ctl="$work/control.sock"
 
-"$terrace" daemon --state-dir "$work/state" --control "$ctl" --nbd-socket "$work/terrace.sock" --no-tcp 2>"$work/daemon.log" &
+"$terrace" daemon --state-dir "$work/state" --control "$ctl" --nbd-socket "$work/terrace.sock" --no-tcp --nbd-threads "${NBD_THREADS:-0}" 2>"$work/daemon.log" &
 pids+=($!)
 for _ in $(seq 100); do "$terrace" --control "$ctl" status >/dev/null 2>&1 && break; sleep 0.1; done
 disks=()

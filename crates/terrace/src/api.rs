@@ -12,7 +12,7 @@
 use serde::{Deserialize, Serialize};
 
 /// A disk named on the command line, with optional attributes
-/// (`path[,media=ssd][,usage=journal][,enclosure=E][,node=N]`).
+/// (`path[,media=ssd][,usage=journal][,enclosure=E][,node=N][,model=M]`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
 pub struct DiskSpec {
     pub path: String,
@@ -24,6 +24,10 @@ pub struct DiskSpec {
     pub enclosure: Option<String>,
     #[serde(default)]
     pub node: Option<String>,
+    /// A drive model the disk (a file, usually) is made to behave like:
+    /// hdd-10k, hdd-7k, ssd-sata, nvme, or a custom spec.
+    #[serde(default)]
+    pub model: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -42,7 +46,8 @@ pub enum Request {
     /// Import from devices and folders; with no name and several pools
     /// found, the answer lists them.
     PoolImport {
-        paths: Vec<String>,
+        /// Devices or folders (a folder's model applies to every file in it).
+        disks: Vec<DiskSpec>,
         name: Option<String>,
         force: bool,
         read_only: bool,
@@ -81,6 +86,32 @@ pub enum Request {
     SpaceDelete {
         pool: Option<String>,
         name: String,
+    },
+    /// Move everything off a disk, then release it.
+    DiskRemove {
+        pool: String,
+        disk: String,
+    },
+    /// Add `new` and move everything of `old` onto it.
+    DiskReplace {
+        pool: String,
+        old: String,
+        new: DiskSpec,
+    },
+    PoolSet {
+        name: String,
+        retire_missing: Option<String>,
+        repair_policy: Option<String>,
+        repair_rate_bytes: Option<u64>,
+    },
+    JobList {
+        pool: Option<String>,
+    },
+    JobControl {
+        pool: Option<String>,
+        id: u64,
+        /// pause, resume or cancel.
+        action: String,
     },
     DaemonStatus,
     Shutdown,
@@ -170,6 +201,45 @@ pub struct DiskView {
     pub slabs_used: u32,
     pub enclosure: String,
     pub node: String,
+    /// Average service time of its I/O, in microseconds.
+    pub latency_us: u64,
+    /// Far slower than its peers.
+    pub slow: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct JobView {
+    pub pool: String,
+    pub id: u64,
+    /// repair, evacuate, replace or resync.
+    pub kind: String,
+    /// e.g. "repair disk 3 (/dev/sdd)".
+    pub description: String,
+    /// running, paused, done, cancelled or failed.
+    pub state: String,
+    pub reason: String,
+    pub bytes_total: u64,
+    pub bytes_done: u64,
+    pub percent: u32,
+    pub rate_bytes_per_second: u64,
+    pub eta_seconds: Option<u64>,
+    pub moves_total: usize,
+    pub moves_done: usize,
+}
+
+/// What one disk, enclosure or node failing now would cost.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ImpactView {
+    pub what: String,
+    pub lose_data: Vec<String>,
+    pub lose_redundancy: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SettingsView {
+    pub retire_missing: String,
+    pub repair_policy: String,
+    pub repair_rate_bytes_per_second: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -191,8 +261,11 @@ pub struct SpaceView {
     pub extents: u64,
     pub fault_domain: String,
     pub failures_tolerated: u32,
-    /// healthy, no-redundancy, degraded or offline.
+    /// healthy, no-redundancy, incomplete, degraded, repairing or offline.
     pub health: String,
+    /// The repair job and its progress while repairing.
+    pub repair_job: Option<u64>,
+    pub repair_percent: Option<u32>,
     /// Further disk failures it survives now (absent when offline).
     pub survives: Option<u32>,
     pub read_only: bool,
@@ -207,8 +280,12 @@ pub struct PoolView {
     pub generation: u64,
     pub slab_bytes: u64,
     pub read_only: Option<String>,
+    pub settings: SettingsView,
     pub disks: Vec<DiskView>,
     pub spaces: Vec<SpaceView>,
+    pub jobs: Vec<JobView>,
+    /// What each disk, enclosure or node failing now would cost.
+    pub impact: Vec<ImpactView>,
 }
 
 /// One slot of one extent in `space show`.

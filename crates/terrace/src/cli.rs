@@ -9,8 +9,8 @@ use clap::{Args, Subcommand};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use crate::api::{
-    CandidateView, DiskSpec, ErrorKind, ImportableView, PoolSummary, PoolView, Request, Response,
-    SpaceCreate, SpaceDetail, SpaceView,
+    CandidateView, DiskSpec, ErrorKind, ImportableView, JobView, PoolSummary, PoolView, Request,
+    Response, SpaceCreate, SpaceDetail, SpaceView,
 };
 use crate::units::parse_size;
 use crate::{render, CliError};
@@ -31,6 +31,10 @@ pub struct DiskDefaults {
     /// Node (fault domain) label.
     #[arg(long)]
     node: Option<String>,
+    /// Make the disks behave like this drive: hdd-10k, hdd-7k, ssd-sata,
+    /// nvme, or a custom spec (see docs/DRIVE_MODELS.md).
+    #[arg(long)]
+    model: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -55,9 +59,13 @@ pub enum PoolCommand {
     /// Health, disks and spaces of one pool or all.
     Status { name: Option<String> },
     /// Import a pool from devices or folders of disk files (without --name
-    /// and with several pools found, list them).
+    /// and with several pools found, list them). A path may carry
+    /// `,model=M` as in `pool create`.
     Import {
         paths: Vec<String>,
+        /// Drive model for every imported disk without its own.
+        #[arg(long)]
+        model: Option<String>,
         #[arg(long)]
         name: Option<String>,
         /// Open read-write even without a metadata majority.
@@ -73,6 +81,47 @@ pub enum PoolCommand {
         name: String,
         #[arg(long)]
         yes: bool,
+    },
+    /// Change how the pool handles failures.
+    Set {
+        name: String,
+        /// When a disk fails or goes missing: never (wait), always (repair
+        /// at once), auto (repair at once if there is room).
+        #[arg(long, value_parser = ["never", "always", "auto"])]
+        retire_missing: Option<String>,
+        /// Repair many extents at once (parallel) or one at a time.
+        #[arg(long, value_parser = ["parallel", "sequential"])]
+        repair: Option<String>,
+        /// Repair and move bandwidth limit per second, e.g. 200M; 0 = none.
+        #[arg(long, value_parser = parse_size)]
+        repair_rate: Option<u64>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum JobCommand {
+    /// Jobs (repairs, moves, resyncs) with progress, rate and ETA.
+    List { pool: Option<String> },
+    /// Follow a job with a progress bar until it ends.
+    Wait {
+        id: u64,
+        #[arg(long)]
+        pool: Option<String>,
+    },
+    Pause {
+        id: u64,
+        #[arg(long)]
+        pool: Option<String>,
+    },
+    Resume {
+        id: u64,
+        #[arg(long)]
+        pool: Option<String>,
+    },
+    Cancel {
+        id: u64,
+        #[arg(long)]
+        pool: Option<String>,
     },
 }
 
@@ -95,6 +144,16 @@ pub enum DiskCommand {
         /// auto, manual, hot-spare, journal or retired.
         #[arg(long)]
         usage: String,
+    },
+    /// Move everything off a disk, then release it (a job).
+    Remove { pool: String, disk: String },
+    /// Add NEW to the pool and move everything of OLD onto it (a job).
+    Replace {
+        pool: String,
+        old: String,
+        new: String,
+        #[command(flatten)]
+        defaults: DiskDefaults,
     },
 }
 
@@ -166,6 +225,7 @@ pub fn disk_spec(text: &str, defaults: &DiskDefaults) -> Result<DiskSpec, CliErr
         usage: defaults.usage.clone(),
         enclosure: defaults.enclosure.clone(),
         node: defaults.node.clone(),
+        model: defaults.model.clone(),
     };
     for part in parts {
         let (key, value) = part
@@ -176,9 +236,10 @@ pub fn disk_spec(text: &str, defaults: &DiskDefaults) -> Result<DiskSpec, CliErr
             "usage" => &mut spec.usage,
             "enclosure" => &mut spec.enclosure,
             "node" => &mut spec.node,
+            "model" => &mut spec.model,
             other => {
                 return Err(CliError::Usage(format!(
-                    "unknown disk attribute {other:?}: use media, usage, enclosure or node"
+                    "unknown disk attribute {other:?}: use media, usage, enclosure, node or model"
                 )))
             }
         };
@@ -261,16 +322,37 @@ pub fn pool_request(command: PoolCommand) -> Result<Request, CliError> {
         PoolCommand::Status { name } => Request::PoolStatus { name },
         PoolCommand::Import {
             paths,
+            model,
             name,
             force,
             read_only,
-        } => Request::PoolImport {
-            paths: absolute_paths(paths),
-            name,
-            force,
-            read_only,
-        },
+        } => {
+            let defaults = DiskDefaults {
+                model,
+                ..DiskDefaults::default()
+            };
+            Request::PoolImport {
+                disks: paths
+                    .iter()
+                    .map(|p| disk_spec(p, &defaults))
+                    .collect::<Result<_, _>>()?,
+                name,
+                force,
+                read_only,
+            }
+        }
         PoolCommand::Export { name } => Request::PoolExport { name },
+        PoolCommand::Set {
+            name,
+            retire_missing,
+            repair,
+            repair_rate,
+        } => Request::PoolSet {
+            name,
+            retire_missing,
+            repair_policy: repair,
+            repair_rate_bytes: repair_rate,
+        },
         PoolCommand::Destroy { name, yes } => {
             if !yes {
                 confirm(
@@ -310,7 +392,68 @@ pub fn disk_request(command: DiskCommand) -> Result<Request, CliError> {
             },
             usage,
         },
+        DiskCommand::Remove { pool, disk } => Request::DiskRemove {
+            disk: disk_argument(disk),
+            pool,
+        },
+        DiskCommand::Replace {
+            pool,
+            old,
+            new,
+            defaults,
+        } => Request::DiskReplace {
+            old: disk_argument(old),
+            new: disk_spec(&new, &defaults)?,
+            pool,
+        },
     })
+}
+
+/// A disk named by index stays an index; a path becomes absolute.
+fn disk_argument(disk: String) -> String {
+    if disk.parse::<u16>().is_ok() {
+        disk
+    } else {
+        absolute_paths(vec![disk]).remove(0)
+    }
+}
+
+/// The request of a job command (`wait` is a loop of `JobList`).
+pub fn job_request(command: &JobCommand) -> Request {
+    let control = |pool: &Option<String>, id: u64, action: &str| Request::JobControl {
+        pool: pool.clone(),
+        id,
+        action: action.into(),
+    };
+    match command {
+        JobCommand::List { pool } | JobCommand::Wait { pool, .. } => {
+            Request::JobList { pool: pool.clone() }
+        }
+        JobCommand::Pause { id, pool } => control(pool, *id, "pause"),
+        JobCommand::Resume { id, pool } => control(pool, *id, "resume"),
+        JobCommand::Cancel { id, pool } => control(pool, *id, "cancel"),
+    }
+}
+
+/// Poll a job until it ends, drawing its progress on standard error.
+pub async fn wait_for_job(
+    control: &PathBuf,
+    id: u64,
+    pool: Option<String>,
+) -> Result<JobView, CliError> {
+    let request = Request::JobList { pool };
+    loop {
+        let jobs: Vec<JobView> = parse(call(control, &request).await?)?;
+        let job = jobs.into_iter().find(|job| job.id == id).ok_or_else(|| {
+            CliError::Refused(format!("no job {id}; `terrace job list` shows them"))
+        })?;
+        eprint!("\r{}", render::progress_line(&job));
+        if !matches!(job.state.as_str(), "running" | "paused") {
+            eprintln!();
+            return Ok(job);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
 }
 
 pub fn space_request(command: SpaceCommand) -> Result<Request, CliError> {
@@ -373,6 +516,11 @@ pub fn render(request: &Request, result: serde_json::Value) -> Result<String, Cl
         | Request::DiskAdd { .. }
         | Request::DiskSet { .. } => render::pool_status(&parse::<PoolView>(result)?),
         Request::DiskList { .. } => render::candidates(&parse::<Vec<CandidateView>>(result)?),
+        Request::JobList { .. } => render::jobs(&parse::<Vec<JobView>>(result)?),
+        Request::JobControl { .. } | Request::DiskRemove { .. } | Request::DiskReplace { .. } => {
+            render::jobs(&[parse::<JobView>(result)?])
+        }
+        Request::PoolSet { .. } => render::pool_status(&parse::<PoolView>(result)?),
         Request::SpaceCreate(_) | Request::SpaceResize { .. } => {
             let space: SpaceView = parse(result)?;
             format!(

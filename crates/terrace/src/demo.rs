@@ -164,6 +164,7 @@ pub async fn run(options: DemoOptions) -> Result<(), CliError> {
         control_socket: directory.join("control.sock"),
         nbd_tcp: Some(options.listen),
         nbd_socket: Some(directory.join("nbd.sock")),
+        nbd_threads: daemon::NBD_THREADS_DEFAULT,
     };
     let running = match daemon::start(config.clone(), Arc::new(SystemEnv::new())).await {
         Ok(running) => running,
@@ -250,15 +251,19 @@ async fn demo_steps(
         },
     )
     .await?;
-    let paths = files
+    let disks = files
         .iter()
         .map(|(p, _, _)| p.display().to_string())
         .filter(|p| *p != left_out)
+        .map(|path| DiskSpec {
+            path,
+            ..DiskSpec::default()
+        })
         .collect();
     call(
         control,
         &Request::PoolImport {
-            paths,
+            disks,
             name: Some("demo".into()),
             force: false,
             read_only: false,

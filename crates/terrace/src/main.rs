@@ -84,6 +84,10 @@ enum Command {
         /// NBD Unix socket (default: in the runtime folder, beside the control socket).
         #[arg(long)]
         nbd_socket: Option<PathBuf>,
+        /// Threads serving each NBD socket connection, each carrying one
+        /// request at a time; 0 serves connections with async tasks.
+        #[arg(long, default_value_t = daemon::NBD_THREADS_DEFAULT)]
+        nbd_threads: usize,
     },
     /// Demo pool of sparse files: serve a mirror and a dual-parity space over
     /// NBD, write and verify through the protocol, lose a disk, verify again.
@@ -114,6 +118,9 @@ enum Command {
     /// Spaces: create, list, show, resize, delete.
     #[command(subcommand)]
     Space(cli::SpaceCommand),
+    /// Jobs: list, wait (with progress), pause, resume, cancel.
+    #[command(subcommand)]
+    Job(cli::JobCommand),
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
@@ -130,12 +137,14 @@ fn run(cli: Cli) -> Result<(), CliError> {
             listen,
             no_tcp,
             nbd_socket,
+            nbd_threads,
         } => {
             let config = daemon::DaemonConfig {
                 state_dir: state_dir.unwrap_or_else(paths::state_dir),
                 control_socket: control,
                 nbd_tcp: (!no_tcp).then_some(listen),
                 nbd_socket: Some(nbd_socket.unwrap_or_else(paths::nbd_socket)),
+                nbd_threads,
             };
             return runtime()?
                 .block_on(daemon::run(config))
@@ -160,6 +169,20 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Pool(command) => cli::pool_request(command)?,
         Command::Disk(command) => cli::disk_request(command)?,
         Command::Space(command) => cli::space_request(command)?,
+        Command::Job(cli::JobCommand::Wait { id, pool }) => {
+            let job = runtime()?.block_on(cli::wait_for_job(&control, id, pool))?;
+            if cli.json {
+                println!("{}", serde_json::to_string_pretty(&job).unwrap_or_default());
+            }
+            return match job.state.as_str() {
+                "done" => Ok(()),
+                _ => Err(CliError::Refused(format!(
+                    "job {id} ended {}: {}",
+                    job.state, job.reason
+                ))),
+            };
+        }
+        Command::Job(command) => cli::job_request(&command),
     };
     let result = runtime()?.block_on(cli::call(&control, &request))?;
     if cli.json {

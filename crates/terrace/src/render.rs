@@ -3,7 +3,10 @@
 use comfy_table::presets::NOTHING;
 use comfy_table::Table;
 
-use crate::api::{CandidateView, ImportableView, PoolSummary, PoolView, SpaceDetail, SpaceView};
+use crate::api::{
+    CandidateView, ImpactView, ImportableView, JobView, PoolSummary, PoolView, SpaceDetail,
+    SpaceView,
+};
 use crate::units::format_size;
 
 fn table(header: &[&str]) -> Table {
@@ -24,6 +27,14 @@ pub fn space_health(space: &SpaceView) -> String {
         ("healthy", Some(n)) => format!("healthy (survives {n} failure(s))"),
         ("no-redundancy", _) => "healthy (no redundancy)".into(),
         ("degraded", Some(n)) => format!("DEGRADED (survives {n} more)"),
+        ("incomplete", Some(n)) => {
+            format!("INCOMPLETE: disks missing, data intact (survives {n} more)")
+        }
+        ("repairing", Some(n)) => format!(
+            "REPAIRING: job {} at {}% (survives {n} more)",
+            space.repair_job.unwrap_or_default(),
+            space.repair_percent.unwrap_or_default()
+        ),
         ("offline", _) => "OFFLINE (some extents lost)".into(),
         (other, _) => other.to_string(),
     }
@@ -75,7 +86,13 @@ pub fn pool_status(pool: &PoolView) -> String {
             format_size(disk.size_bytes),
             used,
             domain,
-            disk.reason.clone(),
+            if disk.slow {
+                format!("SLOW: {} µs per I/O {}", disk.latency_us, disk.reason)
+                    .trim_end()
+                    .to_string()
+            } else {
+                disk.reason.clone()
+            },
         ]);
     }
     out.push_str(&indent(&disks.to_string()));
@@ -86,7 +103,112 @@ pub fn pool_status(pool: &PoolView) -> String {
         out.push_str(&indent(&space_table(&pool.spaces).to_string()));
         out.push('\n');
     }
+    let active: Vec<JobView> = pool
+        .jobs
+        .iter()
+        .filter(|job| matches!(job.state.as_str(), "running" | "paused"))
+        .cloned()
+        .collect();
+    if !active.is_empty() {
+        out.push_str("\njobs:\n");
+        out.push_str(&indent(&jobs(&active)));
+        out.push('\n');
+    }
+    out.push_str(&impact(pool));
+    out.push_str(&format!(
+        "\npolicy: retire-missing {}, repair {}, repair rate {}\n",
+        pool.settings.retire_missing,
+        pool.settings.repair_policy,
+        match pool.settings.repair_rate_bytes_per_second {
+            0 => "unlimited".to_string(),
+            rate => format!("{}/s", format_size(rate)),
+        }
+    ));
     out
+}
+
+/// "If X fails now": only the failures that would cost something.
+fn impact(pool: &PoolView) -> String {
+    let risky: Vec<&ImpactView> = pool
+        .impact
+        .iter()
+        .filter(|i| !i.lose_data.is_empty() || !i.lose_redundancy.is_empty())
+        .collect();
+    if risky.is_empty() {
+        return "\nif any one disk fails now: every space keeps its data and some redundancy\n"
+            .into();
+    }
+    let mut out = String::from("\nif it failed now:\n");
+    for item in risky {
+        let mut parts = Vec::new();
+        if !item.lose_data.is_empty() {
+            parts.push(format!("LOSES DATA in {}", item.lose_data.join(", ")));
+        }
+        if !item.lose_redundancy.is_empty() {
+            parts.push(format!(
+                "leaves {} with no redundancy",
+                item.lose_redundancy.join(", ")
+            ));
+        }
+        out.push_str(&format!("  {}: {}\n", item.what, parts.join("; ")));
+    }
+    out
+}
+
+fn duration(seconds: u64) -> String {
+    match seconds {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m{:02}s", s / 60, s % 60),
+        s => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+/// One line: what, a bar, %, bytes, rate, ETA.
+pub fn progress_line(job: &JobView) -> String {
+    const WIDTH: usize = 30;
+    let filled = (job.percent as usize * WIDTH / 100).min(WIDTH);
+    let eta = job.eta_seconds.map_or("-".to_string(), duration);
+    format!(
+        "job {} {} [{}{}] {:>3}% {}/{} {}/s ETA {} ({})",
+        job.id,
+        job.kind,
+        "#".repeat(filled),
+        "-".repeat(WIDTH - filled),
+        job.percent,
+        format_size(job.bytes_done),
+        format_size(job.bytes_total),
+        format_size(job.rate_bytes_per_second),
+        eta,
+        job.state
+    )
+}
+
+pub fn jobs(list: &[JobView]) -> String {
+    if list.is_empty() {
+        return "no jobs\n".into();
+    }
+    let mut table = table(&[
+        "ID", "POOL", "KIND", "STATE", "DONE", "SIZE", "RATE", "ETA", "WHAT",
+    ]);
+    for job in list {
+        let what = if job.reason.is_empty() {
+            job.description.clone()
+        } else {
+            format!("{}: {}", job.description, job.reason)
+        };
+        table.add_row(vec![
+            job.id.to_string(),
+            job.pool.clone(),
+            job.kind.clone(),
+            job.state.clone(),
+            format!("{}%", job.percent),
+            format_size(job.bytes_total),
+            format!("{}/s", format_size(job.rate_bytes_per_second)),
+            job.eta_seconds.map_or("-".to_string(), duration),
+            what,
+        ]);
+    }
+    format!("{table}\n")
 }
 
 fn space_table(spaces: &[SpaceView]) -> Table {

@@ -6,15 +6,15 @@ use std::sync::Arc;
 use serde::Serialize;
 use terrace_engine::io::BlockDevice;
 use terrace_engine::layout::{Layout, LayoutError};
-use terrace_engine::meta::{DiskIndex, FaultDomain, Media, Usage};
+use terrace_engine::meta::{DiskIndex, FaultDomain, Media, RepairPolicy, RetireMissing, Usage};
 use terrace_engine::{
-    EngineError, ImportOptions, NewDisk, Pool, PoolConfig, Space, SpaceConfig, SpaceSize,
+    EngineError, ImportOptions, JobAction, NewDisk, Pool, PoolConfig, Space, SpaceConfig, SpaceSize,
 };
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 
 use super::catalog::export_name_in;
-use super::registry::{expand_paths, open_device, PoolEntry, Registry};
+use super::registry::{expand_disks, open_device, DiskPath, PoolEntry, Registry};
 use super::{candidates, views, Daemon};
 use crate::api::{
     DaemonView, DiskSpec, ErrorKind, ImportableView, PoolView, Request, Response, SpaceCreate,
@@ -90,11 +90,11 @@ async fn handle(daemon: &Arc<Daemon>, request: Request) -> Answer {
         }
         Request::PoolStatus { name } => pool_status(registry, name).await,
         Request::PoolImport {
-            paths,
+            disks,
             name,
             force,
             read_only,
-        } => pool_import(registry, paths, name, force, read_only).await,
+        } => pool_import(registry, disks, name, force, read_only).await,
         Request::PoolExport { name } => pool_export(registry, &name, false).await,
         Request::PoolDestroy { name } => pool_export(registry, &name, true).await,
         Request::DiskList { paths } => value(candidates::list(registry, &paths).await),
@@ -123,6 +123,41 @@ async fn handle(daemon: &Arc<Daemon>, request: Request) -> Answer {
             entry.pool.delete_space(&name).await.map_err(failure)?;
             value(serde_json::json!({ "deleted": name }))
         }
+        Request::DiskRemove { pool, disk } => {
+            let _admin = registry.admin.lock().await;
+            let entry = find_pool(registry, &pool)?;
+            let index = disk_index(&entry, &pool, &disk).await?;
+            let id = entry.pool.start_evacuation(index).await.map_err(failure)?;
+            job_answer(&entry, id).await
+        }
+        Request::DiskReplace { pool, old, new } => disk_replace(registry, &pool, &old, new).await,
+        Request::PoolSet {
+            name,
+            retire_missing,
+            repair_policy,
+            repair_rate_bytes,
+        } => {
+            pool_set(
+                registry,
+                &name,
+                retire_missing,
+                repair_policy,
+                repair_rate_bytes,
+            )
+            .await
+        }
+        Request::JobList { pool } => {
+            let entries = match pool {
+                Some(pool) => vec![find_pool(registry, &pool)?],
+                None => registry.all(),
+            };
+            let mut jobs = Vec::new();
+            for entry in entries {
+                jobs.extend(pool_view(registry, &entry).await.jobs);
+            }
+            value(jobs)
+        }
+        Request::JobControl { pool, id, action } => job_control(registry, pool, id, &action).await,
         Request::DaemonStatus => value(daemon_view(daemon)),
         Request::Shutdown => {
             daemon.request_shutdown();
@@ -175,18 +210,25 @@ pub fn parse_usage(text: &str) -> Result<Usage, (ErrorKind, String)> {
 }
 
 /// Open the disks named on the command line, with their attributes.
-fn new_disks(specs: Vec<DiskSpec>) -> Result<(Vec<NewDisk>, Vec<String>), (ErrorKind, String)> {
+fn new_disks(
+    registry: &Registry,
+    specs: Vec<DiskSpec>,
+) -> Result<(Vec<NewDisk>, Vec<DiskPath>), (ErrorKind, String)> {
     let mut disks = Vec::new();
     let mut paths = Vec::new();
     for spec in specs {
-        let device: Arc<dyn BlockDevice> = open_device(&spec.path)
+        let path = DiskPath {
+            path: spec.path.clone(),
+            model: spec.model.clone(),
+        };
+        let device: Arc<dyn BlockDevice> = open_device(&path, &registry.env)
             .map_err(|error| failure(format!("cannot open {}: {error}", spec.path)))?;
         let mut disk = NewDisk::new(device);
         disk.media = parse_media(spec.media.as_deref().unwrap_or("unknown"))?;
         disk.usage = parse_usage(spec.usage.as_deref().unwrap_or("auto"))?;
         disk.enclosure = spec.enclosure.unwrap_or_default();
         disk.node = spec.node.unwrap_or_default();
-        paths.push(spec.path);
+        paths.push(path);
         disks.push(disk);
     }
     Ok((disks, paths))
@@ -236,7 +278,9 @@ fn find_space(
 
 async fn pool_view(registry: &Registry, entry: &PoolEntry) -> PoolView {
     let status = entry.pool.status().await;
-    views::pool_view(&status, |space| {
+    let jobs = entry.pool.job_statuses().await;
+    let settings = entry.pool.metadata().await.settings;
+    views::pool_view(&status, &jobs, &settings, |space| {
         export_name_in(registry, entry.pool.name(), space)
     })
 }
@@ -262,7 +306,7 @@ async fn pool_create(
     if registry.get(&name).is_some() {
         return Err(failure(format!("a pool named {name} is already open here")));
     }
-    let (disks, paths) = new_disks(disks)?;
+    let (disks, paths) = new_disks(registry, disks)?;
     let mut config = PoolConfig::new(name);
     if let Some(slab) = slab_bytes {
         config.slab_bytes = slab;
@@ -278,7 +322,7 @@ async fn pool_create(
         })?;
     let entry = PoolEntry {
         pool: Arc::new(pool),
-        paths,
+        disks: paths,
     };
     registry.insert(entry.clone()).map_err(failure)?;
     value(pool_view(registry, &entry).await)
@@ -296,54 +340,77 @@ async fn pool_status(registry: &Registry, name: Option<String>) -> Answer {
     value(pools)
 }
 
-async fn pool_import(
-    registry: &Registry,
-    paths: Vec<String>,
-    name: Option<String>,
-    force: bool,
-    read_only: bool,
-) -> Answer {
-    let _admin = registry.admin.lock().await;
-    let paths = expand_paths(&paths);
-    let opened: Vec<(String, Arc<dyn BlockDevice>)> = paths
-        .iter()
-        .filter_map(|path| open_device(path).ok().map(|device| (path.clone(), device)))
-        .collect();
-    let devices: Vec<Arc<dyn BlockDevice>> =
-        opened.iter().map(|(_, device)| device.clone()).collect();
-    let reports = terrace_engine::scan(&devices).await;
-    let mut found: Vec<ImportableView> = Vec::new();
-    for report in &reports {
-        if let terrace_engine::DeviceKind::Member {
+/// Group the members found on scanned devices by pool.
+fn importable(reports: &[terrace_engine::DeviceReport]) -> Vec<(ImportableView, Vec<usize>)> {
+    let mut found: Vec<(ImportableView, Vec<usize>)> = Vec::new();
+    for (index, report) in reports.iter().enumerate() {
+        let terrace_engine::DeviceKind::Member {
             pool_name,
             pool_id,
             generation,
             ..
         } = &report.kind
-        {
-            match found.iter_mut().find(|view| &view.id == pool_id) {
-                Some(view) => {
-                    view.devices.push(report.device.clone());
-                    view.generation = view.generation.max(*generation);
-                }
-                None => found.push(ImportableView {
+        else {
+            continue;
+        };
+        match found.iter_mut().find(|(view, _)| &view.id == pool_id) {
+            Some((view, members)) => {
+                view.devices.push(report.device.clone());
+                view.generation = view.generation.max(*generation);
+                members.push(index);
+            }
+            None => found.push((
+                ImportableView {
                     name: pool_name.clone(),
                     id: pool_id.clone(),
                     devices: vec![report.device.clone()],
                     generation: *generation,
-                }),
-            }
+                },
+                vec![index],
+            )),
         }
     }
-    found.retain(|view| registry.get(&view.name).is_none());
+    found
+}
+
+async fn pool_import(
+    registry: &Registry,
+    specs: Vec<DiskSpec>,
+    name: Option<String>,
+    force: bool,
+    read_only: bool,
+) -> Answer {
+    let _admin = registry.admin.lock().await;
+    let requested: Vec<DiskPath> = specs
+        .into_iter()
+        .map(|spec| DiskPath {
+            path: spec.path,
+            model: spec.model,
+        })
+        .collect();
+    let opened: Vec<(DiskPath, Arc<dyn BlockDevice>)> = expand_disks(&requested)
+        .into_iter()
+        .filter_map(|disk| {
+            open_device(&disk, &registry.env)
+                .ok()
+                .map(|device| (disk, device))
+        })
+        .collect();
+    let devices: Vec<Arc<dyn BlockDevice>> =
+        opened.iter().map(|(_, device)| device.clone()).collect();
+    let mut found = importable(&terrace_engine::scan(&devices).await);
+    found.retain(|(view, _)| registry.get(&view.name).is_none());
     let chosen = match &name {
         Some(wanted) => found
             .iter()
-            .find(|v| &v.name == wanted || v.id.starts_with(wanted.as_str())),
+            .find(|(v, _)| &v.name == wanted || v.id.starts_with(wanted.as_str())),
         None if found.len() == 1 => found.first(),
-        None => return value(serde_json::json!({ "importable": found })),
+        None => {
+            let views: Vec<&ImportableView> = found.iter().map(|(view, _)| view).collect();
+            return value(serde_json::json!({ "importable": views }));
+        }
     };
-    let Some(chosen) = chosen.cloned() else {
+    let Some((chosen, members)) = chosen.cloned() else {
         return Err(failure(format!(
             "no pool {} on the given devices that is not already imported",
             name.unwrap_or_default()
@@ -359,7 +426,10 @@ async fn pool_import(
         .map_err(failure)?;
     let entry = PoolEntry {
         pool: Arc::new(pool),
-        paths: chosen.devices.clone(),
+        disks: members
+            .iter()
+            .map(|&index| opened[index].0.clone())
+            .collect(),
     };
     registry.insert(entry.clone()).map_err(failure)?;
     value(pool_view(registry, &entry).await)
@@ -382,11 +452,11 @@ async fn pool_export(registry: &Registry, name: &str, destroy: bool) -> Answer {
 async fn disk_add(registry: &Registry, pool: &str, disks: Vec<DiskSpec>) -> Answer {
     let _admin = registry.admin.lock().await;
     let entry = find_pool(registry, pool)?;
-    let (disks, paths) = new_disks(disks)?;
+    let (disks, paths) = new_disks(registry, disks)?;
     entry.pool.add_disks(disks).await.map_err(failure)?;
-    let mut all = entry.paths.clone();
+    let mut all = entry.disks.clone();
     all.extend(paths);
-    registry.set_paths(pool, all).map_err(failure)?;
+    registry.set_disks(pool, all).map_err(failure)?;
     value(pool_view(registry, &entry).await)
 }
 
@@ -394,19 +464,10 @@ async fn disk_set(registry: &Registry, pool: &str, disk: &str, usage_text: &str)
     let _admin = registry.admin.lock().await;
     let entry = find_pool(registry, pool)?;
     let usage_value = parse_usage(usage_text)?;
-    let status = entry.pool.status().await;
-    let index = match disk.parse::<u16>() {
-        Ok(index) => index,
-        Err(_) => status
-            .disks
-            .iter()
-            .find(|d| d.device == disk)
-            .map(|d| d.index)
-            .ok_or_else(|| failure(format!("pool {pool} has no disk {disk}; give its index or path (see `terrace pool status {pool}`)")))?,
-    };
+    let index = disk_index(&entry, pool, disk).await?;
     entry
         .pool
-        .set_disk_usage(DiskIndex(index), usage_value)
+        .set_disk_usage(index, usage_value)
         .await
         .map_err(failure)?;
     value(pool_view(registry, &entry).await)
@@ -495,4 +556,129 @@ async fn space_show(registry: &Registry, pool: Option<String>, name: &str) -> An
         .ok_or_else(|| failure("space vanished"))?;
     let metadata = entry.pool.metadata().await;
     value(views::space_detail(space, &metadata, &view.disks))
+}
+
+/// A disk named by index or path.
+async fn disk_index(
+    entry: &PoolEntry,
+    pool: &str,
+    disk: &str,
+) -> Result<DiskIndex, (ErrorKind, String)> {
+    if let Ok(index) = disk.parse::<u16>() {
+        return Ok(DiskIndex(index));
+    }
+    let status = entry.pool.status().await;
+    status
+        .disks
+        .iter()
+        .find(|d| d.device == disk)
+        .map(|d| DiskIndex(d.index))
+        .ok_or_else(|| {
+            failure(format!(
+                "pool {pool} has no disk {disk}; give its index or path (see `terrace pool status {pool}`)"
+            ))
+        })
+}
+
+async fn job_answer(entry: &PoolEntry, id: u64) -> Answer {
+    let status = entry.pool.status().await;
+    let settings = entry.pool.metadata().await.settings;
+    let disks = views::pool_view(&status, &[], &settings, |s| s.to_string()).disks;
+    let job = entry
+        .pool
+        .job_statuses()
+        .await
+        .into_iter()
+        .find(|job| job.id == id)
+        .ok_or_else(|| failure(format!("job {id} vanished")))?;
+    value(views::job_view(entry.pool.name(), &job, &disks))
+}
+
+async fn disk_replace(registry: &Registry, pool: &str, old: &str, new: DiskSpec) -> Answer {
+    let _admin = registry.admin.lock().await;
+    let entry = find_pool(registry, pool)?;
+    let old_index = disk_index(&entry, pool, old).await?;
+    let (disks, paths) = new_disks(registry, vec![new])?;
+    let added = entry.pool.add_disks(disks).await.map_err(failure)?;
+    let mut all = entry.disks.clone();
+    all.extend(paths);
+    registry.set_disks(pool, all).map_err(failure)?;
+    let id = entry
+        .pool
+        .start_replacement(old_index, added[0])
+        .await
+        .map_err(failure)?;
+    job_answer(&entry, id).await
+}
+
+async fn pool_set(
+    registry: &Registry,
+    name: &str,
+    retire_missing: Option<String>,
+    repair_policy: Option<String>,
+    repair_rate_bytes: Option<u64>,
+) -> Answer {
+    let _admin = registry.admin.lock().await;
+    let entry = find_pool(registry, name)?;
+    let mut settings = entry.pool.metadata().await.settings;
+    if let Some(text) = retire_missing {
+        settings.retire_missing = match text.as_str() {
+            "never" => RetireMissing::Never,
+            "always" => RetireMissing::Always,
+            "auto" => RetireMissing::Auto,
+            other => {
+                return Err(usage(format!(
+                    "retire-missing is never, always or auto, not {other:?}"
+                )))
+            }
+        };
+    }
+    if let Some(text) = repair_policy {
+        settings.repair_policy = match text.as_str() {
+            "parallel" => RepairPolicy::Parallel,
+            "sequential" => RepairPolicy::Sequential,
+            other => {
+                return Err(usage(format!(
+                    "repair is parallel or sequential, not {other:?}"
+                )))
+            }
+        };
+    }
+    if let Some(rate) = repair_rate_bytes {
+        settings.repair_rate_bytes_per_second = rate;
+    }
+    entry.pool.set_settings(settings).await.map_err(failure)?;
+    value(pool_view(registry, &entry).await)
+}
+
+async fn job_control(registry: &Registry, pool: Option<String>, id: u64, action: &str) -> Answer {
+    let action = match action {
+        "pause" => JobAction::Pause,
+        "resume" => JobAction::Resume,
+        "cancel" => JobAction::Cancel,
+        other => {
+            return Err(usage(format!(
+                "a job can be paused, resumed or cancelled, not {other:?}"
+            )))
+        }
+    };
+    let entries = match pool {
+        Some(pool) => vec![find_pool(registry, &pool)?],
+        None => registry.all(),
+    };
+    for entry in entries {
+        let known = entry
+            .pool
+            .job_statuses()
+            .await
+            .iter()
+            .any(|job| job.id == id);
+        if known {
+            entry.pool.job_action(id, action).await.map_err(failure)?;
+            return job_answer(&entry, id).await;
+        }
+    }
+    Err(failure(format!(
+        "no job {id}; `terrace job list` shows them"
+    )))
 }

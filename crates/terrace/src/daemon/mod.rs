@@ -38,7 +38,14 @@ pub struct DaemonConfig {
     pub nbd_tcp: Option<SocketAddr>,
     /// Unix socket for NBD; `None` disables it.
     pub nbd_socket: Option<PathBuf>,
+    /// Threads per NBD socket connection (0: async tasks); see
+    /// [`ServerOptions::threads_per_connection`].
+    pub nbd_threads: usize,
 }
+
+/// Threads per NBD connection unless configured: enough to keep requests
+/// in flight to disks that wait, few enough to stay idle cheaply.
+pub const NBD_THREADS_DEFAULT: usize = 0;
 
 pub struct Daemon {
     pub config: DaemonConfig,
@@ -134,6 +141,7 @@ async fn serve(
     let threads = std::thread::available_parallelism().map_or(2, usize::from);
     let options = ServerOptions {
         connection_threads: threads,
+        threads_per_connection: daemon.config.nbd_threads,
         ..ServerOptions::default()
     };
     let server = Arc::new(Server::new(

@@ -12,14 +12,23 @@ use std::sync::{Arc, RwLock};
 
 use serde::{Deserialize, Serialize};
 use terrace_engine::io::file::{FileDevice, FileOptions};
+use terrace_engine::io::model::{DriveModel, ModelDevice};
 use terrace_engine::io::{BlockDevice, Env};
 use terrace_engine::{ImportOptions, Pool};
 
-/// A pool and the paths of its disks as last known.
+/// Where a disk is, and the drive model it is made to behave like.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskPath {
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+/// A pool and its disks as last known.
 #[derive(Clone)]
 pub struct PoolEntry {
     pub pool: Arc<Pool>,
-    pub paths: Vec<String>,
+    pub disks: Vec<DiskPath>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -30,7 +39,7 @@ struct StateFile {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct SavedPool {
     name: String,
-    paths: Vec<String>,
+    disks: Vec<DiskPath>,
 }
 
 pub struct Registry {
@@ -44,11 +53,35 @@ pub struct Registry {
     pub admin: tokio::sync::Mutex<()>,
 }
 
-/// Open a device or file for pool use.
-pub fn open_device(path: &str) -> Result<Arc<dyn BlockDevice>, String> {
-    FileDevice::open(path, FileOptions::default())
-        .map(|device| Arc::new(device) as Arc<dyn BlockDevice>)
-        .map_err(|error| error.to_string())
+/// Open a device or file for pool use, behaving like its drive model if
+/// it has one.
+pub fn open_device(disk: &DiskPath, env: &Arc<dyn Env>) -> Result<Arc<dyn BlockDevice>, String> {
+    let device: Arc<dyn BlockDevice> =
+        Arc::new(FileDevice::open(&disk.path, FileOptions::default()).map_err(|e| e.to_string())?);
+    match &disk.model {
+        None => Ok(device),
+        Some(spec) => {
+            let model =
+                DriveModel::parse(spec).map_err(|e| format!("drive model {spec:?}: {e}"))?;
+            Ok(Arc::new(ModelDevice::new(device, model, env.clone())))
+        }
+    }
+}
+
+/// Expand folders into the regular files and block devices inside them;
+/// each keeps the folder's model.
+pub fn expand_disks(disks: &[DiskPath]) -> Vec<DiskPath> {
+    disks
+        .iter()
+        .flat_map(|disk| {
+            expand_paths(std::slice::from_ref(&disk.path))
+                .into_iter()
+                .map(move |path| DiskPath {
+                    path,
+                    model: disk.model.clone(),
+                })
+        })
+        .collect()
 }
 
 /// Expand folders into the regular files and block devices inside them.
@@ -104,6 +137,7 @@ impl Registry {
     }
 
     pub fn insert(&self, entry: PoolEntry) -> Result<(), String> {
+        start_background(&entry.pool);
         let name = entry.pool.name().to_string();
         self.unavailable
             .write()
@@ -126,15 +160,15 @@ impl Registry {
         Ok(removed)
     }
 
-    /// Record the current disk paths of a pool (after disks were added).
-    pub fn set_paths(&self, name: &str, paths: Vec<String>) -> Result<(), String> {
+    /// Record the current disks of a pool (after disks were added).
+    pub fn set_disks(&self, name: &str, disks: Vec<DiskPath>) -> Result<(), String> {
         if let Some(entry) = self
             .pools
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .get_mut(name)
         {
-            entry.paths = paths;
+            entry.disks = disks;
         }
         self.save()
     }
@@ -145,7 +179,7 @@ impl Registry {
             .into_iter()
             .map(|entry| SavedPool {
                 name: entry.pool.name().to_string(),
-                paths: entry.paths,
+                disks: entry.disks,
             })
             .collect();
         pools.extend(
@@ -185,9 +219,9 @@ impl Registry {
         let mut problems = Vec::new();
         for saved in state.pools {
             let devices: Vec<Arc<dyn BlockDevice>> = saved
-                .paths
+                .disks
                 .iter()
-                .filter_map(|p| open_device(p).ok())
+                .filter_map(|disk| open_device(disk, &self.env).ok())
                 .collect();
             let options = ImportOptions {
                 pool: Some(saved.name.clone()),
@@ -195,9 +229,11 @@ impl Registry {
             };
             match Pool::import(self.env.clone(), devices, options).await {
                 Ok(pool) => {
+                    let pool = Arc::new(pool);
+                    start_background(&pool);
                     let entry = PoolEntry {
-                        pool: Arc::new(pool),
-                        paths: saved.paths,
+                        pool,
+                        disks: saved.disks,
                     };
                     let name = entry.pool.name().to_string();
                     self.pools
@@ -216,4 +252,32 @@ impl Registry {
         }
         problems
     }
+}
+
+/// How often the daemon checks that every disk's file or device is still
+/// there: a pulled disk with no I/O is noticed within this.
+const WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A pool's background work: its job runner, and a watcher that marks
+/// disks whose file or device vanished missing. Both end with the pool.
+fn start_background(pool: &Arc<Pool>) {
+    let runner = pool.clone();
+    tokio::spawn(async move { runner.run_jobs().await });
+    let watched = pool.clone();
+    tokio::spawn(async move {
+        while watched.is_open() {
+            tokio::time::sleep(WATCH_INTERVAL).await;
+            for disk in watched.status().await.disks {
+                let vanished = disk.condition == terrace_engine::Condition::Online
+                    && disk.device.starts_with('/')
+                    && !std::path::Path::new(&disk.device).exists();
+                if vanished {
+                    let index = terrace_engine::meta::DiskIndex(disk.index);
+                    let _ = watched
+                        .disk_gone(index, "its file or device disappeared")
+                        .await;
+                }
+            }
+        }
+    });
 }

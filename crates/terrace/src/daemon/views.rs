@@ -1,10 +1,16 @@
 //! Engine state → the API's views.
 
 use terrace_engine::layout::Layout;
-use terrace_engine::meta::{FaultDomain, Media, PoolMetadata, Usage};
-use terrace_engine::{Condition, PoolHealth, PoolStatus, SpaceHealth, SpaceStatus};
+use terrace_engine::meta::{
+    DiskIndex, FaultDomain, JobKind, Media, PoolMetadata, PoolSettings, RepairPolicy,
+    RetireMissing, Usage,
+};
+use terrace_engine::{Condition, JobStatus, PoolHealth, PoolStatus, SpaceHealth, SpaceStatus};
 
-use crate::api::{DiskView, ExtentView, PoolSummary, PoolView, SlotView, SpaceDetail, SpaceView};
+use crate::api::{
+    DiskView, ExtentView, ImpactView, JobView, PoolSummary, PoolView, SettingsView, SlotView,
+    SpaceDetail, SpaceView,
+};
 use crate::units::format_size;
 
 pub fn media_name(media: Media) -> &'static str {
@@ -83,11 +89,17 @@ pub fn space_view(pool: &str, space: &SpaceStatus, read_only: bool, export: Stri
         Layout::Mirror { copies } => ("mirror", copies, 0),
         Layout::Parity { redundancy } => ("parity", 1, redundancy),
     };
-    let (health, survives) = match space.health {
-        SpaceHealth::Healthy => ("healthy", Some(space.failures_tolerated)),
-        SpaceHealth::NoRedundancy => ("no-redundancy", Some(0)),
-        SpaceHealth::Degraded { survives } => ("degraded", Some(survives)),
-        SpaceHealth::Offline { .. } => ("offline", None),
+    let (health, survives, repair) = match space.health {
+        SpaceHealth::Healthy => ("healthy", Some(space.failures_tolerated), None),
+        SpaceHealth::NoRedundancy => ("no-redundancy", Some(0), None),
+        SpaceHealth::Incomplete { survives } => ("incomplete", Some(survives), None),
+        SpaceHealth::Degraded { survives } => ("degraded", Some(survives), None),
+        SpaceHealth::Repairing {
+            job,
+            percent,
+            survives,
+        } => ("repairing", Some(survives), Some((job, percent))),
+        SpaceHealth::Offline { .. } => ("offline", None, None),
     };
     SpaceView {
         pool: pool.to_string(),
@@ -107,13 +119,20 @@ pub fn space_view(pool: &str, space: &SpaceStatus, read_only: bool, export: Stri
         failures_tolerated: space.failures_tolerated,
         health: health.into(),
         survives,
+        repair_job: repair.map(|(job, _)| job),
+        repair_percent: repair.map(|(_, percent)| percent),
         read_only,
         export,
     }
 }
 
-pub fn pool_view(status: &PoolStatus, export_name: impl Fn(&str) -> String) -> PoolView {
-    let disks = status
+pub fn pool_view(
+    status: &PoolStatus,
+    jobs: &[JobStatus],
+    settings: &PoolSettings,
+    export_name: impl Fn(&str) -> String,
+) -> PoolView {
+    let disks: Vec<DiskView> = status
         .disks
         .iter()
         .map(|disk| DiskView {
@@ -129,6 +148,8 @@ pub fn pool_view(status: &PoolStatus, export_name: impl Fn(&str) -> String) -> P
             slabs_used: disk.slabs_used,
             enclosure: disk.enclosure.clone(),
             node: disk.node.clone(),
+            latency_us: disk.latency_us,
+            slow: disk.slow,
         })
         .collect();
     let read_only = status.read_only.is_some();
@@ -142,8 +163,88 @@ pub fn pool_view(status: &PoolStatus, export_name: impl Fn(&str) -> String) -> P
         generation: status.generation,
         slab_bytes: status.slab_bytes,
         read_only: status.read_only.clone(),
+        settings: settings_view(settings),
+        jobs: jobs
+            .iter()
+            .map(|job| job_view(&status.name, job, &disks))
+            .collect(),
+        impact: status
+            .impact
+            .iter()
+            .map(|impact| ImpactView {
+                what: impact.what.clone(),
+                lose_data: impact.lose_data.clone(),
+                lose_redundancy: impact.lose_redundancy.clone(),
+            })
+            .collect(),
         disks,
         spaces,
+    }
+}
+
+pub fn settings_view(settings: &PoolSettings) -> SettingsView {
+    SettingsView {
+        retire_missing: match settings.retire_missing {
+            RetireMissing::Never => "never",
+            RetireMissing::Always => "always",
+            RetireMissing::Auto => "auto",
+        }
+        .into(),
+        repair_policy: match settings.repair_policy {
+            RepairPolicy::Parallel => "parallel",
+            RepairPolicy::Sequential => "sequential",
+        }
+        .into(),
+        repair_rate_bytes_per_second: settings.repair_rate_bytes_per_second,
+    }
+}
+
+fn disk_name(disks: &[DiskView], index: DiskIndex) -> String {
+    match disks.iter().find(|d| d.index == index.0) {
+        Some(disk) => format!("disk {} ({})", index.0, disk.device),
+        None => format!("disk {}", index.0),
+    }
+}
+
+pub fn job_view(pool: &str, job: &JobStatus, disks: &[DiskView]) -> JobView {
+    let (kind, description) = match job.kind {
+        JobKind::Repair { disk } => (
+            "repair",
+            format!("re-create the slabs of {}", disk_name(disks, disk)),
+        ),
+        JobKind::Evacuate { disk } => (
+            "evacuate",
+            format!("move everything off {}", disk_name(disks, disk)),
+        ),
+        JobKind::Replace { old, new } => (
+            "replace",
+            format!(
+                "move everything of {} onto {}",
+                disk_name(disks, old),
+                disk_name(disks, new)
+            ),
+        ),
+        JobKind::Resync { disk } => (
+            "resync",
+            format!("catch {} up on what it missed", disk_name(disks, disk)),
+        ),
+    };
+    JobView {
+        pool: pool.to_string(),
+        id: job.id,
+        kind: kind.into(),
+        description,
+        state: format!("{:?}", job.state).to_lowercase(),
+        reason: job.reason.clone(),
+        bytes_total: job.bytes_total,
+        bytes_done: job.bytes_done,
+        percent: (job.bytes_done * 100)
+            .checked_div(job.bytes_total)
+            .map_or(100, |percent| percent as u32),
+        rate_bytes_per_second: job.rate_bytes_per_second,
+        eta_seconds: job.eta_seconds,
+        moves_total: job.moves_total,
+        moves_done: job.moves_done,
     }
 }
 
