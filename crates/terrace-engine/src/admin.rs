@@ -38,6 +38,9 @@ pub struct SpaceConfig {
     pub size: SpaceSize,
     /// Fault-domain level; `None` picks the coarsest level the disks label.
     pub fault_domain: Option<FaultDomain>,
+    /// Write-back cache size: `None` for the default (1 GiB with journal
+    /// disks, 32 MiB for parity without), `Some(0)` for none.
+    pub cache_bytes: Option<u64>,
 }
 
 impl SpaceConfig {
@@ -49,6 +52,7 @@ impl SpaceConfig {
             interleave_bytes: None,
             size,
             fault_domain: None,
+            cache_bytes: None,
         }
     }
 }
@@ -109,11 +113,34 @@ impl Pool {
         let mut next = metadata.clone();
         next.next_space_id += 1;
         next.spaces.push(record.clone());
+        let cache_bytes = crate::cache::cache_size(&config, &next)?;
+        let log = match cache_bytes {
+            Some(bytes) => {
+                let mut with_log = next.clone();
+                match crate::cache::plan_log(&self.shared, &mut with_log, record.id, bytes) {
+                    Ok(log) => {
+                        next = with_log;
+                        Some(log)
+                    }
+                    // The default log is best effort: a full pool still
+                    // gets its space (without a log, which status shows).
+                    Err(_) if config.cache_bytes.is_none() => None,
+                    Err(error) => return Err(error),
+                }
+            }
+            None => None,
+        };
         let space = build_space(&self.shared, &next, &record)?;
         zero_slabs(&space, &space.map().extents, geometry.slab_bytes()).await?;
+        if let Some((log, _)) = &log {
+            zero_slabs(log, &log.map().extents, geometry.slab_bytes()).await?;
+        }
         self.shared.commit(&mut control, next).await?;
         drop(control);
         let space = Arc::new(space);
+        if let Some((log, cache)) = log {
+            self.attach_cache(&space, Arc::new(log), &cache);
+        }
         self.spaces
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -131,7 +158,11 @@ impl Pool {
         let mut control = self.shared.control.lock().await;
         let mut next = control.metadata.clone();
         let before = next.spaces.len();
-        next.spaces.retain(|space| space.name != name);
+        let id = next.space(name).map(|space| space.id);
+        next.spaces.retain(|space| {
+            space.name != name
+                && !matches!(space.role, SpaceRole::Log { owner } if Some(owner) == id)
+        });
         if next.spaces.len() == before {
             return Err(EngineError::NoSuchSpace {
                 name: name.to_string(),
@@ -145,13 +176,21 @@ impl Pool {
             .remove(name)
         {
             space.mark_deleted();
+            if let Some(journal) = space.journal() {
+                journal.log().mark_deleted();
+                self.logs
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&journal.log().id());
+            }
+            space.set_journal(None);
         }
         Ok(())
     }
 }
 
 /// Choose columns and place every extent; nothing is written.
-fn plan_space(
+pub(crate) fn plan_space(
     config: &SpaceConfig,
     metadata: &PoolMetadata,
     allocator: Allocator,
@@ -319,7 +358,7 @@ pub(crate) fn build_space(
 }
 
 /// Where each slot of each extent lives.
-fn targets(
+pub(crate) fn targets(
     shared: &Arc<PoolShared>,
     metadata: &PoolMetadata,
     extents: &[ExtentRecord],
@@ -401,7 +440,7 @@ impl Pool {
 /// Zero every slab of new extents and make it durable: slabs may hold a
 /// deleted space's bytes, and parity must match the (zero) data from the
 /// first read.
-async fn zero_slabs(
+pub(crate) async fn zero_slabs(
     space: &Space,
     extents: &[Arc<[Target]>],
     slab_bytes: u64,

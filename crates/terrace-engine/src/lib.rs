@@ -17,10 +17,12 @@
 //! simulator (`terrace-sim`), which drives its futures itself.
 
 mod admin;
+pub mod cache;
 mod control;
 mod disk;
 mod error;
 mod jobs;
+pub mod journal;
 mod membership;
 mod mirror;
 mod parity;
@@ -47,7 +49,9 @@ pub use pool::{
 pub use resync::{resync_space, verify_space, RedundancyReport};
 pub use scan::{scan, DeviceKind, DeviceReport};
 pub use space::{Space, REQUEST_MAX_BYTES};
-pub use status::{DiskStatus, FailureImpact, PoolHealth, PoolStatus, SpaceHealth, SpaceStatus};
+pub use status::{
+    CacheInfo, DiskStatus, FailureImpact, PoolHealth, PoolStatus, SpaceHealth, SpaceStatus,
+};
 
 pub use terrace_io as io;
 pub use terrace_layout as layout;

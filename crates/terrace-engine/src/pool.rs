@@ -94,6 +94,8 @@ pub struct ImportOptions {
 pub struct Pool {
     pub(crate) shared: Arc<PoolShared>,
     pub(crate) spaces: RwLock<BTreeMap<String, Arc<Space>>>,
+    /// Hidden log spaces of write-back caches, by id.
+    pub(crate) logs: RwLock<BTreeMap<terrace_meta::SpaceId, Arc<Space>>>,
 }
 
 pub(crate) fn validate_name(what: &'static str, name: &str) -> Result<(), EngineError> {
@@ -312,6 +314,7 @@ impl Pool {
         Ok(Pool {
             shared,
             spaces: RwLock::new(BTreeMap::new()),
+            logs: RwLock::new(BTreeMap::new()),
         })
     }
 
@@ -383,6 +386,19 @@ impl Pool {
             .cloned()
     }
 
+    /// Every space, hidden log spaces included (jobs repair them too).
+    pub(crate) fn all_spaces(&self) -> Vec<Arc<Space>> {
+        let mut all = self.spaces();
+        all.extend(
+            self.logs
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .values()
+                .cloned(),
+        );
+        all
+    }
+
     pub fn spaces(&self) -> Vec<Arc<Space>> {
         self.spaces
             .read()
@@ -403,10 +419,14 @@ impl Pool {
         self.shared.check_open()?;
         let result = self.close_inner().await;
         self.shared.closed.store(true, Ordering::Release);
+        for space in self.spaces() {
+            space.set_journal(None);
+        }
         self.spaces
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
+        self.logs.write().unwrap_or_else(|e| e.into_inner()).clear();
         result
     }
 
@@ -424,11 +444,15 @@ impl Pool {
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        // Spaces point back at the pool; dropping the map breaks the cycle.
+        // Spaces point back at the pool; dropping the maps breaks the cycle.
+        for space in self.spaces() {
+            space.set_journal(None);
+        }
         self.spaces
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
+        self.logs.write().unwrap_or_else(|e| e.into_inner()).clear();
     }
 }
 
@@ -534,6 +558,7 @@ async fn open(
     let pool = Pool {
         shared,
         spaces: RwLock::new(BTreeMap::new()),
+        logs: RwLock::new(BTreeMap::new()),
     };
     if pool.shared.read_only.is_none() {
         let mut control = pool.shared.control.lock().await;
@@ -542,11 +567,23 @@ async fn open(
         pool.shared.commit(&mut control, next).await?;
     }
     for record in &metadata.spaces {
-        let space = crate::admin::build_space(&pool.shared, &metadata, record)?;
-        pool.spaces
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(record.name.clone(), Arc::new(space));
+        let space = Arc::new(crate::admin::build_space(&pool.shared, &metadata, record)?);
+        match record.role {
+            terrace_meta::SpaceRole::Data => pool
+                .spaces
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(record.name.clone(), space),
+            terrace_meta::SpaceRole::Log { .. } => pool
+                .logs
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(record.id, space),
+        };
+    }
+    // Write-back logs first: what they hold is newer than the disks.
+    for record in &metadata.spaces {
+        pool.recover_cache(record).await?;
     }
     for job in metadata.jobs.iter().filter(|job| job.is_active()) {
         pool.install_job(job);

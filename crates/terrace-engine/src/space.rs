@@ -41,6 +41,7 @@ use crate::disk::Condition;
 
 use crate::control::PoolShared;
 use crate::error::EngineError;
+use crate::journal::Journal;
 use crate::row::RowIo;
 use crate::row_lock::RowLocks;
 pub use crate::target::Target;
@@ -64,6 +65,8 @@ pub struct Space {
     map: RwLock<Arc<SpaceMap>>,
     pub(crate) locks: RowLocks,
     deleted: AtomicBool,
+    /// The write-back cache in front of this space, if it has one.
+    journal: RwLock<Option<Arc<Journal>>>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -88,7 +91,35 @@ impl Space {
             map: RwLock::new(Arc::new(map)),
             locks: RowLocks::default(),
             deleted: AtomicBool::new(false),
+            journal: RwLock::new(None),
         }
+    }
+
+    /// The write-back cache, if the space has one.
+    pub fn journal(&self) -> Option<Arc<Journal>> {
+        self.journal
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn set_journal(&self, journal: Option<Arc<Journal>>) {
+        *self.journal.write().unwrap_or_else(|e| e.into_inner()) = journal;
+    }
+
+    /// Whether every slot of every extent under the range is complete (no
+    /// lost column to reconstruct).
+    pub(crate) fn healthy_for(&self, offset: u64, length: u64) -> bool {
+        if length == 0 {
+            return true;
+        }
+        let map = self.map();
+        let extent_bytes = self.geometry.extent_data_bytes();
+        (offset / extent_bytes..=(offset + length - 1) / extent_bytes).all(|extent| {
+            map.extents
+                .get(extent as usize)
+                .is_some_and(|targets| targets.iter().all(Target::complete))
+        })
     }
 
     pub fn name(&self) -> &str {
@@ -207,7 +238,14 @@ impl Space {
         let map = self.check(offset, length, Access::Read)?;
         let start = offset / BLOCK_BYTES * BLOCK_BYTES;
         let end = (offset + length).next_multiple_of(BLOCK_BYTES);
+        // Logged data is snapshotted before the disks are read: a block
+        // destaged in between is on the disks by then.
+        let logged = self
+            .journal()
+            .map(|journal| journal.snapshot(start, end - start))
+            .unwrap_or_default();
         let mut buffer = self.read_blocks(&map, start, end - start).await?;
+        Journal::apply(&logged, start, &mut buffer);
         buffer.advance((offset - start) as usize);
         buffer.truncate(length as usize);
         Ok(buffer)
@@ -237,6 +275,48 @@ impl Space {
     /// Write `data` at `offset` (any byte granularity); with `fua` it is
     /// durable on return.
     pub async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), EngineError> {
+        let Some(journal) = self.journal() else {
+            return self.write_home(offset, data, fua).await;
+        };
+        self.check(offset, data.len() as u64, Access::Write)?;
+        let length = data.len() as u64;
+        let start = offset / BLOCK_BYTES * BLOCK_BYTES;
+        let end = (offset + length).next_multiple_of(BLOCK_BYTES);
+        if start == offset && end == offset + length {
+            return journal.write(self, offset, data, fua).await;
+        }
+        // A partial block: read (through the log), merge and log whole
+        // blocks, with the edge blocks locked against each other.
+        let _head = journal.lock_edges(start / BLOCK_BYTES).await;
+        let last = end / BLOCK_BYTES - 1;
+        let _tail = if last != start / BLOCK_BYTES {
+            Some(journal.lock_edges(last).await)
+        } else {
+            None
+        };
+        let mut merged = aligned_buffer((end - start) as usize);
+        if start != offset {
+            let head = self.read(start, BLOCK_BYTES).await?;
+            merged[..BLOCK_BYTES as usize].copy_from_slice(&head);
+        }
+        let tail_start = end - BLOCK_BYTES;
+        if end != offset + length && (tail_start != start || start == offset) {
+            let tail = self.read(tail_start, BLOCK_BYTES).await?;
+            merged[(tail_start - start) as usize..].copy_from_slice(&tail);
+        }
+        merged[(offset - start) as usize..(offset - start + length) as usize]
+            .copy_from_slice(&data);
+        journal.write(self, start, merged.freeze(), fua).await
+    }
+
+    /// Write straight to the disks, past any write-back cache (the cache's
+    /// own destaging and bypass, and spaces without one).
+    pub(crate) async fn write_home(
+        &self,
+        offset: u64,
+        data: Bytes,
+        fua: bool,
+    ) -> Result<(), EngineError> {
         let map = self.check(offset, data.len() as u64, Access::Write)?;
         let result = self.write_checked(&map, offset, &data, fua).await;
         self.pool.persist_failures().await?;
@@ -353,22 +433,45 @@ impl Space {
         fua: bool,
     ) -> Result<(), EngineError> {
         let map = self.check(offset, length, Access::Write)?;
+        let journal = self.journal();
+        if let Some(journal) = &journal {
+            if !journal.may_bypass(offset, length) {
+                // Logged data under the range: zeroes go through the log too.
+                let zeroes = Bytes::from(vec![0u8; length as usize]);
+                return self.write(offset, zeroes, fua).await;
+            }
+        }
         let result = self
             .zero_checked(&map, offset, length, zero::Mode::Zeroes { fua })
             .await;
         self.pool.persist_failures().await?;
-        result
+        result?;
+        match journal {
+            Some(journal) => journal.after_direct(self, offset, length).await,
+            None => Ok(()),
+        }
     }
 
     /// Advise that `[offset, offset + length)` is no longer needed. Whole
     /// blocks of it may read back as zeroes afterwards.
     pub async fn trim(&self, offset: u64, length: u64) -> Result<(), EngineError> {
         let map = self.check(offset, length, Access::Write)?;
+        let journal = self.journal();
+        if let Some(journal) = &journal {
+            if !journal.may_bypass(offset, length) {
+                // Advisory: logged data under the range stays.
+                return Ok(());
+            }
+        }
         let result = self
             .zero_checked(&map, offset, length, zero::Mode::Trim)
             .await;
         self.pool.persist_failures().await?;
-        result
+        result?;
+        match journal {
+            Some(journal) => journal.after_direct(self, offset, length).await,
+            None => Ok(()),
+        }
     }
 
     /// Whole blocks go to the zeroing path; partial edge blocks are written
@@ -407,6 +510,11 @@ impl Space {
     /// Make every completed write durable.
     pub async fn flush(&self) -> Result<(), EngineError> {
         self.check(0, 0, Access::Read)?;
+        if let Some(journal) = self.journal() {
+            // Logged writes are durable already, unless the log failed and
+            // they wait in memory to go home.
+            journal.settle(self).await?;
+        }
         self.pool.flush_disks().await?;
         self.readable_everywhere()
     }

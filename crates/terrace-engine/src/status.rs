@@ -99,6 +99,19 @@ pub struct SpaceStatus {
     pub fault_domain: FaultDomain,
     pub failures_tolerated: u32,
     pub health: SpaceHealth,
+    /// The write-back cache, if the space has one.
+    pub cache: Option<CacheInfo>,
+}
+
+/// A space's write-back cache as status shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheInfo {
+    pub status: crate::journal::CacheStatus,
+    /// Disks holding the log, and its copies.
+    pub log_disks: Vec<u16>,
+    pub log_copies: u32,
+    /// Health of the log's own mirror.
+    pub log_health: SpaceHealth,
 }
 
 /// What would happen if one disk, enclosure or node failed now.
@@ -351,5 +364,27 @@ fn space_status(
         fault_domain: record.fault_domain,
         failures_tolerated: record.layout.failures_tolerated(),
         health,
+        cache: space.journal().map(|journal| {
+            let log = journal.log();
+            let mut log_disks: Vec<u16> = metadata
+                .spaces
+                .iter()
+                .find(|s| s.id == log.id())
+                .map(|s| {
+                    s.extents
+                        .iter()
+                        .flat_map(|e| e.slabs.iter().flatten().map(|slab| slab.disk.0))
+                        .collect()
+                })
+                .unwrap_or_default();
+            log_disks.sort_unstable();
+            log_disks.dedup();
+            CacheInfo {
+                status: journal.status(),
+                log_disks,
+                log_copies: log.geometry().layout().copies(),
+                log_health: log.health(),
+            }
+        }),
     })
 }

@@ -247,7 +247,7 @@ fn layout_from(kind: u8, parameter: u8) -> Result<Layout, DecodeError> {
 /// Smallest encoded disk record: fixed fields plus four empty strings.
 const DISK_RECORD_MIN_BYTES: usize = 16 + 8 + 4 + 3 + 4 * 2;
 /// Smallest encoded space record (no extents, empty strings).
-const SPACE_RECORD_MIN_BYTES: usize = 8 + 2 + 2 + 4 + 8 + 8 + 2 + 8 + 2 + 9 + 32 + 4 + 2;
+const SPACE_RECORD_MIN_BYTES: usize = 8 + 2 + 2 + 4 + 8 + 8 + 2 + 8 + 2 + 9 + 40 + 4 + 2;
 /// An encoded slab reference: u16 disk index, u32 slab index.
 const SLAB_REF_BYTES: usize = 6;
 
@@ -321,11 +321,13 @@ fn encode_space(writer: &mut Writer, space: &SpaceRecord, slab_bytes: u64) {
         log_space: SpaceId(0),
         epoch: 0,
         checkpoint_hint: 0,
+        checkpoint_offset: 0,
     });
     writer.u64(cache.bytes);
     writer.u64(cache.log_space.0);
     writer.u64(cache.epoch);
     writer.u64(cache.checkpoint_hint);
+    writer.u64(cache.checkpoint_offset);
     writer.u32(space.extents.len() as u32);
     let slots = space
         .geometry(slab_bytes)
@@ -457,11 +459,13 @@ fn decode_space(
             let log_space = SpaceId(reader.u64("cache log space")?);
             let epoch = reader.u64("cache epoch")?;
             let checkpoint_hint = reader.u64("cache checkpoint")?;
+            let checkpoint_offset = reader.u64("cache checkpoint offset")?;
             (bytes > 0).then_some(CacheRecord {
                 bytes,
                 log_space,
                 epoch,
                 checkpoint_hint,
+                checkpoint_offset,
             })
         },
         extents: Vec::new(),

@@ -144,6 +144,9 @@ pub struct CacheRecord {
     /// Ring position (absolute, ever increasing) of a recent checkpoint
     /// record: where recovery starts scanning.
     pub checkpoint_hint: u64,
+    /// Byte offset in the log space of that position (the ring's laps may
+    /// differ in size after a live resize, so it is not derived).
+    pub checkpoint_offset: u64,
 }
 
 impl SpaceRecord {

@@ -87,6 +87,12 @@ pub enum Request {
         pool: Option<String>,
         name: String,
     },
+    /// Set a live space's write-back cache size (adds one if it has none).
+    SpaceCache {
+        pool: Option<String>,
+        name: String,
+        bytes: u64,
+    },
     /// Move everything off a disk, then release it.
     DiskRemove {
         pool: String,
@@ -129,6 +135,9 @@ pub struct SpaceCreate {
     /// `None` means as large as possible.
     pub size_bytes: Option<u64>,
     pub fault_domain: Option<String>,
+    /// Write-back cache size; `None` for the default, 0 for none.
+    #[serde(default)]
+    pub cache_bytes: Option<u64>,
 }
 
 /// What went wrong, by who can fix it.
@@ -271,6 +280,32 @@ pub struct SpaceView {
     pub read_only: bool,
     /// NBD export name.
     pub export: String,
+    /// The write-back cache, if the space has one.
+    #[serde(default)]
+    pub cache: Option<CacheView>,
+}
+
+/// A space's write-back cache: where its log lives and how full it is.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct CacheView {
+    pub bytes: u64,
+    pub dirty_bytes: u64,
+    /// Ring in use (dirty records and records not yet released).
+    pub used_bytes: u64,
+    pub fill_percent: u32,
+    /// Disks holding the log, as pool disk indexes.
+    pub log_disks: Vec<u16>,
+    pub log_copies: u32,
+    pub log_health: String,
+    /// What losing log disks costs.
+    pub protects: String,
+    pub absorbed_writes: u64,
+    pub absorbed_bytes: u64,
+    pub bypassed_writes: u64,
+    pub bypassed_bytes: u64,
+    pub destaged_bytes: u64,
+    /// Why the space runs write-through, if it does.
+    pub write_through: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

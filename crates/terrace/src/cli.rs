@@ -187,6 +187,19 @@ pub enum SpaceCommand {
         /// Keep redundant slabs on distinct: disk, enclosure or node.
         #[arg(long)]
         fault_domain: Option<String>,
+        /// Write-back cache size, 32M to 100G; 0 for none. Default: 1G when
+        /// the pool has journal disks, 32M for parity without.
+        #[arg(long, value_parser = parse_size)]
+        cache: Option<u64>,
+    },
+    /// Change a live space's write-back cache size (32M to 100G).
+    Cache {
+        name: String,
+        /// New size, e.g. 4G.
+        #[arg(value_parser = parse_size)]
+        size: u64,
+        #[arg(long)]
+        pool: Option<String>,
     },
     /// List spaces.
     List { pool: Option<String> },
@@ -469,6 +482,7 @@ pub fn space_request(command: SpaceCommand) -> Result<Request, CliError> {
             size,
             max: _,
             fault_domain,
+            cache,
         } => Request::SpaceCreate(SpaceCreate {
             pool,
             name,
@@ -479,7 +493,13 @@ pub fn space_request(command: SpaceCommand) -> Result<Request, CliError> {
             interleave_bytes: interleave,
             size_bytes: size,
             fault_domain,
+            cache_bytes: cache,
         }),
+        SpaceCommand::Cache { name, size, pool } => Request::SpaceCache {
+            pool,
+            name,
+            bytes: size,
+        },
         SpaceCommand::List { pool } => Request::SpaceList { pool },
         SpaceCommand::Show { name, pool } => Request::SpaceShow { pool, name },
         SpaceCommand::Resize { name, size, pool } => Request::SpaceResize {
@@ -521,7 +541,7 @@ pub fn render(request: &Request, result: serde_json::Value) -> Result<String, Cl
             render::jobs(&[parse::<JobView>(result)?])
         }
         Request::PoolSet { .. } => render::pool_status(&parse::<PoolView>(result)?),
-        Request::SpaceCreate(_) | Request::SpaceResize { .. } => {
+        Request::SpaceCreate(_) | Request::SpaceResize { .. } | Request::SpaceCache { .. } => {
             let space: SpaceView = parse(result)?;
             format!(
                 "space {} in pool {}: {}, {} ({}), export {}\n",

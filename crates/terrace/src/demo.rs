@@ -233,6 +233,7 @@ async fn demo_steps(
             interleave_bytes: None,
             size_bytes: Some(requests * REQUEST_BYTES),
             fault_domain: None,
+            cache_bytes: None,
         };
         let answer = call(control, &Request::SpaceCreate(create)).await?;
         println!(

@@ -102,6 +102,11 @@ pub fn pool_status(pool: &PoolView) -> String {
     } else {
         out.push_str(&indent(&space_table(&pool.spaces).to_string()));
         out.push('\n');
+        for space in pool.spaces.iter().filter(|s| s.cache.is_some()) {
+            out.push_str(&format!("  {}:\n", space.name));
+            out.push_str(&indent(&cache_lines(space)));
+            out.push('\n');
+        }
     }
     let active: Vec<JobView> = pool
         .jobs
@@ -307,6 +312,36 @@ pub fn importable(pools: &[ImportableView]) -> String {
     format!("{table}\nimport one with `terrace pool import --name NAME PATH...`\n")
 }
 
+/// The write-back cache of a space, in a few indented lines.
+pub fn cache_lines(space: &SpaceView) -> String {
+    let Some(cache) = &space.cache else {
+        return "  write-back cache: none (writes go straight to the disks)\n".to_string();
+    };
+    let disks: Vec<String> = cache.log_disks.iter().map(u16::to_string).collect();
+    let mut out = format!(
+        "  write-back cache: {} ({}% used, {} dirty), log on disks {} ({} copies, {})\n",
+        format_size(cache.bytes),
+        cache.fill_percent,
+        format_size(cache.dirty_bytes),
+        disks.join(", "),
+        cache.log_copies,
+        cache.log_health,
+    );
+    out.push_str(&format!(
+        "    absorbed {} writes ({}), bypassed {} ({}), destaged {}\n    {}\n",
+        cache.absorbed_writes,
+        format_size(cache.absorbed_bytes),
+        cache.bypassed_writes,
+        format_size(cache.bypassed_bytes),
+        format_size(cache.destaged_bytes),
+        cache.protects,
+    ));
+    if let Some(reason) = &cache.write_through {
+        out.push_str(&format!("    {reason}\n"));
+    }
+    out
+}
+
 pub fn space_detail(detail: &SpaceDetail) -> String {
     let space = &detail.space;
     let mut out = format!(
@@ -320,6 +355,7 @@ pub fn space_detail(detail: &SpaceDetail) -> String {
     for line in &detail.explanation {
         out.push_str(&format!("  {line}\n"));
     }
+    out.push_str(&cache_lines(space));
     out.push_str("\nextents:\n");
     let mut table = table(&[
         "EXTENT", "OFFSET", "SLOT", "ROLE", "DISK", "DEVICE", "SLAB", "STATE",

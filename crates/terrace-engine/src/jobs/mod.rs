@@ -357,7 +357,7 @@ impl Pool {
     }
 
     fn space_by_id(&self, id: SpaceId) -> Option<Arc<crate::space::Space>> {
-        self.spaces().into_iter().find(|space| space.id() == id)
+        self.all_spaces().into_iter().find(|space| space.id() == id)
     }
 }
 

@@ -101,6 +101,19 @@ async fn handle(daemon: &Arc<Daemon>, request: Request) -> Answer {
         Request::DiskAdd { pool, disks } => disk_add(registry, &pool, disks).await,
         Request::DiskSet { pool, disk, usage } => disk_set(registry, &pool, &disk, &usage).await,
         Request::SpaceCreate(create) => space_create(registry, create).await,
+        Request::SpaceCache { pool, name, bytes } => {
+            let _admin = registry.admin.lock().await;
+            let (entry, _) = find_space(registry, pool.as_deref(), &name)?;
+            entry
+                .pool
+                .set_cache_size(&name, bytes)
+                .await
+                .map_err(|error| match error {
+                    EngineError::InvalidSetting { .. } => usage(error),
+                    other => failure(other),
+                })?;
+            space_view(registry, &entry, &name).await
+        }
         Request::SpaceList { pool } => space_list(registry, pool).await,
         Request::SpaceShow { pool, name } => space_show(registry, pool, &name).await,
         Request::SpaceResize {
@@ -510,6 +523,7 @@ async fn space_create(registry: &Registry, create: SpaceCreate) -> Answer {
     let mut config = SpaceConfig::new(create.name.clone(), layout, size);
     config.columns = create.columns;
     config.interleave_bytes = create.interleave_bytes;
+    config.cache_bytes = create.cache_bytes;
     config.fault_domain = create
         .fault_domain
         .as_deref()

@@ -263,6 +263,8 @@ const WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 fn start_background(pool: &Arc<Pool>) {
     let runner = pool.clone();
     tokio::spawn(async move { runner.run_jobs().await });
+    let destager = pool.clone();
+    tokio::spawn(async move { destager.run_cache().await });
     let watched = pool.clone();
     tokio::spawn(async move {
         while watched.is_open() {

@@ -123,6 +123,41 @@ pub fn space_view(pool: &str, space: &SpaceStatus, read_only: bool, export: Stri
         repair_percent: repair.map(|(_, percent)| percent),
         read_only,
         export,
+        cache: space.cache.as_ref().map(cache_view),
+    }
+}
+
+fn cache_view(cache: &terrace_engine::CacheInfo) -> crate::api::CacheView {
+    let status = &cache.status;
+    let log_health = match cache.log_health {
+        SpaceHealth::Healthy => "healthy",
+        SpaceHealth::NoRedundancy => "no-redundancy",
+        SpaceHealth::Incomplete { .. } => "incomplete",
+        SpaceHealth::Degraded { .. } => "degraded",
+        SpaceHealth::Repairing { .. } => "repairing",
+        SpaceHealth::Offline { .. } => "offline",
+    };
+    let lose = cache.log_copies.saturating_sub(1);
+    crate::api::CacheView {
+        bytes: status.bytes,
+        dirty_bytes: status.dirty_bytes,
+        used_bytes: status.used_bytes,
+        fill_percent: (status.used_bytes * 100)
+            .checked_div(status.bytes)
+            .map_or(0, |p| p.min(100) as u32),
+        log_disks: cache.log_disks.clone(),
+        log_copies: cache.log_copies,
+        log_health: log_health.into(),
+        protects: format!(
+            "{} copies: any {lose} log disk(s) may fail without losing a logged write; partial-stripe writes are logged before they touch the disks, so a crash leaves no write hole",
+            cache.log_copies
+        ),
+        absorbed_writes: status.absorbed_writes,
+        absorbed_bytes: status.absorbed_bytes,
+        bypassed_writes: status.bypassed_writes,
+        bypassed_bytes: status.bypassed_bytes,
+        destaged_bytes: status.destaged_bytes,
+        write_through: status.write_through.clone(),
     }
 }
 

@@ -1,0 +1,306 @@
+//! Write-back caches as the pool sees them: where a space's log lives, how
+//! big it is, recovering it at import, resizing it live, and destaging.
+//!
+//! A log is a hidden mirrored space (role `Log`) with as many copies as the
+//! space it serves tolerates failures plus one: 2 for simple, 2-way mirror
+//! and single parity, 3 for 3-way mirror and dual parity, so losing log
+//! disks costs no more than the space itself tolerates. It lives on the
+//! pool's journal disks when there are enough of them, else on capacity
+//! disks. Being a space, it is repaired by the same jobs as any other when
+//! one of its disks fails: the log is re-mirrored onto another journal disk
+//! or free space.
+
+use std::sync::Arc;
+
+use terrace_layout::Layout;
+use terrace_meta::{
+    Allocator, CacheRecord, DiskRecord, DiskState, FaultDomain, PoolMetadata, SpaceId, SpaceRecord,
+    SpaceRole, Usage,
+};
+
+use crate::admin::{build_space, plan_space, zero_slabs, SpaceConfig, SpaceSize};
+use crate::control::PoolShared;
+use crate::error::EngineError;
+use crate::journal::{
+    self, Journal, CACHE_DEFAULT_BYTES, CACHE_MAX_BYTES, CACHE_MIN_BYTES, CACHE_SMALL_BYTES,
+};
+use crate::pool::Pool;
+use crate::space::Space;
+
+/// How long the destager sleeps when no cache needs it.
+const DESTAGE_IDLE_NS: u64 = 20_000_000;
+
+/// Copies of the log of a space with `layout`.
+pub fn log_copies(layout: Layout) -> u32 {
+    match layout {
+        Layout::Simple => 2,
+        Layout::Mirror { copies } => copies,
+        Layout::Parity { redundancy } => redundancy + 1,
+    }
+}
+
+fn is_journal_disk(disk: &DiskRecord) -> bool {
+    disk.state == DiskState::Active && disk.usage == Usage::Journal
+}
+
+fn journal_disks(metadata: &PoolMetadata) -> usize {
+    metadata.disks.iter().filter(|d| is_journal_disk(d)).count()
+}
+
+/// The cache size a new space gets: as asked, or the default.
+pub(crate) fn cache_size(
+    config: &SpaceConfig,
+    metadata: &PoolMetadata,
+) -> Result<Option<u64>, EngineError> {
+    match config.cache_bytes {
+        Some(0) => Ok(None),
+        Some(bytes) => check_size(bytes).map(Some),
+        None => {
+            let copies = log_copies(config.layout) as usize;
+            if journal_disks(metadata) >= copies {
+                Ok(Some(CACHE_DEFAULT_BYTES))
+            } else if matches!(config.layout, Layout::Parity { .. }) {
+                Ok(Some(CACHE_SMALL_BYTES))
+            } else {
+                Ok(None)
+            }
+        }
+    }
+}
+
+fn check_size(bytes: u64) -> Result<u64, EngineError> {
+    if (CACHE_MIN_BYTES..=CACHE_MAX_BYTES).contains(&bytes) {
+        Ok(bytes.next_multiple_of(terrace_layout::BLOCK_BYTES))
+    } else {
+        Err(EngineError::InvalidSetting {
+            what: "write-back cache size",
+            value: bytes,
+            rule: "from 32M to 100G",
+        })
+    }
+}
+
+/// Plan the log of space `owner` into `next` (its record and the owner's
+/// cache record) and build it; nothing is written.
+pub(crate) fn plan_log(
+    shared: &Arc<PoolShared>,
+    next: &mut PoolMetadata,
+    owner: SpaceId,
+    bytes: u64,
+) -> Result<(Space, CacheRecord), EngineError> {
+    let owner_record = next
+        .spaces
+        .iter()
+        .find(|s| s.id == owner)
+        .expect("owner planned");
+    let copies = log_copies(owner_record.layout);
+    let config = SpaceConfig {
+        columns: Some(1),
+        ..SpaceConfig::new(
+            format!(".log-{}", owner.0),
+            Layout::Mirror { copies },
+            SpaceSize::Bytes(bytes),
+        )
+    };
+    let on_journal = journal_disks(next) >= copies as usize;
+    let allocator = if on_journal {
+        Allocator::new(next, FaultDomain::Disk, is_journal_disk)
+    } else {
+        Allocator::new(next, FaultDomain::Disk, DiskRecord::takes_capacity)
+    };
+    let now = shared.env.wall_clock_ns();
+    let (mut record, _) = plan_space(&config, next, allocator, FaultDomain::Disk, now)?;
+    record.role = SpaceRole::Log { owner };
+    record.columns_reason = if on_journal {
+        format!(
+            "the write-back log of space {}: {copies} copies on journal disks",
+            owner.0
+        )
+    } else {
+        format!(
+            "the write-back log of space {}: {copies} copies on capacity disks (no journal disks)",
+            owner.0
+        )
+    };
+    let cache = CacheRecord {
+        bytes,
+        log_space: record.id,
+        epoch: shared.env.random_u64(),
+        checkpoint_hint: 0,
+        checkpoint_offset: 0,
+    };
+    next.next_space_id += 1;
+    next.spaces.push(record.clone());
+    if let Some(owner) = next.spaces.iter_mut().find(|s| s.id == owner) {
+        owner.cache = Some(cache);
+    }
+    let log = build_space(shared, next, &record)?;
+    Ok((log, cache))
+}
+
+impl Pool {
+    pub(crate) fn attach_cache(&self, space: &Arc<Space>, log: Arc<Space>, cache: &CacheRecord) {
+        let journal = Journal::new(space.id(), log.clone(), cache.bytes, cache.epoch);
+        self.logs
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(log.id(), log);
+        space.set_journal(Some(Arc::new(journal)));
+    }
+
+    /// At import: replay a space's log into it and start a fresh ring (or,
+    /// read-only, serve what the log holds from memory).
+    pub(crate) async fn recover_cache(&self, record: &SpaceRecord) -> Result<(), EngineError> {
+        let Some(cache) = record.cache else {
+            return Ok(());
+        };
+        let (Some(space), Some(log)) = (
+            self.space(&record.name),
+            self.logs
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&cache.log_space)
+                .cloned(),
+        ) else {
+            return Ok(());
+        };
+        let recovered = journal::scan(&log, &cache).await?;
+        if self.shared.read_only.is_some() {
+            let journal = Journal::new(space.id(), log.clone(), cache.bytes, cache.epoch);
+            journal::load_read_only(&journal, recovered.blocks);
+            self.logs
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(log.id(), log);
+            space.set_journal(Some(Arc::new(journal)));
+            return Ok(());
+        }
+        journal::replay(&space, &recovered.blocks).await?;
+        let epoch = self.shared.env.random_u64();
+        self.shared
+            .update_cache_record(space.id(), |cache| {
+                cache.epoch = epoch;
+                cache.checkpoint_hint = 0;
+                cache.checkpoint_offset = 0;
+            })
+            .await?;
+        self.attach_cache(
+            &space,
+            log,
+            &CacheRecord {
+                epoch,
+                checkpoint_hint: 0,
+                checkpoint_offset: 0,
+                ..cache
+            },
+        );
+        Ok(())
+    }
+
+    /// Change the write-back cache size of a live space (32M to 100G);
+    /// gives the size set. A space without a cache gets one.
+    pub async fn set_cache_size(&self, name: &str, bytes: u64) -> Result<u64, EngineError> {
+        self.shared.check_open()?;
+        self.shared.check_writable()?;
+        let bytes = check_size(bytes)?;
+        let space = self.space(name).ok_or_else(|| EngineError::NoSuchSpace {
+            name: name.to_string(),
+        })?;
+        let Some(journal) = space.journal() else {
+            return self.add_cache(&space, bytes).await;
+        };
+        let log = journal.log().clone();
+        if bytes > log.size_bytes() {
+            self.grow_log(&log, bytes).await?;
+        }
+        self.shared
+            .update_cache_record(space.id(), |cache| cache.bytes = bytes)
+            .await?;
+        journal.set_size(bytes);
+        Ok(bytes)
+    }
+
+    async fn add_cache(&self, space: &Arc<Space>, bytes: u64) -> Result<u64, EngineError> {
+        let mut control = self.shared.control.lock().await;
+        let mut next = control.metadata.clone();
+        let (log, cache) = plan_log(&self.shared, &mut next, space.id(), bytes)?;
+        zero_slabs(&log, &log.map().extents, next.slab_bytes).await?;
+        self.shared.commit(&mut control, next).await?;
+        drop(control);
+        self.attach_cache(space, Arc::new(log), &cache);
+        Ok(bytes)
+    }
+
+    /// Add extents to a log space (on the same class of disks).
+    async fn grow_log(&self, log: &Arc<Space>, bytes: u64) -> Result<(), EngineError> {
+        let mut control = self.shared.control.lock().await;
+        let mut next = control.metadata.clone();
+        let position = next
+            .spaces
+            .iter()
+            .position(|s| s.id == log.id())
+            .ok_or_else(|| EngineError::NoSuchSpace {
+                name: log.name().to_string(),
+            })?;
+        let geometry = *log.geometry();
+        let on_journal = next.spaces[position].extents.iter().any(|extent| {
+            extent.slabs.iter().flatten().any(|slab| {
+                next.disks
+                    .get(usize::from(slab.disk.0))
+                    .is_some_and(|d| d.usage == Usage::Journal)
+            })
+        });
+        let mut allocator = if on_journal {
+            Allocator::new(&next, FaultDomain::Disk, is_journal_disk)
+        } else {
+            Allocator::new(&next, FaultDomain::Disk, DiskRecord::takes_capacity)
+        };
+        let requested = bytes.next_multiple_of(geometry.extent_data_bytes());
+        let have = next.spaces[position].extents.len() as u64;
+        let added = (have..geometry.extents_for(requested))
+            .map(|_| {
+                allocator
+                    .allocate_extent(&geometry)
+                    .map(|slabs| terrace_meta::ExtentRecord { slabs: Some(slabs) })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let added_targets = crate::admin::targets(&self.shared, &next, &added)?;
+        zero_slabs(log, &added_targets, geometry.slab_bytes()).await?;
+        let record = &mut next.spaces[position];
+        record.size_bytes = requested;
+        record.extents.extend(added);
+        self.shared.commit(&mut control, next).await?;
+        log.grow(requested, added_targets);
+        Ok(())
+    }
+
+    /// Destage write-back caches until the pool closes: each round, every
+    /// cache above its fill threshold destages a batch, the fuller the
+    /// bigger. The daemon spawns this once per pool; writers that find a
+    /// log full destage themselves, so nothing hangs without it.
+    pub async fn run_cache(&self) {
+        while self.shared.check_open().is_ok() && self.shared.read_only.is_none() {
+            let mut progressed = false;
+            for space in self.spaces() {
+                if let Some(journal) = space.journal() {
+                    if let Ok(true) = journal.destage(&space, false).await {
+                        progressed = true;
+                    }
+                }
+            }
+            if !progressed {
+                self.shared.env.sleep(DESTAGE_IDLE_NS).await;
+            }
+        }
+    }
+
+    /// Destage every cache completely (tests, and before an export).
+    pub async fn drain_caches(&self) -> Result<(), EngineError> {
+        for space in self.spaces() {
+            if let Some(journal) = space.journal() {
+                journal.drain(&space).await?;
+            }
+        }
+        Ok(())
+    }
+}

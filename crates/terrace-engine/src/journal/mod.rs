@@ -1,0 +1,1170 @@
+//! The write-back cache: a log (ring of records in a hidden mirrored space)
+//! in front of a space.
+//!
+//! ```text
+//!   write ──▶ small or partial-row? ──yes──▶ append record (FUA, log mirror) ──▶ index ──▶ ack
+//!                 │ no (whole rows, nothing logged under it)          ▲ in sequence order
+//!                 ▼                                                   │
+//!             straight to the disks ──▶ Invalidate record if needed ──┘
+//!
+//!   read ──▶ snapshot index entries ──▶ read the disks ──▶ overlay the snapshot
+//!
+//!   destage (background, or a writer that finds the ring full):
+//!     oldest records' live blocks, sorted and coalesced ──▶ disks ──▶ flush
+//!     ──▶ drop index entries ──▶ commit the new tail (checkpoint) ──▶ ring space reusable
+//! ```
+//!
+//! # What makes it safe
+//!
+//! * A write is acknowledged only when its record and every earlier record
+//!   are durable in the log (FUA on every copy of the log mirror). Recovery
+//!   scans records in order from the committed tail and stops at the first
+//!   that is not valid (checksums, epoch, position, sequence), so nothing
+//!   acknowledged lies beyond that point.
+//! * The ring is reused only behind the committed tail, and the tail moves
+//!   only over records whose blocks were written home and flushed.
+//! * A write that goes straight home over blocks some record since the
+//!   committed tail still mentions appends an `Invalidate` record for them
+//!   before it is acknowledged, so recovery never replays older data over
+//!   it. A write over blocks still dirty in the log always goes through the
+//!   log, so the log and the disks never race for a block.
+//! * Recovery replays every record from the tail into a block map, writes
+//!   the map home, flushes, and starts a fresh ring with a new epoch, so
+//!   records of an earlier life of the ring can never pass for new ones.
+//! * If the log itself fails (no copy of a record could be written), the
+//!   dirty data still held in memory is written home and flushed, and the
+//!   space continues write-through with the reason in its status.
+//!
+//! Dirty data is also kept in memory (bounded by the cache size), so reads
+//! from the log and destaging never read the log back; only recovery does.
+
+pub mod format;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use futures::channel::oneshot;
+use futures::future::join_all;
+use terrace_io::{aligned_buffer, Bytes, BytesMut};
+use terrace_layout::BLOCK_BYTES;
+use terrace_meta::{CacheRecord, SpaceId};
+
+use crate::error::EngineError;
+use crate::space::Space;
+use format::{Header, Kind, ENTRIES_MAX, HEADER_BYTES};
+
+/// Smallest and largest cache (ring) size.
+pub const CACHE_MIN_BYTES: u64 = 32 << 20;
+pub const CACHE_MAX_BYTES: u64 = 100 << 30;
+/// Cache size of a space when the pool has journal disks (as Storage Spaces).
+pub const CACHE_DEFAULT_BYTES: u64 = 1 << 30;
+/// Log of a parity space in a pool without journal disks: enough that no
+/// parity space has a write hole.
+pub const CACHE_SMALL_BYTES: u64 = 32 << 20;
+/// Destaging starts when this share of the ring is dirty (per mille) and
+/// runs flat out from [`DESTAGE_URGENT_PER_MILLE`].
+pub const DESTAGE_START_PER_MILLE: u64 = 250;
+pub const DESTAGE_URGENT_PER_MILLE: u64 = 750;
+/// Bytes of records one destage round takes.
+const DESTAGE_ROUND_BYTES: u64 = 16 << 20;
+/// Writes home in flight at once during a destage round.
+const DESTAGE_PARALLEL: usize = 32;
+
+/// Where a record starts: its absolute position (bytes appended since the
+/// ring was started), its byte offset in the log space, and its lap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Cursor {
+    position: u64,
+    offset: u64,
+    lap: u64,
+}
+
+/// A record appended since the committed tail.
+struct Record {
+    at: Cursor,
+    bytes: u64,
+    sequence: u64,
+    /// Blocks the record names (data or invalidation).
+    blocks: Vec<u64>,
+    durable: bool,
+    /// Its blocks are home (or superseded), and it no longer holds the tail.
+    destaged: bool,
+}
+
+/// The newest logged data of one block.
+struct Entry {
+    /// Highest sequence reserved for this block (a write in flight).
+    reserved: u64,
+    /// Newest durable data and its sequence.
+    committed: Option<(u64, Bytes)>,
+}
+
+struct State {
+    /// Size of the current lap, and of laps to come (a resize).
+    lap_bytes: u64,
+    next_lap_bytes: u64,
+    head: Cursor,
+    next_sequence: u64,
+    /// The committed tail: ring space before it is reusable.
+    tail: Cursor,
+    records: VecDeque<Record>,
+    index: BTreeMap<u64, Entry>,
+    /// Blocks named by any record in `records`, with counts.
+    recent: BTreeMap<u64, u32>,
+    /// Every record with a smaller sequence is durable.
+    durable_below: u64,
+    durable_waiters: Vec<(u64, oneshot::Sender<()>)>,
+    space_waiters: Vec<oneshot::Sender<()>>,
+    dirty_bytes: u64,
+    /// Why the space runs write-through, if it does.
+    failed: Option<String>,
+}
+
+/// Counters for status views.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub absorbed_writes: AtomicU64,
+    pub absorbed_bytes: AtomicU64,
+    pub bypassed_writes: AtomicU64,
+    pub bypassed_bytes: AtomicU64,
+    pub destaged_bytes: AtomicU64,
+    pub log_bytes_written: AtomicU64,
+}
+
+/// What a status view shows of a cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheStatus {
+    pub bytes: u64,
+    pub log_space: SpaceId,
+    pub dirty_bytes: u64,
+    /// Bytes of ring between the committed tail and the head.
+    pub used_bytes: u64,
+    pub absorbed_writes: u64,
+    pub absorbed_bytes: u64,
+    pub bypassed_writes: u64,
+    pub bypassed_bytes: u64,
+    pub destaged_bytes: u64,
+    pub write_through: Option<String>,
+}
+
+pub struct Journal {
+    home: SpaceId,
+    log: Arc<Space>,
+    epoch: u64,
+    state: Mutex<State>,
+    /// One destage round at a time.
+    destaging: futures::lock::Mutex<()>,
+    /// Serialises read-merge-write of partial blocks.
+    edges: crate::row_lock::RowLocks,
+    pub counters: Counters,
+}
+
+impl Journal {
+    /// A fresh, empty ring of `bytes` in `log` with `epoch`.
+    pub(crate) fn new(home: SpaceId, log: Arc<Space>, bytes: u64, epoch: u64) -> Journal {
+        let start = Cursor {
+            position: 0,
+            offset: 0,
+            lap: 0,
+        };
+        let bytes = bytes.min(log.size_bytes()) / BLOCK_BYTES * BLOCK_BYTES;
+        Journal {
+            home,
+            log,
+            epoch,
+            state: Mutex::new(State {
+                lap_bytes: bytes,
+                next_lap_bytes: bytes,
+                head: start,
+                next_sequence: 1,
+                tail: start,
+                records: VecDeque::new(),
+                index: BTreeMap::new(),
+                recent: BTreeMap::new(),
+                durable_below: 1,
+                durable_waiters: Vec::new(),
+                space_waiters: Vec::new(),
+                dirty_bytes: 0,
+                failed: None,
+            }),
+            destaging: futures::lock::Mutex::new(()),
+            edges: Default::default(),
+            counters: Counters::default(),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn log(&self) -> &Arc<Space> {
+        &self.log
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The largest record payload: a quarter of the ring, at most 8 MiB,
+    /// and no more blocks than a header can name.
+    fn record_payload_max(&self) -> u64 {
+        let state = self.state();
+        (state.lap_bytes.min(state.next_lap_bytes) / 4)
+            .min(8 << 20)
+            .min(ENTRIES_MAX as u64 * BLOCK_BYTES)
+            / BLOCK_BYTES
+            * BLOCK_BYTES
+    }
+
+    pub fn status(&self) -> CacheStatus {
+        let state = self.state();
+        let used = state.head.position - state.tail.position;
+        CacheStatus {
+            bytes: state.next_lap_bytes,
+            log_space: self.log.id(),
+            dirty_bytes: state.dirty_bytes,
+            used_bytes: used,
+            absorbed_writes: self.counters.absorbed_writes.load(Ordering::Relaxed),
+            absorbed_bytes: self.counters.absorbed_bytes.load(Ordering::Relaxed),
+            bypassed_writes: self.counters.bypassed_writes.load(Ordering::Relaxed),
+            bypassed_bytes: self.counters.bypassed_bytes.load(Ordering::Relaxed),
+            destaged_bytes: self.counters.destaged_bytes.load(Ordering::Relaxed),
+            write_through: state.failed.clone(),
+        }
+    }
+
+    /// Change the ring size; laps that start from now on have the new size.
+    pub(crate) fn set_size(&self, bytes: u64) {
+        let bytes = bytes.min(self.log.size_bytes()) / BLOCK_BYTES * BLOCK_BYTES;
+        self.state().next_lap_bytes = bytes;
+    }
+
+    /// Whether the ring holds any dirty data.
+    pub fn is_clean(&self) -> bool {
+        self.state().index.is_empty()
+    }
+
+    /// How urgently destaging should run: `None` below the start threshold,
+    /// else the fill in per mille.
+    pub fn destage_pressure(&self) -> Option<u64> {
+        let state = self.state();
+        let fill = (state.head.position - state.tail.position) * 1000 / state.lap_bytes.max(1);
+        let waiting = !state.space_waiters.is_empty();
+        (fill >= DESTAGE_START_PER_MILLE || waiting || (state.dirty_bytes > 0 && fill > 0))
+            .then_some(fill)
+    }
+
+    /// Copy logged data over `buffer`, which holds the home data of blocks
+    /// starting at `offset` (block-aligned). Take the snapshot with
+    /// [`Journal::snapshot`] *before* reading home.
+    pub(crate) fn snapshot(&self, offset: u64, length: u64) -> Vec<(u64, Bytes)> {
+        let state = self.state();
+        if state.index.is_empty() {
+            return Vec::new();
+        }
+        let first = offset / BLOCK_BYTES;
+        let end = (offset + length).div_ceil(BLOCK_BYTES);
+        state
+            .index
+            .range(first..end)
+            .filter_map(|(&block, entry)| {
+                entry
+                    .committed
+                    .as_ref()
+                    .map(|(_, data)| (block, data.clone()))
+            })
+            .collect()
+    }
+
+    pub(crate) fn apply(snapshot: &[(u64, Bytes)], offset: u64, buffer: &mut [u8]) {
+        for (block, data) in snapshot {
+            let at = (block * BLOCK_BYTES - offset) as usize;
+            buffer[at..at + BLOCK_BYTES as usize].copy_from_slice(data);
+        }
+    }
+
+    /// Whether any block of the range is dirty in the log or has a write to
+    /// the log in flight.
+    fn overlaps_index(state: &State, first: u64, end: u64) -> bool {
+        state.index.range(first..end).next().is_some()
+    }
+
+    /// Write block-aligned `data` at `offset` of `home`.
+    pub(crate) async fn write(
+        &self,
+        home: &Space,
+        offset: u64,
+        data: Bytes,
+        fua: bool,
+    ) -> Result<(), EngineError> {
+        debug_assert!(
+            offset.is_multiple_of(BLOCK_BYTES) && (data.len() as u64).is_multiple_of(BLOCK_BYTES)
+        );
+        let length = data.len() as u64;
+        let (first, end) = (offset / BLOCK_BYTES, (offset + length) / BLOCK_BYTES);
+        let natural = home.natural_write_bytes();
+        let bypass = {
+            let state = self.state();
+            if state.failed.is_some() {
+                None
+            } else {
+                let whole_rows =
+                    offset.is_multiple_of(natural) && length.is_multiple_of(natural) && length > 0;
+                (whole_rows
+                    && !Self::overlaps_index(&state, first, end)
+                    && home.healthy_for(offset, length))
+                .then(|| state.recent.range(first..end).next().is_some())
+            }
+        };
+        let failed = self.state().failed.is_some();
+        if failed {
+            // Write-through: wait out a destage that empties the log.
+            let _ = self.destaging.lock().await;
+            return home.write_home(offset, data, fua).await;
+        }
+        if let Some(invalidate) = bypass {
+            home.write_home(offset, data, fua).await?;
+            self.counters
+                .bypassed_writes
+                .fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .bypassed_bytes
+                .fetch_add(length, Ordering::Relaxed);
+            if invalidate {
+                self.invalidate(home, first, end).await?;
+            }
+            return Ok(());
+        }
+        let chunk = self.record_payload_max().max(BLOCK_BYTES);
+        let mut done = 0;
+        while done < length {
+            let part = (length - done).min(chunk);
+            let slice = data.slice(done as usize..(done + part) as usize);
+            self.append_writes(home, offset + done, slice).await?;
+            done += part;
+        }
+        self.counters
+            .absorbed_writes
+            .fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .absorbed_bytes
+            .fetch_add(length, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Lock the partial blocks of a sub-block write while it reads, merges
+    /// and logs them.
+    pub(crate) async fn lock_edges(&self, block: u64) -> crate::row_lock::RowGuard<'_> {
+        self.edges.lock((u64::MAX, block)).await
+    }
+
+    /// Make a range go home through the disks' own zeroing or trimming
+    /// safely: returns `false` if logged data overlaps it (the caller then
+    /// writes zeroes through the log, or skips an advisory trim).
+    pub(crate) fn may_bypass(&self, offset: u64, length: u64) -> bool {
+        let state = self.state();
+        state.failed.is_some()
+            || !Self::overlaps_index(
+                &state,
+                offset / BLOCK_BYTES,
+                (offset + length).div_ceil(BLOCK_BYTES),
+            )
+    }
+
+    /// After a direct write of `[offset, offset + length)`: make sure
+    /// recovery never replays older logged data over it.
+    pub(crate) async fn after_direct(
+        &self,
+        home: &Space,
+        offset: u64,
+        length: u64,
+    ) -> Result<(), EngineError> {
+        let first = offset.div_ceil(BLOCK_BYTES);
+        let end = (offset + length) / BLOCK_BYTES;
+        let needed = {
+            let state = self.state();
+            state.failed.is_none() && end > first && state.recent.range(first..end).next().is_some()
+        };
+        if needed {
+            self.invalidate(home, first, end).await?;
+        }
+        Ok(())
+    }
+
+    async fn invalidate(&self, home: &Space, first: u64, end: u64) -> Result<(), EngineError> {
+        // Only blocks not dirty in the log: a dirty block's newer record
+        // stays valid (it is later in the log than this one).
+        let blocks: Vec<u64> = {
+            let state = self.state();
+            state
+                .recent
+                .range(first..end)
+                .map(|(&block, _)| block)
+                .filter(|block| !state.index.contains_key(block))
+                .collect()
+        };
+        for group in ranges(&blocks).chunks(ENTRIES_MAX) {
+            let entries: Vec<[u64; 3]> = group
+                .iter()
+                .map(|&(start, count)| [start, count, 0])
+                .collect();
+            let named: Vec<u64> = group
+                .iter()
+                .flat_map(|&(start, count)| start..start + count)
+                .collect();
+            self.append(home, Kind::Invalidate, entries, named, Vec::new())
+                .await?;
+        }
+        Ok(())
+    }
+
+    async fn append_writes(
+        &self,
+        home: &Space,
+        offset: u64,
+        data: Bytes,
+    ) -> Result<(), EngineError> {
+        let first = offset / BLOCK_BYTES;
+        let count = data.len() as u64 / BLOCK_BYTES;
+        let blocks: Vec<u64> = (first..first + count).collect();
+        let pieces: Vec<(u64, Bytes)> = blocks
+            .iter()
+            .enumerate()
+            .map(|(i, &block)| {
+                let at = i * BLOCK_BYTES as usize;
+                (block, data.slice(at..at + BLOCK_BYTES as usize))
+            })
+            .collect();
+        self.append(
+            home,
+            Kind::Writes,
+            vec![[offset, data.len() as u64, 0]],
+            blocks,
+            pieces,
+        )
+        .await
+    }
+
+    /// Append one record and wait until it and all before it are durable.
+    /// `pieces` are the blocks it makes dirty (Writes records).
+    async fn append(
+        &self,
+        home: &Space,
+        kind: Kind,
+        entries: Vec<[u64; 3]>,
+        blocks: Vec<u64>,
+        pieces: Vec<(u64, Bytes)>,
+    ) -> Result<(), EngineError> {
+        let payload_bytes = pieces.len() as u64 * BLOCK_BYTES;
+        let record_bytes = HEADER_BYTES + payload_bytes;
+        let (at, sequence, wrap) = self
+            .reserve(home, record_bytes, &blocks, kind == Kind::Writes)
+            .await?;
+        let mut payload = aligned_buffer(record_bytes as usize);
+        for (i, (_, data)) in pieces.iter().enumerate() {
+            let start = (HEADER_BYTES + i as u64 * BLOCK_BYTES) as usize;
+            payload[start..start + BLOCK_BYTES as usize].copy_from_slice(data);
+        }
+        let header = Header {
+            kind,
+            epoch: self.epoch,
+            sequence,
+            position: at.position,
+            record_bytes,
+            payload_checksum: crc32c::crc32c(&payload[HEADER_BYTES as usize..]),
+            entries,
+        };
+        payload[..HEADER_BYTES as usize].copy_from_slice(&header.encode());
+        let mut writes = Vec::new();
+        if let Some((wrap_at, wrap_sequence)) = wrap {
+            let wrap_header = Header {
+                kind: Kind::Wrap,
+                epoch: self.epoch,
+                sequence: wrap_sequence,
+                position: wrap_at.position,
+                record_bytes: HEADER_BYTES,
+                payload_checksum: crc32c::crc32c(&[]),
+                entries: vec![[at.position, 0, 0]],
+            };
+            let mut block = aligned_buffer(HEADER_BYTES as usize);
+            block.copy_from_slice(&wrap_header.encode());
+            writes.push(self.log.write_home(wrap_at.offset, block.freeze(), true));
+        }
+        writes.push(self.log.write_home(at.offset, payload.freeze(), true));
+        let results = join_all(writes).await;
+        self.counters
+            .log_bytes_written
+            .fetch_add(record_bytes, Ordering::Relaxed);
+        if let Some(error) = results.into_iter().find_map(Result::err) {
+            let sequences: Vec<u64> = wrap.map(|(_, s)| s).into_iter().chain([sequence]).collect();
+            self.log_failed(home, &sequences, &blocks, error.to_string())
+                .await;
+            // The write itself still has to happen: straight home.
+            for (block, data) in pieces {
+                home.write_home(block * BLOCK_BYTES, data, true).await?;
+            }
+            return Ok(());
+        }
+        let waiter = {
+            let mut state = self.state();
+            let sequences = wrap.map(|(_, s)| s).into_iter().chain([sequence]);
+            for done in sequences {
+                if let Some(record) = state.records.iter_mut().find(|r| r.sequence == done) {
+                    record.durable = true;
+                }
+            }
+            for (block, data) in pieces {
+                let entry = state.index.get_mut(&block).expect("reserved entry");
+                if entry.committed.as_ref().is_none_or(|(s, _)| *s < sequence) {
+                    if entry.committed.is_none() {
+                        state.dirty_bytes += BLOCK_BYTES;
+                    }
+                    let entry = state.index.get_mut(&block).expect("reserved entry");
+                    entry.committed = Some((sequence, data));
+                }
+            }
+            advance_durable(&mut state);
+            if state.durable_below > sequence {
+                None
+            } else {
+                let (sender, receiver) = oneshot::channel();
+                state.durable_waiters.push((sequence, sender));
+                Some(receiver)
+            }
+        };
+        if let Some(waiter) = waiter {
+            if waiter.await.is_err() {
+                // The log failed under an earlier record: this record's
+                // data is committed in memory; write it home with the rest.
+                let _guard = self.destaging.lock().await;
+                self.destage_locked(home, u64::MAX).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reserve ring space (waiting for destaging if it is full), a sequence
+    /// number, and the blocks' index entries.
+    async fn reserve(
+        &self,
+        home: &Space,
+        record_bytes: u64,
+        blocks: &[u64],
+        dirtying: bool,
+    ) -> Result<(Cursor, u64, Option<(Cursor, u64)>), EngineError> {
+        loop {
+            let waiter = {
+                let mut state = self.state();
+                if let Some(reason) = &state.failed {
+                    return Err(EngineError::Unavailable {
+                        space: self.log.name().to_string(),
+                        offset: 0,
+                        length: 0,
+                        reason: reason.clone(),
+                    });
+                }
+                if let Some(place) = place_record(&state, record_bytes) {
+                    let mut wrap = None;
+                    let at = match place {
+                        Placement::Here => state.head,
+                        Placement::Wrap { next_lap_bytes } => {
+                            let wrap_at = state.head;
+                            let wrap_sequence = state.next_sequence;
+                            state.next_sequence += 1;
+                            push_record(
+                                &mut state,
+                                wrap_at,
+                                HEADER_BYTES,
+                                wrap_sequence,
+                                Vec::new(),
+                            );
+                            wrap = Some((wrap_at, wrap_sequence));
+                            state.lap_bytes = next_lap_bytes;
+                            Cursor {
+                                position: wrap_at.position + HEADER_BYTES,
+                                offset: 0,
+                                lap: wrap_at.lap + 1,
+                            }
+                        }
+                    };
+                    let sequence = state.next_sequence;
+                    state.next_sequence += 1;
+                    push_record(&mut state, at, record_bytes, sequence, blocks.to_vec());
+                    state.head = Cursor {
+                        position: at.position + record_bytes,
+                        offset: at.offset + record_bytes,
+                        lap: at.lap,
+                    };
+                    if dirtying {
+                        for &block in blocks {
+                            let entry = state.index.entry(block).or_insert(Entry {
+                                reserved: 0,
+                                committed: None,
+                            });
+                            entry.reserved = entry.reserved.max(sequence);
+                        }
+                    }
+                    return Ok((at, sequence, wrap));
+                }
+                let (sender, receiver) = oneshot::channel();
+                state.space_waiters.push(sender);
+                receiver
+            };
+            // Full: destage here if nobody else is, else wait for them.
+            if let Some(_guard) = self.destaging.try_lock() {
+                let progressed = self.destage_locked(home, u64::MAX).await?;
+                if !progressed {
+                    // Nothing to destage: records still in flight hold the
+                    // ring; wait for them.
+                    let _ = waiter.await;
+                }
+            } else {
+                let _ = waiter.await;
+            }
+        }
+    }
+
+    /// The log could not take a record: write every dirty block home from
+    /// memory, flush, and run write-through from now on.
+    async fn log_failed(&self, home: &Space, sequences: &[u64], blocks: &[u64], reason: String) {
+        {
+            let mut state = self.state();
+            if state.failed.is_none() {
+                state.failed = Some(format!("write-through: the log failed ({reason})"));
+            }
+            // Forget this record's reservations; its data goes home directly.
+            let sequence = *sequences.last().expect("a record");
+            for block in blocks {
+                if let Some(entry) = state.index.get(block) {
+                    if entry.reserved == sequence && entry.committed.is_none() {
+                        state.index.remove(block);
+                    }
+                }
+            }
+            for record in state.records.iter_mut() {
+                if sequences.contains(&record.sequence) {
+                    record.durable = true;
+                    record.destaged = true;
+                }
+            }
+            for (_, sender) in state.durable_waiters.drain(..) {
+                drop(sender);
+            }
+            for sender in state.space_waiters.drain(..) {
+                let _ = sender.send(());
+            }
+        }
+        let _guard = self.destaging.lock().await;
+        let _ = self.destage_locked(home, u64::MAX).await;
+    }
+
+    /// One destage round, if destaging is wanted (or `force`); returns
+    /// whether it made progress.
+    pub async fn destage(&self, home: &Space, force: bool) -> Result<bool, EngineError> {
+        if !force && self.destage_pressure().is_none() {
+            return Ok(false);
+        }
+        let _guard = self.destaging.lock().await;
+        let budget = match self.destage_pressure() {
+            Some(fill) if fill >= DESTAGE_URGENT_PER_MILLE => 4 * DESTAGE_ROUND_BYTES,
+            _ => DESTAGE_ROUND_BYTES,
+        };
+        self.destage_locked(home, budget).await
+    }
+
+    /// Before a flush completes: in write-through mode, everything still in
+    /// memory goes home.
+    pub(crate) async fn settle(&self, home: &Space) -> Result<(), EngineError> {
+        if self.state().failed.is_some() && !self.is_clean() {
+            let _guard = self.destaging.lock().await;
+            self.destage_locked(home, u64::MAX).await?;
+        }
+        Ok(())
+    }
+
+    /// Destage everything (before a resize, export or for tests).
+    pub async fn drain(&self, home: &Space) -> Result<(), EngineError> {
+        let _guard = self.destaging.lock().await;
+        while !self.is_clean() || {
+            let state = self.state();
+            state.tail != state.head
+        } {
+            if !self.destage_locked(home, u64::MAX).await? {
+                if self.is_clean() {
+                    self.commit_tail(true).await?;
+                    break;
+                }
+                home.pool.env.sleep(1_000_000).await;
+            }
+        }
+        Ok(())
+    }
+
+    async fn destage_locked(&self, home: &Space, budget: u64) -> Result<bool, EngineError> {
+        // The oldest durable records within the budget, and their blocks
+        // whose newest data they still hold.
+        let failed = self.state().failed.is_some();
+        let (picked, work) = {
+            let state = self.state();
+            if failed {
+                // Write-through: everything committed goes home, whatever
+                // became of the records.
+                let work: BTreeMap<u64, (u64, Bytes)> = state
+                    .index
+                    .iter()
+                    .filter_map(|(&block, entry)| entry.committed.clone().map(|c| (block, c)))
+                    .collect();
+                let picked: Vec<u64> = state.records.iter().map(|r| r.sequence).collect();
+                (picked, work)
+            } else {
+                let mut taken = 0;
+                let mut picked = Vec::new();
+                let mut work: BTreeMap<u64, (u64, Bytes)> = BTreeMap::new();
+                for record in state.records.iter().filter(|r| !r.destaged) {
+                    if !record.durable || (taken > 0 && taken + record.bytes > budget) {
+                        break;
+                    }
+                    taken += record.bytes;
+                    picked.push(record.sequence);
+                    for block in &record.blocks {
+                        if let Some(Entry {
+                            committed: Some((sequence, data)),
+                            ..
+                        }) = state.index.get(block)
+                        {
+                            if *sequence == record.sequence {
+                                work.insert(*block, (*sequence, data.clone()));
+                            }
+                        }
+                    }
+                }
+                (picked, work)
+            }
+        };
+        if picked.is_empty() && work.is_empty() {
+            return Ok(false);
+        }
+        let runs = coalesce(&work);
+        let mut pending = runs.iter();
+        loop {
+            let batch: Vec<_> = pending.by_ref().take(DESTAGE_PARALLEL).collect();
+            if batch.is_empty() {
+                break;
+            }
+            let writes = batch
+                .iter()
+                .map(|(offset, data)| home.write_home(*offset, data.clone(), false));
+            for result in join_all(writes).await {
+                result?;
+            }
+        }
+        home.pool.flush_disks().await?;
+        let written: u64 = runs.iter().map(|(_, data)| data.len() as u64).sum();
+        self.counters
+            .destaged_bytes
+            .fetch_add(written, Ordering::Relaxed);
+        {
+            let mut state = self.state();
+            for (block, (sequence, _)) in &work {
+                let remove = match state.index.get_mut(block) {
+                    Some(entry) if entry.committed.as_ref().is_some_and(|(s, _)| s == sequence) => {
+                        entry.committed = None;
+                        entry.reserved == *sequence
+                    }
+                    _ => false,
+                };
+                if state
+                    .index
+                    .get(block)
+                    .is_some_and(|e| e.committed.is_none())
+                {
+                    state.dirty_bytes = state.dirty_bytes.saturating_sub(BLOCK_BYTES);
+                }
+                if remove {
+                    state.index.remove(block);
+                }
+            }
+            for record in state.records.iter_mut() {
+                if picked.contains(&record.sequence) {
+                    record.destaged = true;
+                }
+            }
+        }
+        if !failed {
+            self.commit_tail(false).await?;
+        } else {
+            let mut state = self.state();
+            let head = state.head;
+            state.tail = head;
+            state.records.clear();
+            state.recent.clear();
+        }
+        Ok(true)
+    }
+
+    /// Move the committed tail over destaged records (a metadata commit)
+    /// when that frees a useful amount of ring, someone waits for space, or
+    /// `always`.
+    async fn commit_tail(&self, always: bool) -> Result<(), EngineError> {
+        let (tail, wanted) = {
+            let state = self.state();
+            let tail = state
+                .records
+                .iter()
+                .find(|r| !r.destaged)
+                .map_or(state.head, |r| r.at);
+            let freed = tail.position - state.tail.position;
+            let wanted = always
+                || !state.space_waiters.is_empty()
+                || freed >= state.lap_bytes / 8
+                || (state.index.is_empty() && freed > 0);
+            (tail, wanted && freed > 0)
+        };
+        if !wanted {
+            return Ok(());
+        }
+        self.log
+            .pool
+            .update_cache_record(self.home, |cache| {
+                cache.checkpoint_hint = tail.position;
+                cache.checkpoint_offset = tail.offset;
+            })
+            .await?;
+        let mut state = self.state();
+        state.tail = tail;
+        while state
+            .records
+            .front()
+            .is_some_and(|r| r.at.position < tail.position)
+        {
+            let record = state.records.pop_front().expect("front");
+            for block in record.blocks {
+                if let Some(count) = state.recent.get_mut(&block) {
+                    *count -= 1;
+                    if *count == 0 {
+                        state.recent.remove(&block);
+                    }
+                }
+            }
+        }
+        for sender in state.space_waiters.drain(..) {
+            let _ = sender.send(());
+        }
+        Ok(())
+    }
+}
+
+impl crate::control::PoolShared {
+    /// Change the cache record of space `home` in a metadata commit.
+    pub(crate) async fn update_cache_record(
+        &self,
+        home: SpaceId,
+        change: impl FnOnce(&mut CacheRecord),
+    ) -> Result<(), EngineError> {
+        let mut control = self.control.lock().await;
+        let mut next = control.metadata.clone();
+        let Some(cache) = next
+            .spaces
+            .iter_mut()
+            .find(|space| space.id == home)
+            .and_then(|space| space.cache.as_mut())
+        else {
+            return Ok(());
+        };
+        change(cache);
+        self.commit(&mut control, next).await
+    }
+}
+
+fn push_record(state: &mut State, at: Cursor, bytes: u64, sequence: u64, blocks: Vec<u64>) {
+    for &block in &blocks {
+        *state.recent.entry(block).or_insert(0) += 1;
+    }
+    let wrap = blocks.is_empty() && bytes == HEADER_BYTES;
+    state.records.push_back(Record {
+        at,
+        bytes,
+        sequence,
+        blocks,
+        durable: false,
+        destaged: wrap,
+    });
+}
+
+fn advance_durable(state: &mut State) {
+    let mut below = state.durable_below;
+    // Records leave `records` only once destaged, which needs durability,
+    // so every sequence from `durable_below` on is still listed.
+    for record in &state.records {
+        if record.sequence < below {
+            continue;
+        }
+        if record.sequence == below && record.durable {
+            below += 1;
+        } else {
+            break;
+        }
+    }
+    state.durable_below = below;
+    let waiters = std::mem::take(&mut state.durable_waiters);
+    for (sequence, sender) in waiters {
+        if sequence < below {
+            let _ = sender.send(());
+        } else {
+            state.durable_waiters.push((sequence, sender));
+        }
+    }
+}
+
+enum Placement {
+    Here,
+    Wrap { next_lap_bytes: u64 },
+}
+
+/// Where a record of `bytes` can go, if anywhere, keeping room for a wrap
+/// record at the end of every lap and never passing the committed tail.
+fn place_record(state: &State, bytes: u64) -> Option<Placement> {
+    let head = state.head;
+    let tail = state.tail;
+    let fits_lap = |offset: u64, lap_bytes: u64| offset + bytes + HEADER_BYTES <= lap_bytes;
+    if tail.lap == head.lap {
+        if fits_lap(head.offset, state.lap_bytes) {
+            return Some(Placement::Here);
+        }
+        // Wrap: the new lap runs from 0 up to the tail.
+        let next = state.next_lap_bytes;
+        (fits_lap(0, next) && bytes + HEADER_BYTES <= tail.offset).then_some(Placement::Wrap {
+            next_lap_bytes: next,
+        })
+    } else {
+        // The tail is a lap behind, ahead of the head in the ring.
+        (head.offset + bytes + HEADER_BYTES <= tail.offset
+            && fits_lap(head.offset, state.lap_bytes))
+        .then_some(Placement::Here)
+    }
+}
+
+/// Sorted blocks to (first, count) runs.
+fn ranges(blocks: &[u64]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &block in blocks {
+        match out.last_mut() {
+            Some((start, count)) if *start + *count == block => *count += 1,
+            _ => out.push((block, 1)),
+        }
+    }
+    out
+}
+
+/// Contiguous blocks joined into one write each (at most 4 MiB).
+fn coalesce(work: &BTreeMap<u64, (u64, Bytes)>) -> Vec<(u64, Bytes)> {
+    const RUN_MAX_BLOCKS: u64 = (4 << 20) / BLOCK_BYTES;
+    let mut runs: Vec<(u64, Vec<&Bytes>)> = Vec::new();
+    let mut last = None;
+    for (&block, (_, data)) in work {
+        match runs.last_mut() {
+            Some((start, parts))
+                if last == Some(block - 1) && (parts.len() as u64) < RUN_MAX_BLOCKS =>
+            {
+                let _ = start;
+                parts.push(data);
+            }
+            _ => runs.push((block, vec![data])),
+        }
+        last = Some(block);
+    }
+    runs.into_iter()
+        .map(|(start, parts)| {
+            let mut buffer = aligned_buffer(parts.len() * BLOCK_BYTES as usize);
+            for (i, part) in parts.iter().enumerate() {
+                let at = i * BLOCK_BYTES as usize;
+                buffer[at..at + BLOCK_BYTES as usize].copy_from_slice(part);
+            }
+            (start * BLOCK_BYTES, buffer.freeze())
+        })
+        .collect()
+}
+
+/// Everything recovery found in a log.
+pub(crate) struct Recovered {
+    /// Newest logged data per block (after invalidations).
+    pub blocks: BTreeMap<u64, Bytes>,
+}
+
+/// Scan a log from its committed tail: every valid record in order, until
+/// the first that is not.
+pub(crate) async fn scan(log: &Space, cache: &CacheRecord) -> Result<Recovered, EngineError> {
+    let mut blocks: BTreeMap<u64, Bytes> = BTreeMap::new();
+    let mut position = cache.checkpoint_hint;
+    let mut offset = cache.checkpoint_offset;
+    let mut expected_sequence: Option<u64> = None;
+    let size = log.size_bytes();
+    while offset + HEADER_BYTES <= size {
+        let header_block = match log.read(offset, HEADER_BYTES).await {
+            Ok(block) => block,
+            Err(_) => break,
+        };
+        let Some(header) = Header::decode(&header_block) else {
+            break;
+        };
+        let in_order = expected_sequence.is_none_or(|s| header.sequence == s);
+        if header.epoch != cache.epoch || header.position != position || !in_order {
+            break;
+        }
+        if offset + header.record_bytes > size {
+            break;
+        }
+        let payload_bytes = header.record_bytes - HEADER_BYTES;
+        let payload: BytesMut = if payload_bytes > 0 {
+            match log.read(offset + HEADER_BYTES, payload_bytes).await {
+                Ok(payload) => payload,
+                Err(_) => break,
+            }
+        } else {
+            BytesMut::new()
+        };
+        if crc32c::crc32c(&payload) != header.payload_checksum {
+            break;
+        }
+        let payload = payload.freeze();
+        expected_sequence = Some(header.sequence + 1);
+        match header.kind {
+            Kind::Writes => {
+                let mut at = 0usize;
+                for [start, length, _] in &header.entries {
+                    for i in 0..length / BLOCK_BYTES {
+                        let piece = payload.slice(at..at + BLOCK_BYTES as usize);
+                        blocks.insert(start / BLOCK_BYTES + i, piece);
+                        at += BLOCK_BYTES as usize;
+                    }
+                }
+                position += header.record_bytes;
+                offset += header.record_bytes;
+            }
+            Kind::Invalidate => {
+                for [first, count, _] in &header.entries {
+                    for block in *first..first + count {
+                        blocks.remove(&block);
+                    }
+                }
+                position += header.record_bytes;
+                offset += header.record_bytes;
+            }
+            Kind::RowImage => {
+                position += header.record_bytes;
+                offset += header.record_bytes;
+            }
+            Kind::Wrap => {
+                let Some(&[next, _, _]) = header.entries.first() else {
+                    break;
+                };
+                position = next;
+                offset = 0;
+            }
+        }
+    }
+    Ok(Recovered { blocks })
+}
+
+/// Write recovered blocks home (coalesced), then flush.
+pub(crate) async fn replay(home: &Space, blocks: &BTreeMap<u64, Bytes>) -> Result<(), EngineError> {
+    let tagged: BTreeMap<u64, (u64, Bytes)> =
+        blocks.iter().map(|(b, d)| (*b, (0, d.clone()))).collect();
+    let runs = coalesce(&tagged);
+    for batch in runs.chunks(DESTAGE_PARALLEL) {
+        let writes = batch
+            .iter()
+            .map(|(offset, data)| home.write_home(*offset, data.clone(), false));
+        for result in join_all(writes).await {
+            result?;
+        }
+    }
+    home.pool.flush_disks().await
+}
+
+/// A read-only pool cannot replay: serve the recovered blocks from memory.
+pub(crate) fn load_read_only(journal: &Journal, blocks: BTreeMap<u64, Bytes>) {
+    let mut state = journal.state();
+    for (block, data) in blocks {
+        state.dirty_bytes += BLOCK_BYTES;
+        state.index.insert(
+            block,
+            Entry {
+                reserved: 0,
+                committed: Some((0, data)),
+            },
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_and_coalesce_join_neighbours() {
+        assert_eq!(ranges(&[1, 2, 3, 7, 9, 10]), vec![(1, 3), (7, 1), (9, 2)]);
+        let block = |b: u8| Bytes::from(vec![b; BLOCK_BYTES as usize]);
+        let work: BTreeMap<u64, (u64, Bytes)> =
+            [(4, (1, block(4))), (5, (1, block(5))), (9, (2, block(9)))]
+                .into_iter()
+                .collect();
+        let runs = coalesce(&work);
+        assert_eq!(runs.len(), 2);
+        assert_eq!(runs[0].0, 4 * BLOCK_BYTES);
+        assert_eq!(runs[0].1.len() as u64, 2 * BLOCK_BYTES);
+        assert_eq!(runs[0].1[BLOCK_BYTES as usize], 5);
+        assert_eq!(runs[1].0, 9 * BLOCK_BYTES);
+    }
+
+    fn state_with(lap: u64, head: Cursor, tail: Cursor) -> State {
+        State {
+            lap_bytes: lap,
+            next_lap_bytes: lap,
+            head,
+            next_sequence: 1,
+            tail,
+            records: VecDeque::new(),
+            index: BTreeMap::new(),
+            recent: BTreeMap::new(),
+            durable_below: 1,
+            durable_waiters: Vec::new(),
+            space_waiters: Vec::new(),
+            dirty_bytes: 0,
+            failed: None,
+        }
+    }
+
+    fn at(position: u64, offset: u64, lap: u64) -> Cursor {
+        Cursor {
+            position,
+            offset,
+            lap,
+        }
+    }
+
+    #[test]
+    fn records_never_pass_the_tail_and_always_leave_room_to_wrap() {
+        let k = BLOCK_BYTES;
+        // Empty ring of 16 blocks.
+        let state = state_with(16 * k, at(0, 0, 0), at(0, 0, 0));
+        assert!(matches!(place_record(&state, 8 * k), Some(Placement::Here)));
+        assert!(matches!(
+            place_record(&state, 15 * k),
+            Some(Placement::Here)
+        ));
+        assert!(place_record(&state, 16 * k).is_none());
+        // Head near the end, tail in the middle of the same lap: wrap to 0.
+        let state = state_with(16 * k, at(14 * k, 14 * k, 0), at(8 * k, 8 * k, 0));
+        assert!(matches!(
+            place_record(&state, 2 * k),
+            Some(Placement::Wrap { .. })
+        ));
+        assert!(place_record(&state, 8 * k).is_none());
+        // Tail a lap behind: only up to it.
+        let state = state_with(16 * k, at(20 * k, 2 * k, 1), at(10 * k, 8 * k, 0));
+        assert!(matches!(place_record(&state, 5 * k), Some(Placement::Here)));
+        assert!(place_record(&state, 6 * k).is_none());
+    }
+}

@@ -1,0 +1,371 @@
+//! The write-back cache end to end on memory disks: writes absorbed by the
+//! log and read back before and after destaging, full rows bypassing it,
+//! power cuts with torn and dropped writes on every disk, journal disks
+//! failing, and live resizes under load.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use common::*;
+use futures::executor::block_on;
+use futures::future::join_all;
+use terrace_engine::io::crash::CrashDevice;
+use terrace_engine::io::memory::MemoryDevice;
+use terrace_engine::io::BlockDevice;
+use terrace_engine::layout::Layout;
+use terrace_engine::meta::Usage;
+use terrace_engine::{verify_space, ImportOptions, NewDisk, Pool, SpaceConfig, SpaceSize};
+
+const CAPACITY_BYTES: u64 = 8 << 20;
+const JOURNAL_BYTES: u64 = 100 << 20;
+const CACHE: u64 = 32 << 20;
+
+/// Six capacity disks and three journal disks, as devices.
+fn journal_pool_disks(devices: &[Arc<dyn BlockDevice>]) -> Vec<NewDisk> {
+    devices
+        .iter()
+        .enumerate()
+        .map(|(i, device)| {
+            let mut disk = NewDisk::new(device.clone());
+            if i >= 6 {
+                disk.usage = Usage::Journal;
+            }
+            disk
+        })
+        .collect()
+}
+
+fn sizes() -> Vec<u64> {
+    let mut sizes = vec![CAPACITY_BYTES; 6];
+    sizes.extend([JOURNAL_BYTES; 3]);
+    sizes
+}
+
+fn cached(name: &str, layout: Layout, size: u64) -> SpaceConfig {
+    let mut config = SpaceConfig::new(name, layout, SpaceSize::Bytes(size));
+    config.interleave_bytes = Some(16 << 10);
+    config.cache_bytes = Some(CACHE);
+    config
+}
+
+/// Random small writes (aligned and not) and some full rows, recorded in
+/// the model; every write completes before the next starts. Full rows go
+/// straight to the disks, so they are written with FUA: a power cut may
+/// take back a write that was neither logged nor flushed nor FUA.
+async fn write_randomly(
+    space: &terrace_engine::Space,
+    model: &mut Model,
+    rng: &mut Rng,
+    count: usize,
+) {
+    let size = space.size_bytes();
+    let row = space.natural_write_bytes();
+    for _ in 0..count {
+        let full_row = rng.below(8) == 0;
+        let (offset, length) = if full_row {
+            let rows = size / row;
+            (rng.below(rows) * row, row)
+        } else {
+            random_range(rng, size, 24 << 10)
+        };
+        let data = rng.bytes(length as usize);
+        let fua = full_row || rng.below(4) == 0;
+        space.write(offset, bytes(data.clone()), fua).await.unwrap();
+        model.write(offset, &data);
+    }
+}
+
+async fn check_all(space: &terrace_engine::Space, model: &Model) {
+    let size = space.size_bytes();
+    let step = 256 << 10;
+    for offset in (0..size).step_by(step as usize) {
+        let length = step.min(size - offset);
+        let read = space.read(offset, length).await.unwrap();
+        assert!(
+            read[..] == *model.slice(offset, length),
+            "{} differs at {offset}",
+            space.name()
+        );
+    }
+}
+
+#[test]
+fn logged_writes_read_back_before_and_after_destage_and_across_a_restart() {
+    block_on(async {
+        let memory: Vec<Arc<dyn BlockDevice>> = sizes()
+            .into_iter()
+            .enumerate()
+            .map(|(i, size)| {
+                Arc::new(MemoryDevice::new(format!("cache-a{i}"), size)) as Arc<dyn BlockDevice>
+            })
+            .collect();
+        let pool = Pool::create(env(), small_config("tank"), journal_pool_disks(&memory))
+            .await
+            .unwrap();
+        let mut rng = Rng(1);
+        let mut models = Vec::new();
+        for (layout, name) in [
+            (Layout::Parity { redundancy: 1 }, "p1"),
+            (Layout::Parity { redundancy: 2 }, "p2"),
+            (Layout::Mirror { copies: 2 }, "m2"),
+        ] {
+            let space = pool
+                .create_space(cached(name, layout, 1 << 20))
+                .await
+                .unwrap()
+                .space;
+            let journal = space.journal().expect("a cache");
+            let mut model = Model::new(space.size_bytes());
+            write_randomly(&space, &mut model, &mut rng, 150).await;
+            let status = journal.status();
+            assert!(status.absorbed_writes > 0, "{name}: {status:?}");
+            assert!(status.bypassed_writes > 0, "{name}: {status:?}");
+            assert!(status.dirty_bytes > 0, "{name}: {status:?}");
+            check_all(&space, &model).await;
+            journal.drain(&space).await.unwrap();
+            assert_eq!(journal.status().dirty_bytes, 0);
+            check_all(&space, &model).await;
+            let report = verify_space(&space).await.unwrap();
+            assert!(
+                report.mismatched_rows.is_empty(),
+                "{name}: {:?}",
+                report.mismatched_rows
+            );
+            // Dirty again; the restart finds it in the log.
+            write_randomly(&space, &mut model, &mut rng, 60).await;
+            assert!(journal.status().dirty_bytes > 0);
+            models.push((name, model));
+        }
+        pool.close().await.unwrap();
+        let reopened = Pool::import(env(), memory.clone(), ImportOptions::default())
+            .await
+            .unwrap();
+        for (name, model) in &models {
+            let space = reopened.space(name).unwrap();
+            check_all(&space, model).await;
+            let report = verify_space(&space).await.unwrap();
+            assert!(
+                report.mismatched_rows.is_empty(),
+                "{name}: {:?}",
+                report.mismatched_rows
+            );
+        }
+        reopened.close().await.unwrap();
+    });
+}
+
+/// Power cuts at random points: every write acknowledged (the log writes
+/// with FUA, so no flush is needed) reads back after recovery, and parity
+/// matches data everywhere.
+#[test]
+fn power_cuts_lose_no_acknowledged_write_and_leave_parity_consistent() {
+    for seed in 0..12u64 {
+        block_on(async {
+            let crash: Vec<Arc<CrashDevice>> = sizes()
+                .into_iter()
+                .enumerate()
+                .map(|(i, size)| {
+                    let memory: Arc<dyn BlockDevice> =
+                        Arc::new(MemoryDevice::new(format!("cut{seed}-{i}"), size));
+                    Arc::new(CrashDevice::new(memory))
+                })
+                .collect();
+            let devices: Vec<Arc<dyn BlockDevice>> = crash
+                .iter()
+                .map(|c| c.clone() as Arc<dyn BlockDevice>)
+                .collect();
+            let layout = if seed % 2 == 0 {
+                Layout::Parity { redundancy: 2 }
+            } else {
+                Layout::Parity { redundancy: 1 }
+            };
+            let mut model;
+            {
+                let pool = Pool::create(env(), small_config("tank"), journal_pool_disks(&devices))
+                    .await
+                    .unwrap();
+                let space = pool
+                    .create_space(cached("s", layout, 2 << 20))
+                    .await
+                    .unwrap()
+                    .space;
+                model = Model::new(space.size_bytes());
+                let mut rng = Rng(seed);
+                write_randomly(&space, &mut model, &mut rng, 80 + (seed as usize * 7) % 60).await;
+                // Some destaging, some not: the cut finds both.
+                if seed % 3 == 0 {
+                    space
+                        .journal()
+                        .unwrap()
+                        .destage(&space, true)
+                        .await
+                        .unwrap();
+                    write_randomly(&space, &mut model, &mut rng, 20).await;
+                }
+            }
+            let mut rng = Rng(seed ^ 0xdead);
+            for device in &crash {
+                device.crash(&mut || rng.next()).unwrap();
+            }
+            let pool = Pool::import(env(), devices.clone(), ImportOptions::default())
+                .await
+                .unwrap();
+            let space = pool.space("s").unwrap();
+            check_all(&space, &model).await;
+            let report = verify_space(&space).await.unwrap();
+            assert!(
+                report.mismatched_rows.is_empty(),
+                "seed {seed}: {:?}",
+                report.mismatched_rows
+            );
+            pool.close().await.unwrap();
+        });
+    }
+}
+
+/// One journal disk lost: the log continues on its mirror. Every journal
+/// disk lost: the space runs write-through, says why, and loses nothing.
+#[test]
+fn journal_disks_failing_cost_no_data() {
+    block_on(async {
+        let disks = {
+            let memory: Vec<Arc<MemoryDevice>> = sizes()
+                .into_iter()
+                .enumerate()
+                .map(|(i, size)| Arc::new(MemoryDevice::new(format!("jfail-{i}"), size)))
+                .collect();
+            let wrapped: Vec<terrace_engine::io::fault::FaultDevice> = memory
+                .iter()
+                .map(|m| {
+                    terrace_engine::io::fault::FaultDevice::new(m.clone() as Arc<dyn BlockDevice>)
+                })
+                .collect();
+            let faults: Vec<_> = wrapped.iter().map(|w| w.controls()).collect();
+            let devices: Vec<Arc<dyn BlockDevice>> = wrapped
+                .into_iter()
+                .map(|w| Arc::new(w) as Arc<dyn BlockDevice>)
+                .collect();
+            (devices, faults)
+        };
+        let (devices, faults) = disks;
+        let pool = Pool::create(env(), small_config("tank"), journal_pool_disks(&devices))
+            .await
+            .unwrap();
+        let space = pool
+            .create_space(cached("s", Layout::Parity { redundancy: 1 }, 2 << 20))
+            .await
+            .unwrap()
+            .space;
+        let journal = space.journal().unwrap();
+        let mut model = Model::new(space.size_bytes());
+        let mut rng = Rng(7);
+        write_randomly(&space, &mut model, &mut rng, 40).await;
+        // Which journal disks hold the log (2 copies for single parity).
+        let metadata = pool.metadata().await;
+        let log = metadata
+            .spaces
+            .iter()
+            .find(|s| s.id == journal.log().id())
+            .unwrap();
+        let mut log_disks: Vec<usize> = log
+            .extents
+            .iter()
+            .flat_map(|e| e.slabs.iter().flatten().map(|s| usize::from(s.disk.0)))
+            .collect();
+        log_disks.sort();
+        log_disks.dedup();
+        assert!(log_disks.len() >= 2, "log on {log_disks:?}");
+        assert!(
+            log_disks.iter().all(|&d| d >= 6),
+            "log on journal disks: {log_disks:?}"
+        );
+        faults[log_disks[0]].lose();
+        write_randomly(&space, &mut model, &mut rng, 40).await;
+        check_all(&space, &model).await;
+        assert_eq!(journal.status().write_through, None);
+        faults[log_disks[1]].lose();
+        write_randomly(&space, &mut model, &mut rng, 40).await;
+        let status = journal.status();
+        assert!(status.write_through.is_some(), "{status:?}");
+        check_all(&space, &model).await;
+        space.flush().await.unwrap();
+        assert_eq!(journal.status().dirty_bytes, 0);
+        let report = verify_space(&space).await.unwrap();
+        assert!(report.mismatched_rows.is_empty());
+    });
+}
+
+/// The cache grows and shrinks while writers keep going; nothing fails and
+/// everything reads back.
+#[test]
+fn live_resize_up_and_down_under_load() {
+    block_on(async {
+        let memory: Vec<Arc<dyn BlockDevice>> = sizes()
+            .into_iter()
+            .enumerate()
+            .map(|(i, size)| {
+                Arc::new(MemoryDevice::new(format!("resize-{i}"), size)) as Arc<dyn BlockDevice>
+            })
+            .collect();
+        let pool = Arc::new(
+            Pool::create(env(), small_config("tank"), journal_pool_disks(&memory))
+                .await
+                .unwrap(),
+        );
+        let space = pool
+            .create_space(cached("s", Layout::Parity { redundancy: 2 }, 2 << 20))
+            .await
+            .unwrap()
+            .space;
+        let size = space.size_bytes();
+        let stop = AtomicBool::new(false);
+        // Writers own disjoint quarters, so the model is exact.
+        let quarter = size / 4 / 4096 * 4096;
+        let mut models: Vec<Model> = (0..4).map(|_| Model::new(size)).collect();
+        let writers = models.iter_mut().enumerate().map(|(w, model)| {
+            let space = space.clone();
+            let stop = &stop;
+            async move {
+                let mut rng = Rng(100 + w as u64);
+                let mut rounds = 0;
+                while !stop.load(Ordering::Relaxed) || rounds < 50 {
+                    let offset = w as u64 * quarter + rng.below(quarter / 4096 - 4) * 4096;
+                    let blocks = 1 + rng.below(3);
+                    let data = rng.bytes(4096 * blocks as usize);
+                    space
+                        .write(offset, bytes(data.clone()), false)
+                        .await
+                        .unwrap();
+                    model.write(offset, &data);
+                    rounds += 1;
+                    if rounds % 8 == 0 {
+                        futures::future::ready(()).await;
+                    }
+                    if rounds > 400 {
+                        break;
+                    }
+                }
+            }
+        });
+        let resizer = async {
+            for bytes in [64 << 20, 40 << 20, 32 << 20, 48 << 20] {
+                assert_eq!(pool.set_cache_size("s", bytes).await.unwrap(), bytes);
+                assert_eq!(space.journal().unwrap().status().bytes, bytes);
+            }
+            stop.store(true, Ordering::Relaxed);
+        };
+        let (_, ()) = futures::join!(join_all(writers), resizer);
+        // Merge the writers' models (disjoint quarters).
+        let mut model = Model::new(size);
+        for (w, part) in models.iter().enumerate() {
+            let start = w as u64 * quarter;
+            model.write(start, part.slice(start, quarter));
+        }
+        check_all(&space, &model).await;
+        assert!(pool.set_cache_size("s", 1 << 20).await.is_err());
+        let metadata = pool.metadata().await;
+        assert_eq!(metadata.space("s").unwrap().cache.unwrap().bytes, 48 << 20);
+    });
+}
