@@ -87,6 +87,11 @@ pub enum Request {
         pool: Option<String>,
         name: String,
     },
+    /// Read every row and check that copies and parity agree with the data.
+    SpaceVerify {
+        pool: Option<String>,
+        name: String,
+    },
     /// Set a live space's write-back cache size (adds one if it has none).
     SpaceCache {
         pool: Option<String>,

@@ -192,6 +192,12 @@ pub enum SpaceCommand {
         #[arg(long, value_parser = parse_size)]
         cache: Option<u64>,
     },
+    /// Check that every row's copies or parity agree with its data.
+    Verify {
+        name: String,
+        #[arg(long)]
+        pool: Option<String>,
+    },
     /// Change a live space's write-back cache size (32M to 100G).
     Cache {
         name: String,
@@ -495,6 +501,7 @@ pub fn space_request(command: SpaceCommand) -> Result<Request, CliError> {
             fault_domain,
             cache_bytes: cache,
         }),
+        SpaceCommand::Verify { name, pool } => Request::SpaceVerify { pool, name },
         SpaceCommand::Cache { name, size, pool } => Request::SpaceCache {
             pool,
             name,
@@ -541,6 +548,13 @@ pub fn render(request: &Request, result: serde_json::Value) -> Result<String, Cl
             render::jobs(&[parse::<JobView>(result)?])
         }
         Request::PoolSet { .. } => render::pool_status(&parse::<PoolView>(result)?),
+        Request::SpaceVerify { .. } => format!(
+            "space {}: {} rows checked, {} mismatched, {} skipped (a needed disk is offline)\n",
+            result["space"].as_str().unwrap_or_default(),
+            result["rows"],
+            result["mismatched_rows"],
+            result["skipped_rows"],
+        ),
         Request::SpaceCreate(_) | Request::SpaceResize { .. } | Request::SpaceCache { .. } => {
             let space: SpaceView = parse(result)?;
             format!(

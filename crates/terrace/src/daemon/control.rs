@@ -101,6 +101,18 @@ async fn handle(daemon: &Arc<Daemon>, request: Request) -> Answer {
         Request::DiskAdd { pool, disks } => disk_add(registry, &pool, disks).await,
         Request::DiskSet { pool, disk, usage } => disk_set(registry, &pool, &disk, &usage).await,
         Request::SpaceCreate(create) => space_create(registry, create).await,
+        Request::SpaceVerify { pool, name } => {
+            let (_, space) = find_space(registry, pool.as_deref(), &name)?;
+            let report = terrace_engine::verify_space(&space)
+                .await
+                .map_err(failure)?;
+            value(serde_json::json!({
+                "space": name,
+                "rows": report.rows,
+                "mismatched_rows": report.mismatched_rows.len(),
+                "skipped_rows": report.skipped_rows,
+            }))
+        }
         Request::SpaceCache { pool, name, bytes } => {
             let _admin = registry.admin.lock().await;
             let (entry, _) = find_space(registry, pool.as_deref(), &name)?;
