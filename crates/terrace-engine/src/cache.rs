@@ -22,7 +22,7 @@ use crate::admin::{build_space, plan_space, zero_slabs, SpaceConfig, SpaceSize};
 use crate::control::PoolShared;
 use crate::error::EngineError;
 use crate::journal::{
-    self, Journal, CACHE_DEFAULT_BYTES, CACHE_MAX_BYTES, CACHE_MIN_BYTES, CACHE_SMALL_BYTES,
+    self, Journal, CACHE_DEFAULT_BYTES, CACHE_ENGINE_MIN_BYTES, CACHE_MAX_BYTES, CACHE_SMALL_BYTES,
 };
 use crate::pool::Pool;
 use crate::space::Space;
@@ -69,13 +69,13 @@ pub(crate) fn cache_size(
 }
 
 fn check_size(bytes: u64) -> Result<u64, EngineError> {
-    if (CACHE_MIN_BYTES..=CACHE_MAX_BYTES).contains(&bytes) {
+    if (CACHE_ENGINE_MIN_BYTES..=CACHE_MAX_BYTES).contains(&bytes) {
         Ok(bytes.next_multiple_of(terrace_layout::BLOCK_BYTES))
     } else {
         Err(EngineError::InvalidSetting {
             what: "write-back cache size",
             value: bytes,
-            rule: "from 32M to 100G",
+            rule: "from 256K to 100G",
         })
     }
 }

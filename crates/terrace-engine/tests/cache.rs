@@ -364,7 +364,7 @@ fn live_resize_up_and_down_under_load() {
             model.write(start, part.slice(start, quarter));
         }
         check_all(&space, &model).await;
-        assert!(pool.set_cache_size("s", 1 << 20).await.is_err());
+        assert!(pool.set_cache_size("s", 64 << 10).await.is_err());
         let metadata = pool.metadata().await;
         assert_eq!(metadata.space("s").unwrap().cache.unwrap().bytes, 48 << 20);
     });

@@ -27,11 +27,28 @@ impl SimDisks {
     /// `count` disks with room for `slabs_per_disk` slabs each (and the
     /// smallest metadata slots).
     pub fn new(world: Arc<World>, count: usize, slabs_per_disk: u64) -> SimDisks {
-        let size = data_offset(METADATA_SLOT_MIN_BYTES) + slabs_per_disk * SLAB_BYTES;
+        Self::with_journals(world, count, slabs_per_disk, 0, 0)
+    }
+
+    /// As [`SimDisks::new`], plus `journals` disks of `journal_slabs` slabs
+    /// each at the end (the caller pools them with usage journal).
+    pub fn with_journals(
+        world: Arc<World>,
+        count: usize,
+        slabs_per_disk: u64,
+        journals: usize,
+        journal_slabs: u64,
+    ) -> SimDisks {
         let mut crash = Vec::new();
         let mut faults = Vec::new();
         let mut devices: Vec<Arc<dyn BlockDevice>> = Vec::new();
-        for index in 0..count {
+        for index in 0..count + journals {
+            let slabs = if index < count {
+                slabs_per_disk
+            } else {
+                journal_slabs
+            };
+            let size = data_offset(METADATA_SLOT_MIN_BYTES) + slabs * SLAB_BYTES;
             let memory = Arc::new(MemoryDevice::new(format!("sim:{index}"), size));
             let crashing = Arc::new(CrashDevice::new(memory));
             let gated = Arc::new(SimDisk::new(world.clone(), crashing.clone()));

@@ -5,10 +5,16 @@
 //! Disk stack, top to bottom: fault injection (disk loss) → the world's gate
 //! (completion order) → crash wrapper (volatile cache) → memory.
 //!
+//! Half the redundant runs give the space a write-back log on three journal
+//! disks, with a ring of 256 KiB to 1 MiB so that it wraps and fills (and
+//! writers destage) within a run. Then every partial-row write is durable
+//! when acknowledged, and the model holds the engine to that.
+//!
 //! One combination is left out on purpose: a power cut while a parity space
-//! is degraded. Without a journal a partial-stripe update cut between its
-//! data and parity writes corrupts the missing column (the write hole); the
-//! journal closes it, and then this simulator will include it.
+//! is degraded. A partial-stripe update cut between its data and parity
+//! writes corrupts the missing column (the write hole); logging a full row
+//! image before destaging into a degraded row will close it, and then this
+//! simulator will include it.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -42,7 +48,13 @@ pub struct Plan {
     pub phases: usize,
     pub crash_in_phase: Vec<bool>,
     pub losses: usize,
+    /// Write-back ring size, if the space has a log.
+    pub cache_bytes: Option<u64>,
 }
+
+/// Journal disks of runs with a log, and their slabs (a 1 MiB ring needs 16).
+const JOURNAL_DISKS: usize = 3;
+const JOURNAL_SLABS: u64 = 20;
 
 impl Plan {
     pub fn draw(random: &mut Random) -> Plan {
@@ -82,6 +94,8 @@ impl Plan {
             phases,
             crash_in_phase: (0..phases).map(|_| random.chance(2, 3)).collect(),
             losses: random.below(tolerance as u64 + 1) as usize,
+            cache_bytes: (tolerance > 0 && random.chance(1, 2))
+                .then(|| (256 << 10) << random.below(3)),
         }
     }
 }
@@ -89,6 +103,9 @@ impl Plan {
 /// What a run did, for the test's summary line.
 #[derive(Debug, Default, Clone)]
 pub struct Report {
+    /// Runs whose space had a write-back log, and bytes their logs destaged.
+    pub cached_runs: usize,
+    pub destaged_bytes: u64,
     pub crashes: usize,
     pub losses: usize,
     pub writes: u64,
@@ -113,7 +130,18 @@ pub fn run(seed: u64) -> Result<Report, String> {
     let mut random = Random::new(seed);
     let plan = Plan::draw(&mut random);
     let random = Rc::new(RefCell::new(random));
-    let sim = SimDisks::new(World::new(seed), plan.disks, plan.slabs_per_disk);
+    let journals = if plan.cache_bytes.is_some() {
+        JOURNAL_DISKS
+    } else {
+        0
+    };
+    let sim = SimDisks::with_journals(
+        World::new(seed),
+        plan.disks,
+        plan.slabs_per_disk,
+        journals,
+        JOURNAL_SLABS,
+    );
     let (pool, space) = setup(&sim, &plan, random.clone()).map_err(|e| format!("{plan:?}: {e}"))?;
     let mut run = Run {
         model: Rc::new(RefCell::new(Model::new(space.size_bytes() / BLOCK_BYTES))),
@@ -125,15 +153,20 @@ pub fn run(seed: u64) -> Result<Report, String> {
         sim,
     };
     let (mut pool, mut space) = (pool, space);
+    let mut destaged_bytes = 0;
     for phase in 0..run.plan.phases {
+        let journal = space.journal();
         (pool, space) = run
             .phase(phase, pool, space)
             .map_err(|e| format!("{:?}: phase {phase}: {e}", run.plan))?;
+        destaged_bytes += journal.map_or(0, |j| j.status().destaged_bytes);
     }
     finish(&run.sim, &run.random, pool, space, &run.model)
         .map_err(|e| format!("{:?}: at the end: {e}", run.plan))?;
     let counters = run.counters.borrow();
     Ok(Report {
+        cached_runs: usize::from(run.plan.cache_bytes.is_some()),
+        destaged_bytes,
         crashes: run.crashes,
         losses: run.lost.len(),
         writes: counters.writes,
@@ -193,7 +226,11 @@ impl Run {
                 && self.lost.len() < self.plan.losses
                 && self.random.borrow_mut().chance(1, 20)
             {
-                let disk = pick_unlost(&mut self.random.borrow_mut(), self.plan.disks, &self.lost);
+                let disk = pick_unlost(
+                    &mut self.random.borrow_mut(),
+                    self.sim.devices.len(),
+                    &self.lost,
+                );
                 self.sim.faults[disk].lose();
                 self.lost.push(disk);
             }
@@ -239,11 +276,19 @@ fn setup(
     let disks: Vec<NewDisk> = sim
         .devices
         .iter()
-        .map(|d| NewDisk::new(d.clone()))
+        .enumerate()
+        .map(|(index, d)| {
+            let mut disk = NewDisk::new(d.clone());
+            if index >= plan.disks {
+                disk.usage = terrace_engine::meta::Usage::Journal;
+            }
+            disk
+        })
         .collect();
     let mut space_config = SpaceConfig::new("sim", plan.layout, SpaceSize::Bytes(plan.space_bytes));
     space_config.columns = plan.columns;
     space_config.interleave_bytes = Some(plan.interleave_bytes);
+    space_config.cache_bytes = Some(plan.cache_bytes.unwrap_or(0));
     executor.block_on(async move {
         let config = PoolConfig {
             name: "sim".into(),
@@ -325,13 +370,20 @@ async fn write(
 ) -> Result<(), String> {
     let (pending, data) = model.borrow_mut().issue_write(start, count, zero);
     let offset = start * BLOCK_BYTES;
+    let length = count * BLOCK_BYTES;
+    // With a log, a write that is not whole rows is always logged, and a
+    // logged write is durable when acknowledged.
+    let row = space.natural_write_bytes();
+    let logged = space.journal().is_some()
+        && !zero
+        && !(offset.is_multiple_of(row) && length.is_multiple_of(row));
     let result = if zero {
-        space.write_zeroes(offset, count * BLOCK_BYTES, fua).await
+        space.write_zeroes(offset, length, fua).await
     } else {
         space.write(offset, Bytes::from(data), fua).await
     };
     result.map_err(|e| format!("write of blocks {start}+{count} failed: {e}"))?;
-    model.borrow_mut().acknowledge(pending, fua);
+    model.borrow_mut().acknowledge(pending, fua || logged);
     Ok(())
 }
 

@@ -10,6 +10,8 @@ fn simulated_runs_keep_every_acknowledged_write() {
         match terrace_sim::run(seed) {
             Ok(report) => {
                 totals.crashes += report.crashes;
+                totals.cached_runs += report.cached_runs;
+                totals.destaged_bytes += report.destaged_bytes;
                 totals.losses += report.losses;
                 totals.writes += report.writes;
                 totals.reads += report.reads;
@@ -21,8 +23,10 @@ fn simulated_runs_keep_every_acknowledged_write() {
         }
     }
     eprintln!(
-        "{} runs: {} power cuts, {} disks lost, {} writes, {} verified reads",
+        "{} runs ({} with a write-back log, {} MiB destaged): {} power cuts, {} disks lost, {} writes, {} verified reads",
         seeds.len(),
+        totals.cached_runs,
+        totals.destaged_bytes >> 20,
         totals.crashes,
         totals.losses,
         totals.writes,
@@ -35,5 +39,9 @@ fn simulated_runs_keep_every_acknowledged_write() {
             "the suite must actually cut the power"
         );
         assert!(totals.losses > 0, "the suite must actually lose disks");
+        assert!(
+            totals.cached_runs > seeds.len() / 4 && totals.destaged_bytes > 0,
+            "the suite must actually run write-back logs through destaging"
+        );
     }
 }

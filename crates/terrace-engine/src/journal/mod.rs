@@ -54,8 +54,12 @@ use crate::error::EngineError;
 use crate::space::Space;
 use format::{Header, Kind, ENTRIES_MAX, HEADER_BYTES};
 
-/// Smallest and largest cache (ring) size.
+/// Smallest and largest cache (ring) size an admin may set (the daemon
+/// enforces these).
 pub const CACHE_MIN_BYTES: u64 = 32 << 20;
+/// Smallest ring the engine itself accepts: simulations and tests use tiny
+/// rings so that wrapping and a full log happen within a few writes.
+pub const CACHE_ENGINE_MIN_BYTES: u64 = 256 << 10;
 pub const CACHE_MAX_BYTES: u64 = 100 << 30;
 /// Cache size of a space when the pool has journal disks (as Storage Spaces).
 pub const CACHE_DEFAULT_BYTES: u64 = 1 << 30;

@@ -114,6 +114,7 @@ async fn handle(daemon: &Arc<Daemon>, request: Request) -> Answer {
             }))
         }
         Request::SpaceCache { pool, name, bytes } => {
+            check_cache_size(Some(bytes))?;
             let _admin = registry.admin.lock().await;
             let (entry, _) = find_space(registry, pool.as_deref(), &name)?;
             entry
@@ -527,7 +528,20 @@ fn parse_domain(text: &str) -> Result<FaultDomain, (ErrorKind, String)> {
     }
 }
 
+/// Cache sizes an admin may ask for: 0 (none) or 32M to 100G.
+fn check_cache_size(bytes: Option<u64>) -> Result<(), (ErrorKind, String)> {
+    use terrace_engine::journal::{CACHE_MAX_BYTES, CACHE_MIN_BYTES};
+    match bytes {
+        None | Some(0) => Ok(()),
+        Some(bytes) if (CACHE_MIN_BYTES..=CACHE_MAX_BYTES).contains(&bytes) => Ok(()),
+        Some(bytes) => Err(usage(format!(
+            "write-back cache size {bytes} bytes: use 32M to 100G (or 0 for none at creation)"
+        ))),
+    }
+}
+
 async fn space_create(registry: &Registry, create: SpaceCreate) -> Answer {
+    check_cache_size(create.cache_bytes)?;
     let _admin = registry.admin.lock().await;
     let layout = parse_layout(&create)?;
     let entry = find_pool(registry, &create.pool)?;
