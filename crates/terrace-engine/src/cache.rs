@@ -140,7 +140,8 @@ pub(crate) fn plan_log(
 
 impl Pool {
     pub(crate) fn attach_cache(&self, space: &Arc<Space>, log: Arc<Space>, cache: &CacheRecord) {
-        let journal = Journal::new(space.id(), log.clone(), cache.bytes, cache.epoch);
+        let parity = matches!(space.geometry().layout(), Layout::Parity { .. });
+        let journal = Journal::new(space.id(), log.clone(), cache.bytes, cache.epoch, parity);
         self.logs
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -166,7 +167,7 @@ impl Pool {
         };
         let recovered = journal::scan(&log, &cache).await?;
         if self.shared.read_only.is_some() {
-            let journal = Journal::new(space.id(), log.clone(), cache.bytes, cache.epoch);
+            let journal = Journal::new(space.id(), log.clone(), cache.bytes, cache.epoch, false);
             journal::load_read_only(&journal, recovered.blocks);
             self.logs
                 .write()

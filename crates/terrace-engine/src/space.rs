@@ -435,8 +435,9 @@ impl Space {
         let map = self.check(offset, length, Access::Write)?;
         let journal = self.journal();
         if let Some(journal) = &journal {
-            if !journal.may_bypass(offset, length) {
-                // Logged data under the range: zeroes go through the log too.
+            if !journal.may_bypass(offset, length) || !self.healthy_for(offset, length) {
+                // Logged data under the range, or a degraded row that only
+                // the log may update: zeroes go through the log too.
                 let zeroes = Bytes::from(vec![0u8; length as usize]);
                 return self.write(offset, zeroes, fua).await;
             }
@@ -458,8 +459,9 @@ impl Space {
         let map = self.check(offset, length, Access::Write)?;
         let journal = self.journal();
         if let Some(journal) = &journal {
-            if !journal.may_bypass(offset, length) {
-                // Advisory: logged data under the range stays.
+            if !journal.may_bypass(offset, length) || !self.healthy_for(offset, length) {
+                // Advisory: logged data under the range stays, and degraded
+                // rows are not touched behind the log's back.
                 return Ok(());
             }
         }

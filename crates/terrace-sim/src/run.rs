@@ -6,15 +6,14 @@
 //! (completion order) → crash wrapper (volatile cache) → memory.
 //!
 //! Half the redundant runs give the space a write-back log on three journal
-//! disks, with a ring of 256 KiB to 1 MiB so that it wraps and fills (and
+//! disks, with a ring of 1 or 2 MiB so that it wraps and fills (and
 //! writers destage) within a run. Then every partial-row write is durable
 //! when acknowledged, and the model holds the engine to that.
 //!
-//! One combination is left out on purpose: a power cut while a parity space
-//! is degraded. A partial-stripe update cut between its data and parity
-//! writes corrupts the missing column (the write hole); logging a full row
-//! image before destaging into a degraded row will close it, and then this
-//! simulator will include it.
+//! A power cut while a parity space is degraded is simulated only when the
+//! space has a log: without one, a partial-stripe update cut between its
+//! data and parity writes corrupts the missing column (the write hole);
+//! with one, every update of a degraded row is a whole row logged first.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -52,9 +51,9 @@ pub struct Plan {
     pub cache_bytes: Option<u64>,
 }
 
-/// Journal disks of runs with a log, and their slabs (a 1 MiB ring needs 16).
+/// Journal disks of runs with a log, and their slabs (a 2 MiB ring needs 32).
 const JOURNAL_DISKS: usize = 3;
-const JOURNAL_SLABS: u64 = 20;
+const JOURNAL_SLABS: u64 = 36;
 
 impl Plan {
     pub fn draw(random: &mut Random) -> Plan {
@@ -95,7 +94,7 @@ impl Plan {
             crash_in_phase: (0..phases).map(|_| random.chance(2, 3)).collect(),
             losses: random.below(tolerance as u64 + 1) as usize,
             cache_bytes: (tolerance > 0 && random.chance(1, 2))
-                .then(|| (256 << 10) << random.below(3)),
+                .then(|| (1 << 20) << random.below(2)),
         }
     }
 }
@@ -187,15 +186,38 @@ impl Run {
         pool: Pool,
         space: Arc<Space>,
     ) -> Result<(Pool, Arc<Space>), String> {
-        // A degraded parity space is never cut (the write hole; see above),
-        // and parity loses disks only once no cut can follow.
-        let crash_here =
-            self.plan.crash_in_phase[phase] && (self.lost.is_empty() || !self.is_parity());
+        // A degraded parity space without a log is never cut (the write
+        // hole; see above), and then loses disks only once no cut can
+        // follow. With a log it may be cut once the loss is known (a read
+        // of everything at the start of the phase finds it), but a disk is
+        // never lost in the phase that is cut: a disk that dies unnoticed
+        // under an in-place parity update just before a power cut is the
+        // one case the row images do not cover.
+        let cached = self.plan.cache_bytes.is_some();
+        let exposed = self.is_parity() && !cached;
+        let crash_here = self.plan.crash_in_phase[phase] && (self.lost.is_empty() || !exposed);
         let cuts_follow = crash_here
             || self.plan.crash_in_phase[phase + 1..]
                 .iter()
                 .any(|&crash| crash);
-        let may_lose = !(self.is_parity() && cuts_follow);
+        let may_lose = if exposed {
+            !cuts_follow
+        } else {
+            !(self.is_parity() && crash_here)
+        };
+        if cached && self.is_parity() && !self.lost.is_empty() {
+            let mut executor = Executor::new(self.random.clone(), self.sim.world.clone());
+            let space = space.clone();
+            executor.block_on(async move {
+                let size = space.size_bytes();
+                let mut offset = 0;
+                while offset < size {
+                    let length = (64 * BLOCK_BYTES).min(size - offset);
+                    let _ = space.read(offset, length).await;
+                    offset += length;
+                }
+            });
+        }
         let mut executor = Executor::new(self.random.clone(), self.sim.world.clone());
         for client in 0..self.plan.clients {
             let (model, counters, random) = (

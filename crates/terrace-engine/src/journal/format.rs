@@ -31,9 +31,9 @@ pub enum Kind {
     /// Ranges written straight to the disks since: entries (offset, length,
     /// 0); no payload. Earlier records' data for them is stale.
     Invalidate,
-    /// A parity row being destaged: entries (extent, row, slot << 48 |
-    /// column offset << 24 | length in blocks); payload = each piece. Written
-    /// before the pieces go in place, replayed after a crash.
+    /// A whole row of a degraded parity extent about to be written in
+    /// place: entries (space offset, length, 0); payload = the row's data.
+    /// Written before the row, replayed (like writes) after a crash.
     RowImage,
     /// Filler to the end of the ring; the next record starts at offset 0.
     Wrap,
@@ -147,20 +147,6 @@ impl Header {
     }
 }
 
-/// Pack a row-image piece descriptor: slot, column offset, length.
-pub fn piece_field(slot: u32, column_offset: u64, length: u64) -> u64 {
-    assert!(slot < 1 << 16 && column_offset < 1 << 24 && length < 1 << 24);
-    (u64::from(slot) << 48) | (column_offset << 24) | length
-}
-
-pub fn unpack_piece(field: u64) -> (u32, u64, u64) {
-    (
-        (field >> 48) as u32,
-        (field >> 24) & 0xff_ffff,
-        field & 0xff_ffff,
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,7 +160,7 @@ mod tests {
             position: 1 << 20,
             record_bytes: 3 * 4096,
             payload_checksum: 0xabcd,
-            entries: vec![[1, 2, piece_field(3, 4096, 8192)]; 5],
+            entries: vec![[1, 2, 3]; 5],
         };
         let block = header.encode();
         assert_eq!(block.len(), 4096);
@@ -184,7 +170,6 @@ mod tests {
             damaged[byte] ^= 1;
             assert_eq!(Header::decode(&damaged), None, "byte {byte}");
         }
-        assert_eq!(unpack_piece(piece_field(3, 4096, 8192)), (3, 4096, 8192));
         assert_eq!(Header::decode(&[0u8; 4096]), None);
         let full = Header {
             entries: vec![[0; 3]; ENTRIES_MAX],

@@ -40,14 +40,14 @@
 
 pub mod format;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::channel::oneshot;
 use futures::future::join_all;
 use terrace_io::{aligned_buffer, Bytes, BytesMut};
-use terrace_layout::BLOCK_BYTES;
+use terrace_layout::{Layout, BLOCK_BYTES};
 use terrace_meta::{CacheRecord, SpaceId};
 
 use crate::error::EngineError;
@@ -74,6 +74,10 @@ pub const DESTAGE_URGENT_PER_MILLE: u64 = 750;
 const DESTAGE_ROUND_BYTES: u64 = 16 << 20;
 /// Writes home in flight at once during a destage round.
 const DESTAGE_PARALLEL: usize = 32;
+
+/// Blocks to destage: block → (sequence of the record holding its newest
+/// data, that data).
+type Work = BTreeMap<u64, (u64, Bytes)>;
 
 /// Where a record starts: its absolute position (bytes appended since the
 /// ring was started), its byte offset in the log space, and its lap.
@@ -105,6 +109,9 @@ struct Entry {
 }
 
 struct State {
+    /// Ring kept free for row images (parity homes): other records leave
+    /// this much room, so destaging a degraded row can always log first.
+    image_reserve_per_mille: u64,
     /// Size of the current lap, and of laps to come (a resize).
     lap_bytes: u64,
     next_lap_bytes: u64,
@@ -166,7 +173,13 @@ pub struct Journal {
 
 impl Journal {
     /// A fresh, empty ring of `bytes` in `log` with `epoch`.
-    pub(crate) fn new(home: SpaceId, log: Arc<Space>, bytes: u64, epoch: u64) -> Journal {
+    pub(crate) fn new(
+        home: SpaceId,
+        log: Arc<Space>,
+        bytes: u64,
+        epoch: u64,
+        parity: bool,
+    ) -> Journal {
         let start = Cursor {
             position: 0,
             offset: 0,
@@ -178,6 +191,7 @@ impl Journal {
             log,
             epoch,
             state: Mutex::new(State {
+                image_reserve_per_mille: if parity { 250 } else { 0 },
                 lap_bytes: bytes,
                 next_lap_bytes: bytes,
                 head: start,
@@ -329,6 +343,8 @@ impl Journal {
         }
         if let Some(invalidate) = bypass {
             home.write_home(offset, data, fua).await?;
+            self.image_rows_gone_degraded(home, offset, length, &BTreeSet::new())
+                .await?;
             self.counters
                 .bypassed_writes
                 .fetch_add(1, Ordering::Relaxed);
@@ -482,18 +498,11 @@ impl Journal {
         payload[..HEADER_BYTES as usize].copy_from_slice(&header.encode());
         let mut writes = Vec::new();
         if let Some((wrap_at, wrap_sequence)) = wrap {
-            let wrap_header = Header {
-                kind: Kind::Wrap,
-                epoch: self.epoch,
-                sequence: wrap_sequence,
-                position: wrap_at.position,
-                record_bytes: HEADER_BYTES,
-                payload_checksum: crc32c::crc32c(&[]),
-                entries: vec![[at.position, 0, 0]],
-            };
-            let mut block = aligned_buffer(HEADER_BYTES as usize);
-            block.copy_from_slice(&wrap_header.encode());
-            writes.push(self.log.write_home(wrap_at.offset, block.freeze(), true));
+            writes.push(self.log.write_home(
+                wrap_at.offset,
+                self.wrap_block(wrap_at, wrap_sequence, at.position),
+                true,
+            ));
         }
         writes.push(self.log.write_home(at.offset, payload.freeze(), true));
         let results = join_all(writes).await;
@@ -512,10 +521,13 @@ impl Journal {
         }
         let waiter = {
             let mut state = self.state();
-            let sequences = wrap.map(|(_, s)| s).into_iter().chain([sequence]);
-            for done in sequences {
+            let wrap_sequence = wrap.map(|(_, s)| s);
+            for done in wrap_sequence.into_iter().chain([sequence]) {
                 if let Some(record) = state.records.iter_mut().find(|r| r.sequence == done) {
                     record.durable = true;
+                    // A wrap record holds no data: done once durable (not
+                    // before, or the tail could pass it unwritten).
+                    record.destaged |= Some(done) == wrap_sequence;
                 }
             }
             for (block, data) in pieces {
@@ -556,7 +568,7 @@ impl Journal {
         record_bytes: u64,
         blocks: &[u64],
         dirtying: bool,
-    ) -> Result<(Cursor, u64, Option<(Cursor, u64)>), EngineError> {
+    ) -> Result<Reservation, EngineError> {
         loop {
             let waiter = {
                 let mut state = self.state();
@@ -568,48 +580,8 @@ impl Journal {
                         reason: reason.clone(),
                     });
                 }
-                if let Some(place) = place_record(&state, record_bytes) {
-                    let mut wrap = None;
-                    let at = match place {
-                        Placement::Here => state.head,
-                        Placement::Wrap { next_lap_bytes } => {
-                            let wrap_at = state.head;
-                            let wrap_sequence = state.next_sequence;
-                            state.next_sequence += 1;
-                            push_record(
-                                &mut state,
-                                wrap_at,
-                                HEADER_BYTES,
-                                wrap_sequence,
-                                Vec::new(),
-                            );
-                            wrap = Some((wrap_at, wrap_sequence));
-                            state.lap_bytes = next_lap_bytes;
-                            Cursor {
-                                position: wrap_at.position + HEADER_BYTES,
-                                offset: 0,
-                                lap: wrap_at.lap + 1,
-                            }
-                        }
-                    };
-                    let sequence = state.next_sequence;
-                    state.next_sequence += 1;
-                    push_record(&mut state, at, record_bytes, sequence, blocks.to_vec());
-                    state.head = Cursor {
-                        position: at.position + record_bytes,
-                        offset: at.offset + record_bytes,
-                        lap: at.lap,
-                    };
-                    if dirtying {
-                        for &block in blocks {
-                            let entry = state.index.entry(block).or_insert(Entry {
-                                reserved: 0,
-                                committed: None,
-                            });
-                            entry.reserved = entry.reserved.max(sequence);
-                        }
-                    }
-                    return Ok((at, sequence, wrap));
+                if let Some(reserved) = try_reserve(&mut state, record_bytes, blocks, dirtying) {
+                    return Ok(reserved);
                 }
                 let (sender, receiver) = oneshot::channel();
                 state.space_waiters.push(sender);
@@ -632,6 +604,14 @@ impl Journal {
     /// The log could not take a record: write every dirty block home from
     /// memory, flush, and run write-through from now on.
     async fn log_failed(&self, home: &Space, sequences: &[u64], blocks: &[u64], reason: String) {
+        self.log_failed_locked(sequences, blocks, reason);
+        let _guard = self.destaging.lock().await;
+        let _ = self.destage_locked(home, u64::MAX).await;
+    }
+
+    /// Mark the log failed (write-through from now on) and release what
+    /// waits on it; the caller writes the dirty data home.
+    fn log_failed_locked(&self, sequences: &[u64], blocks: &[u64], reason: String) {
         {
             let mut state = self.state();
             if state.failed.is_none() {
@@ -659,8 +639,6 @@ impl Journal {
                 let _ = sender.send(());
             }
         }
-        let _guard = self.destaging.lock().await;
-        let _ = self.destage_locked(home, u64::MAX).await;
     }
 
     /// One destage round, if destaging is wanted (or `force`); returns
@@ -749,7 +727,61 @@ impl Journal {
         if picked.is_empty() && work.is_empty() {
             return Ok(false);
         }
-        let runs = coalesce(&work);
+        // Rows of a degraded parity extent are written whole, after a row
+        // image in the log: a cut in the middle cannot leave the missing
+        // column undefined (the write hole), recovery rewrites the row.
+        let row_bytes = home.natural_write_bytes();
+        let degraded: BTreeSet<u64> =
+            if failed || !matches!(home.geometry().layout(), Layout::Parity { .. }) {
+                BTreeSet::new()
+            } else {
+                work.keys()
+                    .map(|block| block * BLOCK_BYTES / row_bytes)
+                    .collect::<BTreeSet<u64>>()
+                    .into_iter()
+                    .filter(|&row| !home.healthy_for(row * row_bytes, row_bytes))
+                    .collect()
+            };
+        let (imaged, plain): (Work, Work) = work
+            .iter()
+            .map(|(&block, entry)| (block, entry.clone()))
+            .partition(|(block, _)| degraded.contains(&(block * BLOCK_BYTES / row_bytes)));
+        // Rows whose image finds no room wait for a later round (their
+        // records stay); if nothing else could be done, the first goes in
+        // place so destaging always progresses.
+        let mut skipped: BTreeSet<u64> = BTreeSet::new();
+        let mut imaged_any = false;
+        for &row in &degraded {
+            let blocks: BTreeMap<u64, (u64, Bytes)> = imaged
+                .range(row * row_bytes / BLOCK_BYTES..(row + 1) * row_bytes / BLOCK_BYTES)
+                .map(|(&block, entry)| (block, entry.clone()))
+                .collect();
+            if self
+                .destage_row_image(home, row * row_bytes, row_bytes)
+                .await?
+            {
+                imaged_any = true;
+            } else {
+                skipped.extend(blocks.keys());
+            }
+        }
+        if !imaged_any && plain.is_empty() {
+            if let Some(&first) = skipped.first() {
+                let row = first * BLOCK_BYTES / row_bytes;
+                let range = row * row_bytes / BLOCK_BYTES..(row + 1) * row_bytes / BLOCK_BYTES;
+                let blocks: BTreeMap<u64, (u64, Bytes)> = imaged
+                    .range(range.clone())
+                    .map(|(&block, entry)| (block, entry.clone()))
+                    .collect();
+                for (offset, data) in coalesce(&blocks) {
+                    home.write_home(offset, data, false).await?;
+                }
+                for block in range {
+                    skipped.remove(&block);
+                }
+            }
+        }
+        let runs = coalesce(&plain);
         let mut pending = runs.iter();
         loop {
             let batch: Vec<_> = pending.by_ref().take(DESTAGE_PARALLEL).collect();
@@ -763,26 +795,29 @@ impl Journal {
                 result?;
             }
         }
+        if let (Some((first, _)), Some((last, _))) =
+            (plain.first_key_value(), plain.last_key_value())
+        {
+            let (start, end) = (first * BLOCK_BYTES, (last + 1) * BLOCK_BYTES);
+            self.image_rows_gone_degraded(home, start, end - start, &degraded)
+                .await?;
+        }
         home.pool.flush_disks().await?;
-        let written: u64 = runs.iter().map(|(_, data)| data.len() as u64).sum();
+        let written: u64 = (work.len() - skipped.len()) as u64 * BLOCK_BYTES;
         self.counters
             .destaged_bytes
             .fetch_add(written, Ordering::Relaxed);
         {
             let mut state = self.state();
-            for (block, (sequence, _)) in &work {
-                let remove = match state.index.get_mut(block) {
+            for (block, (sequence, _)) in work.iter().filter(|(b, _)| !skipped.contains(b)) {
+                let (cleared, remove) = match state.index.get_mut(block) {
                     Some(entry) if entry.committed.as_ref().is_some_and(|(s, _)| s == sequence) => {
                         entry.committed = None;
-                        entry.reserved == *sequence
+                        (true, entry.reserved == *sequence)
                     }
-                    _ => false,
+                    _ => (false, false),
                 };
-                if state
-                    .index
-                    .get(block)
-                    .is_some_and(|e| e.committed.is_none())
-                {
+                if cleared {
                     state.dirty_bytes = state.dirty_bytes.saturating_sub(BLOCK_BYTES);
                 }
                 if remove {
@@ -790,7 +825,9 @@ impl Journal {
                 }
             }
             for record in state.records.iter_mut() {
-                if picked.contains(&record.sequence) {
+                if picked.contains(&record.sequence)
+                    && !record.blocks.iter().any(|b| skipped.contains(b))
+                {
                     record.destaged = true;
                 }
             }
@@ -805,6 +842,133 @@ impl Journal {
             state.recent.clear();
         }
         Ok(true)
+    }
+
+    /// Destage into one row of a degraded parity extent: log the whole
+    /// row's new image (after every earlier record is durable, so the image
+    /// holds everything logged before it), then write the row whole. Gives
+    /// `false`, having done nothing, if the ring has no room for the image.
+    async fn destage_row_image(
+        &self,
+        home: &Space,
+        start: u64,
+        length: u64,
+    ) -> Result<bool, EngineError> {
+        // The last row of a space may end early.
+        let length = length.min(home.size_bytes().saturating_sub(start));
+        if length == 0 {
+            return Ok(true);
+        }
+        let named: Vec<u64> = (start / BLOCK_BYTES..(start + length) / BLOCK_BYTES).collect();
+        let reserved = {
+            let mut state = self.state();
+            let lap = state.lap_bytes.min(state.next_lap_bytes);
+            let fits = HEADER_BYTES + length <= lap * state.image_reserve_per_mille / 1000;
+            fits.then(|| try_reserve(&mut state, HEADER_BYTES + length, &named, false))
+                .flatten()
+        };
+        let Some((at, sequence, wrap)) = reserved else {
+            return Ok(false);
+        };
+        let first_own = wrap.map_or(sequence, |(_, s)| s);
+        let waiter = {
+            let mut state = self.state();
+            if state.durable_below >= first_own {
+                None
+            } else {
+                let (sender, receiver) = oneshot::channel();
+                state.durable_waiters.push((first_own - 1, sender));
+                Some(receiver)
+            }
+        };
+        if let Some(waiter) = waiter {
+            let _ = waiter.await;
+        }
+        let image = home.read(start, length).await?;
+        let mut payload = aligned_buffer((HEADER_BYTES + length) as usize);
+        payload[HEADER_BYTES as usize..].copy_from_slice(&image);
+        let header = Header {
+            kind: Kind::RowImage,
+            epoch: self.epoch,
+            sequence,
+            position: at.position,
+            record_bytes: HEADER_BYTES + length,
+            payload_checksum: crc32c::crc32c(&payload[HEADER_BYTES as usize..]),
+            entries: vec![[start, length, 0]],
+        };
+        payload[..HEADER_BYTES as usize].copy_from_slice(&header.encode());
+        let mut writes = Vec::new();
+        if let Some((wrap_at, wrap_sequence)) = wrap {
+            writes.push(self.log.write_home(
+                wrap_at.offset,
+                self.wrap_block(wrap_at, wrap_sequence, at.position),
+                true,
+            ));
+        }
+        writes.push(self.log.write_home(at.offset, payload.freeze(), true));
+        let results = join_all(writes).await;
+        let sequences: Vec<u64> = wrap.map(|(_, s)| s).into_iter().chain([sequence]).collect();
+        if let Some(error) = results.into_iter().find_map(Result::err) {
+            self.log_failed_locked(&sequences, &[], error.to_string());
+        } else {
+            let mut state = self.state();
+            for record in state.records.iter_mut() {
+                if sequences.contains(&record.sequence) {
+                    record.durable = true;
+                    record.destaged = true;
+                }
+            }
+            advance_durable(&mut state);
+        }
+        home.write_home(start, image.freeze(), false).await?;
+        Ok(true)
+    }
+
+    /// A disk lost while rows were being written in place leaves them
+    /// degraded with data and parity possibly torn in volatile caches: log
+    /// each such row's image (as the disks now read) so a power cut before
+    /// the next flush cannot leave its missing column undefined. Rows in
+    /// `done` were written whole after an image already.
+    async fn image_rows_gone_degraded(
+        &self,
+        home: &Space,
+        offset: u64,
+        length: u64,
+        done: &BTreeSet<u64>,
+    ) -> Result<(), EngineError> {
+        if length == 0
+            || !matches!(home.geometry().layout(), Layout::Parity { .. })
+            || self.state().failed.is_some()
+        {
+            return Ok(());
+        }
+        let row_bytes = home.natural_write_bytes();
+        for row in offset / row_bytes..(offset + length).div_ceil(row_bytes) {
+            if !done.contains(&row) && !home.healthy_for(row * row_bytes, row_bytes) {
+                // No room for an image: the row stays as written (the
+                // window this closes is a power cut before the next flush).
+                let _ = self
+                    .destage_row_image(home, row * row_bytes, row_bytes)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The block of a wrap record at `at` pointing at `next`.
+    fn wrap_block(&self, at: Cursor, sequence: u64, next: u64) -> Bytes {
+        let header = Header {
+            kind: Kind::Wrap,
+            epoch: self.epoch,
+            sequence,
+            position: at.position,
+            record_bytes: HEADER_BYTES,
+            payload_checksum: crc32c::crc32c(&[]),
+            entries: vec![[next, 0, 0]],
+        };
+        let mut block = aligned_buffer(HEADER_BYTES as usize);
+        block.copy_from_slice(&header.encode());
+        block.freeze()
     }
 
     /// Move the committed tail over destaged records (a metadata commit)
@@ -881,18 +1045,73 @@ impl crate::control::PoolShared {
     }
 }
 
+/// A ring position, sequence (and wrap record, if the ring wraps first)
+/// for a record of `record_bytes`, if the ring has room now.
+type Reservation = (Cursor, u64, Option<(Cursor, u64)>);
+
+fn try_reserve(
+    state: &mut State,
+    record_bytes: u64,
+    blocks: &[u64],
+    dirtying: bool,
+) -> Option<Reservation> {
+    // Row images (not dirtying, not invalidations) may use the reserve.
+    let image = !dirtying && !blocks.is_empty() && record_bytes > HEADER_BYTES;
+    let slack = if image {
+        0
+    } else {
+        state.lap_bytes.min(state.next_lap_bytes) * state.image_reserve_per_mille / 1000
+    };
+    place_record(state, record_bytes + slack)?;
+    let place = place_record(state, record_bytes)?;
+    let mut wrap = None;
+    let at = match place {
+        Placement::Here => state.head,
+        Placement::Wrap { next_lap_bytes } => {
+            let wrap_at = state.head;
+            let wrap_sequence = state.next_sequence;
+            state.next_sequence += 1;
+            push_record(state, wrap_at, HEADER_BYTES, wrap_sequence, Vec::new());
+            wrap = Some((wrap_at, wrap_sequence));
+            state.lap_bytes = next_lap_bytes;
+            Cursor {
+                position: wrap_at.position + HEADER_BYTES,
+                offset: 0,
+                lap: wrap_at.lap + 1,
+            }
+        }
+    };
+    let sequence = state.next_sequence;
+    state.next_sequence += 1;
+    push_record(state, at, record_bytes, sequence, blocks.to_vec());
+    state.head = Cursor {
+        position: at.position + record_bytes,
+        offset: at.offset + record_bytes,
+        lap: at.lap,
+    };
+    if dirtying {
+        for &block in blocks {
+            let entry = state.index.entry(block).or_insert(Entry {
+                reserved: 0,
+                committed: None,
+            });
+            entry.reserved = entry.reserved.max(sequence);
+        }
+    }
+    Some((at, sequence, wrap))
+}
+
 fn push_record(state: &mut State, at: Cursor, bytes: u64, sequence: u64, blocks: Vec<u64>) {
     for &block in &blocks {
         *state.recent.entry(block).or_insert(0) += 1;
     }
-    let wrap = blocks.is_empty() && bytes == HEADER_BYTES;
     state.records.push_back(Record {
         at,
         bytes,
         sequence,
         blocks,
         durable: false,
-        destaged: wrap,
+        destaged: false,
     });
 }
 
@@ -1034,7 +1253,7 @@ pub(crate) async fn scan(log: &Space, cache: &CacheRecord) -> Result<Recovered, 
         let payload = payload.freeze();
         expected_sequence = Some(header.sequence + 1);
         match header.kind {
-            Kind::Writes => {
+            Kind::Writes | Kind::RowImage => {
                 let mut at = 0usize;
                 for [start, length, _] in &header.entries {
                     for i in 0..length / BLOCK_BYTES {
@@ -1052,10 +1271,6 @@ pub(crate) async fn scan(log: &Space, cache: &CacheRecord) -> Result<Recovered, 
                         blocks.remove(&block);
                     }
                 }
-                position += header.record_bytes;
-                offset += header.record_bytes;
-            }
-            Kind::RowImage => {
                 position += header.record_bytes;
                 offset += header.record_bytes;
             }
@@ -1124,6 +1339,7 @@ mod tests {
 
     fn state_with(lap: u64, head: Cursor, tail: Cursor) -> State {
         State {
+            image_reserve_per_mille: 0,
             lap_bytes: lap,
             next_lap_bytes: lap,
             head,

@@ -711,11 +711,20 @@ impl FuseFile {
         let Some(mut child) = self.child.take() else {
             return Ok(());
         };
-        let answer = run_with(
-            command("fusermount3").arg("-u").arg(&self.mountpoint),
-            None,
-            Duration::from_secs(60),
-        );
+        // A loop device detached just before lets go of the file a moment
+        // later (the kernel releases it asynchronously): retry while busy.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let answer = loop {
+            let answer = run_with(
+                command("fusermount3").arg("-u").arg(&self.mountpoint),
+                None,
+                Duration::from_secs(60),
+            );
+            if answer.success() || !answer.stderr.contains("busy") || Instant::now() > deadline {
+                break answer;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
         if !answer.success() {
             let _ = run_with(
                 command("umount").arg("-l").arg(&self.mountpoint),
