@@ -140,6 +140,7 @@ pub(crate) fn plan_log(
 
 impl Pool {
     pub(crate) fn attach_cache(&self, space: &Arc<Space>, log: Arc<Space>, cache: &CacheRecord) {
+        log.set_disjoint_writes();
         let parity = matches!(space.geometry().layout(), Layout::Parity { .. });
         let journal = Journal::new(space.id(), log.clone(), cache.bytes, cache.epoch, parity);
         self.logs

@@ -52,7 +52,7 @@ pub async fn write(
     data: &Bytes,
     fua: bool,
 ) -> Result<(), EngineError> {
-    let _guard = io.lock().await;
+    let _guard = io.lock_for_write().await;
     let geometry = io.geometry();
     let pieces: Vec<ColumnPiece> = geometry.split_columns(*span).collect();
     let copies = geometry.layout().copies();

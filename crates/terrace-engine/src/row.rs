@@ -31,6 +31,19 @@ impl RowIo<'_> {
         }
     }
 
+    /// The lock a write takes: shared on a space whose writers never
+    /// overlap (a log), so appends to one row do not queue behind each
+    /// other; moves still take it exclusively.
+    pub async fn lock_for_write(&self) -> Option<RowGuard<'_>> {
+        if self.lock_held {
+            None
+        } else if self.space.disjoint_writes() {
+            Some(self.space.locks.lock_shared((self.extent, self.row)).await)
+        } else {
+            Some(self.space.locks.lock((self.extent, self.row)).await)
+        }
+    }
+
     pub fn geometry(&self) -> &Geometry {
         &self.space.geometry
     }

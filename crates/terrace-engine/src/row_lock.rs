@@ -22,6 +22,9 @@ pub type RowKey = (u64, u64);
 #[derive(Default)]
 struct Entry {
     held: bool,
+    /// Holders in shared mode (writers that never overlap each other, such
+    /// as appends to a log); an exclusive holder waits for them all.
+    shared: usize,
     waiters: Vec<Waker>,
 }
 
@@ -33,25 +36,45 @@ pub struct RowLocks {
 pub struct RowGuard<'a> {
     locks: &'a RowLocks,
     key: RowKey,
+    shared: bool,
 }
 
 impl RowLocks {
     pub async fn lock(&self, key: RowKey) -> RowGuard<'_> {
+        self.acquire(key, false).await
+    }
+
+    /// Share the row with other shared holders (writers that never overlap
+    /// each other); exclusive holders still exclude them.
+    pub async fn lock_shared(&self, key: RowKey) -> RowGuard<'_> {
+        self.acquire(key, true).await
+    }
+
+    async fn acquire(&self, key: RowKey, shared: bool) -> RowGuard<'_> {
         poll_fn(|context| {
             let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
             let entry = table.entry(key).or_default();
-            if entry.held {
+            let free = !entry.held && (shared || entry.shared == 0);
+            if free {
+                if shared {
+                    entry.shared += 1;
+                } else {
+                    entry.held = true;
+                }
+                Poll::Ready(())
+            } else {
                 if !entry.waiters.iter().any(|w| w.will_wake(context.waker())) {
                     entry.waiters.push(context.waker().clone());
                 }
                 Poll::Pending
-            } else {
-                entry.held = true;
-                Poll::Ready(())
             }
         })
         .await;
-        RowGuard { locks: self, key }
+        RowGuard {
+            locks: self,
+            key,
+            shared,
+        }
     }
 
     /// Rows currently locked or waited on.
@@ -66,10 +89,21 @@ impl Drop for RowGuard<'_> {
         let waiters = {
             let mut table = self.locks.table.lock().unwrap_or_else(|e| e.into_inner());
             let entry = table.get_mut(&self.key).expect("a held row has an entry");
-            debug_assert!(entry.held);
-            entry.held = false;
-            let waiters = std::mem::take(&mut entry.waiters);
-            if waiters.is_empty() {
+            if self.shared {
+                entry.shared -= 1;
+            } else {
+                debug_assert!(entry.held);
+                entry.held = false;
+            }
+            let released = !entry.held && entry.shared == 0;
+            let waiters = if released {
+                std::mem::take(&mut entry.waiters)
+            } else {
+                Vec::new()
+            };
+            if released {
+                // Woken waiters poll again and put the row back if they
+                // still want it; ones that gave up leave nothing behind.
                 table.remove(&self.key);
             }
             waiters
@@ -101,6 +135,31 @@ mod tests {
         drop(guard);
         assert!(locks.lock((0, 1)).now_or_never().is_some());
         assert_eq!(locks.active(), 0, "released rows leave the table");
+    }
+
+    #[test]
+    fn shared_holders_share_and_exclude_exclusive_ones() {
+        let locks = RowLocks::default();
+        let first = block_on(locks.lock_shared((0, 1)));
+        let second = locks.lock_shared((0, 1)).now_or_never();
+        assert!(second.is_some(), "shared holders share");
+        assert!(
+            locks.lock((0, 1)).now_or_never().is_none(),
+            "exclusive waits"
+        );
+        drop(first);
+        assert!(
+            locks.lock((0, 1)).now_or_never().is_none(),
+            "one shared left"
+        );
+        drop(second);
+        let exclusive = block_on(locks.lock((0, 1)));
+        assert!(
+            locks.lock_shared((0, 1)).now_or_never().is_none(),
+            "shared waits"
+        );
+        drop(exclusive);
+        assert_eq!(locks.active(), 0);
     }
 
     /// Return Pending once, after asking to be polled again.

@@ -67,6 +67,8 @@ pub struct Space {
     deleted: AtomicBool,
     /// The write-back cache in front of this space, if it has one.
     journal: RwLock<Option<Arc<Journal>>>,
+    /// Writers never overlap (a log space): they share row locks.
+    disjoint_writes: AtomicBool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -92,7 +94,17 @@ impl Space {
             locks: RowLocks::default(),
             deleted: AtomicBool::new(false),
             journal: RwLock::new(None),
+            disjoint_writes: AtomicBool::new(false),
         }
+    }
+
+    pub(crate) fn disjoint_writes(&self) -> bool {
+        self.disjoint_writes.load(Ordering::Relaxed)
+    }
+
+    /// Declare that writers of this space never overlap (a log space).
+    pub(crate) fn set_disjoint_writes(&self) {
+        self.disjoint_writes.store(true, Ordering::Relaxed);
     }
 
     /// The write-back cache, if the space has one.
@@ -518,6 +530,24 @@ impl Space {
             journal.settle(self).await?;
         }
         self.pool.flush_disks().await?;
+        self.readable_everywhere()
+    }
+
+    /// Flush only the disks this space's slabs are on (a log's group
+    /// commit: the pool's other disks have nothing of it to flush).
+    pub(crate) async fn flush_own_disks(&self) -> Result<(), EngineError> {
+        let map = self.map();
+        let mut seen = std::collections::BTreeSet::new();
+        let mut disks = Vec::new();
+        for targets in &map.extents {
+            for location in targets.iter().flat_map(|t| t.locations.iter()) {
+                if seen.insert(location.disk.index) {
+                    disks.push(location.disk.clone());
+                }
+            }
+        }
+        join_all(disks.iter().filter(|d| d.is_online()).map(|d| d.flush())).await;
+        self.pool.persist_failures().await?;
         self.readable_everywhere()
     }
 

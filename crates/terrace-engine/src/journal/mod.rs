@@ -2,7 +2,7 @@
 //! in front of a space.
 //!
 //! ```text
-//!   write ──▶ small or partial-row? ──yes──▶ append record (FUA, log mirror) ──▶ index ──▶ ack
+//!   write ──▶ small or partial-row? ──yes──▶ append record (log mirror) ──▶ index ──▶ group flush ──▶ ack
 //!                 │ no (whole rows, nothing logged under it)          ▲ in sequence order
 //!                 ▼                                                   │
 //!             straight to the disks ──▶ Invalidate record if needed ──┘
@@ -17,7 +17,9 @@
 //! # What makes it safe
 //!
 //! * A write is acknowledged only when its record and every earlier record
-//!   are durable in the log (FUA on every copy of the log mirror). Recovery
+//!   are durable in the log: records are written to every copy of the log
+//!   mirror, then one writer at a time flushes the log's disks for all
+//!   records written so far (group commit) while the others wait. Recovery
 //!   scans records in order from the committed tail and stops at the first
 //!   that is not valid (checksums, epoch, position, sequence), so nothing
 //!   acknowledged lies beyond that point.
@@ -95,6 +97,9 @@ struct Record {
     sequence: u64,
     /// Blocks the record names (data or invalidation).
     blocks: Vec<u64>,
+    /// Its write to the log completed (it may still be in a volatile cache).
+    written: bool,
+    /// Written and flushed: it survives a power cut.
     durable: bool,
     /// Its blocks are home (or superseded), and it no longer holds the tail.
     destaged: bool,
@@ -126,6 +131,10 @@ struct State {
     /// Every record with a smaller sequence is durable.
     durable_below: u64,
     durable_waiters: Vec<(u64, oneshot::Sender<()>)>,
+    /// A group commit (flush of the log's disks) is running; who waits for
+    /// it to end.
+    syncing: bool,
+    sync_waiters: Vec<oneshot::Sender<()>>,
     space_waiters: Vec<oneshot::Sender<()>>,
     dirty_bytes: u64,
     /// Why the space runs write-through, if it does.
@@ -202,6 +211,8 @@ impl Journal {
                 recent: BTreeMap::new(),
                 durable_below: 1,
                 durable_waiters: Vec::new(),
+                syncing: false,
+                sync_waiters: Vec::new(),
                 space_waiters: Vec::new(),
                 dirty_bytes: 0,
                 failed: None,
@@ -501,10 +512,10 @@ impl Journal {
             writes.push(self.log.write_home(
                 wrap_at.offset,
                 self.wrap_block(wrap_at, wrap_sequence, at.position),
-                true,
+                false,
             ));
         }
-        writes.push(self.log.write_home(at.offset, payload.freeze(), true));
+        writes.push(self.log.write_home(at.offset, payload.freeze(), false));
         let results = join_all(writes).await;
         self.counters
             .log_bytes_written
@@ -519,15 +530,11 @@ impl Journal {
             }
             return Ok(());
         }
-        let waiter = {
+        {
             let mut state = self.state();
-            let wrap_sequence = wrap.map(|(_, s)| s);
-            for done in wrap_sequence.into_iter().chain([sequence]) {
+            for done in wrap.map(|(_, s)| s).into_iter().chain([sequence]) {
                 if let Some(record) = state.records.iter_mut().find(|r| r.sequence == done) {
-                    record.durable = true;
-                    // A wrap record holds no data: done once durable (not
-                    // before, or the tail could pass it unwritten).
-                    record.destaged |= Some(done) == wrap_sequence;
+                    record.written = true;
                 }
             }
             for (block, data) in pieces {
@@ -540,24 +547,93 @@ impl Journal {
                     entry.committed = Some((sequence, data));
                 }
             }
-            advance_durable(&mut state);
-            if state.durable_below > sequence {
-                None
-            } else {
-                let (sender, receiver) = oneshot::channel();
-                state.durable_waiters.push((sequence, sender));
-                Some(receiver)
-            }
-        };
-        if let Some(waiter) = waiter {
-            if waiter.await.is_err() {
-                // The log failed under an earlier record: this record's
-                // data is committed in memory; write it home with the rest.
-                let _guard = self.destaging.lock().await;
-                self.destage_locked(home, u64::MAX).await?;
+            // A group commit waiting for this write can go now.
+            for sender in state.sync_waiters.drain(..) {
+                let _ = sender.send(());
             }
         }
+        if self.sync_through(sequence).await.is_err() {
+            // The log failed: this record's data is committed in memory;
+            // write it home with the rest.
+            let _guard = self.destaging.lock().await;
+            self.destage_locked(home, u64::MAX).await?;
+        }
         Ok(())
+    }
+
+    /// Group commit: return once record `sequence` and every earlier one
+    /// are durable. One writer at a time flushes the log's disks for every
+    /// record written so far; the others wait for it and check again.
+    async fn sync_through(&self, sequence: u64) -> Result<(), EngineError> {
+        enum Role {
+            Done,
+            Lead(u64),
+            Wait(oneshot::Receiver<()>),
+        }
+        loop {
+            let role = {
+                let mut state = self.state();
+                if let Some(reason) = &state.failed {
+                    return Err(EngineError::Unavailable {
+                        space: self.log.name().to_string(),
+                        offset: 0,
+                        length: 0,
+                        reason: reason.clone(),
+                    });
+                }
+                let mut end = state.durable_below;
+                for record in &state.records {
+                    if record.sequence < end {
+                        continue;
+                    }
+                    if record.sequence == end && record.written {
+                        end += 1;
+                    } else {
+                        break;
+                    }
+                }
+                if state.durable_below > sequence {
+                    Role::Done
+                } else if !state.syncing && end > state.durable_below {
+                    state.syncing = true;
+                    Role::Lead(end)
+                } else {
+                    let (sender, receiver) = oneshot::channel();
+                    state.sync_waiters.push(sender);
+                    Role::Wait(receiver)
+                }
+            };
+            match role {
+                Role::Done => return Ok(()),
+                Role::Wait(receiver) => {
+                    let _ = receiver.await;
+                }
+                Role::Lead(end) => {
+                    let result = self.log.flush_own_disks().await;
+                    if let Err(error) = &result {
+                        self.log_failed_locked(&[], &[], error.to_string());
+                    }
+                    let mut state = self.state();
+                    state.syncing = false;
+                    if result.is_ok() {
+                        for record in state.records.iter_mut() {
+                            if record.sequence < end && record.written {
+                                record.durable = true;
+                                // A wrap record holds no data: done once
+                                // durable (not before, or the tail could
+                                // pass it unwritten).
+                                record.destaged |= record.blocks.is_empty();
+                            }
+                        }
+                        advance_durable(&mut state);
+                    }
+                    for sender in state.sync_waiters.drain(..) {
+                        let _ = sender.send(());
+                    }
+                    result?;
+                }
+            }
+        }
     }
 
     /// Reserve ring space (waiting for destaging if it is full), a sequence
@@ -618,7 +694,7 @@ impl Journal {
                 state.failed = Some(format!("write-through: the log failed ({reason})"));
             }
             // Forget this record's reservations; its data goes home directly.
-            let sequence = *sequences.last().expect("a record");
+            let sequence = sequences.last().copied().unwrap_or(0);
             for block in blocks {
                 if let Some(entry) = state.index.get(block) {
                     if entry.reserved == sequence && entry.committed.is_none() {
@@ -628,9 +704,13 @@ impl Journal {
             }
             for record in state.records.iter_mut() {
                 if sequences.contains(&record.sequence) {
+                    record.written = true;
                     record.durable = true;
                     record.destaged = true;
                 }
+            }
+            for sender in state.sync_waiters.drain(..) {
+                let _ = sender.send(());
             }
             for (_, sender) in state.durable_waiters.drain(..) {
                 drop(sender);
@@ -914,6 +994,7 @@ impl Journal {
             let mut state = self.state();
             for record in state.records.iter_mut() {
                 if sequences.contains(&record.sequence) {
+                    record.written = true;
                     record.durable = true;
                     record.destaged = true;
                 }
@@ -1110,6 +1191,7 @@ fn push_record(state: &mut State, at: Cursor, bytes: u64, sequence: u64, blocks:
         bytes,
         sequence,
         blocks,
+        written: false,
         durable: false,
         destaged: false,
     });
@@ -1350,6 +1432,8 @@ mod tests {
             recent: BTreeMap::new(),
             durable_below: 1,
             durable_waiters: Vec::new(),
+            syncing: false,
+            sync_waiters: Vec::new(),
             space_waiters: Vec::new(),
             dirty_bytes: 0,
             failed: None,
