@@ -309,6 +309,9 @@ pub struct CacheView {
     pub bypassed_writes: u64,
     pub bypassed_bytes: u64,
     pub destaged_bytes: u64,
+    /// Bytes per second being destaged now.
+    #[serde(default)]
+    pub destage_rate_bytes_per_second: u64,
     /// Why the space runs write-through, if it does.
     pub write_through: Option<String>,
 }

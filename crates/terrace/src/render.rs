@@ -328,12 +328,13 @@ pub fn cache_lines(space: &SpaceView) -> String {
         cache.log_health,
     );
     out.push_str(&format!(
-        "    absorbed {} writes ({}), bypassed {} ({}), destaged {}\n    {}\n",
+        "    absorbed {} writes ({}), bypassed {} ({}), destaged {} (now {}/s)\n    {}\n",
         cache.absorbed_writes,
         format_size(cache.absorbed_bytes),
         cache.bypassed_writes,
         format_size(cache.bypassed_bytes),
         format_size(cache.destaged_bytes),
+        format_size(cache.destage_rate_bytes_per_second),
         cache.protects,
     ));
     if let Some(reason) = &cache.write_through {

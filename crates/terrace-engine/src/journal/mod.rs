@@ -150,6 +150,9 @@ pub struct Counters {
     pub bypassed_bytes: AtomicU64,
     pub destaged_bytes: AtomicU64,
     pub log_bytes_written: AtomicU64,
+    /// Rate of the last destage round (bytes per second) and when it ended.
+    pub destage_rate: AtomicU64,
+    pub destage_ended_ns: AtomicU64,
 }
 
 /// What a status view shows of a cache.
@@ -165,6 +168,8 @@ pub struct CacheStatus {
     pub bypassed_writes: u64,
     pub bypassed_bytes: u64,
     pub destaged_bytes: u64,
+    /// Bytes per second destaging now (0 when idle for 2 s).
+    pub destage_rate: u64,
     pub write_through: Option<String>,
 }
 
@@ -259,6 +264,15 @@ impl Journal {
             bypassed_writes: self.counters.bypassed_writes.load(Ordering::Relaxed),
             bypassed_bytes: self.counters.bypassed_bytes.load(Ordering::Relaxed),
             destaged_bytes: self.counters.destaged_bytes.load(Ordering::Relaxed),
+            destage_rate: {
+                let ended = self.counters.destage_ended_ns.load(Ordering::Relaxed);
+                let idle = self.log.pool.env.now_ns().saturating_sub(ended) > 2_000_000_000;
+                if idle {
+                    0
+                } else {
+                    self.counters.destage_rate.load(Ordering::Relaxed)
+                }
+            },
             write_through: state.failed.clone(),
         }
     }
@@ -767,6 +781,7 @@ impl Journal {
         // The oldest durable records within the budget, and their blocks
         // whose newest data they still hold.
         let failed = self.state().failed.is_some();
+        let started_ns = home.pool.env.now_ns();
         let (picked, work) = {
             let state = self.state();
             if failed {
@@ -887,6 +902,15 @@ impl Journal {
         self.counters
             .destaged_bytes
             .fetch_add(written, Ordering::Relaxed);
+        let ended_ns = home.pool.env.now_ns();
+        let elapsed = ended_ns.saturating_sub(started_ns).max(1);
+        self.counters.destage_rate.store(
+            written.saturating_mul(1_000_000_000) / elapsed,
+            Ordering::Relaxed,
+        );
+        self.counters
+            .destage_ended_ns
+            .store(ended_ns, Ordering::Relaxed);
         {
             let mut state = self.state();
             for (block, (sequence, _)) in work.iter().filter(|(b, _)| !skipped.contains(b)) {

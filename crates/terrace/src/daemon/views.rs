@@ -157,6 +157,7 @@ fn cache_view(cache: &terrace_engine::CacheInfo) -> crate::api::CacheView {
         bypassed_writes: status.bypassed_writes,
         bypassed_bytes: status.bypassed_bytes,
         destaged_bytes: status.destaged_bytes,
+        destage_rate_bytes_per_second: status.destage_rate,
         write_through: status.write_through.clone(),
     }
 }

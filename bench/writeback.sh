@@ -1,0 +1,193 @@
+#!/usr/bin/env bash
+# Write-back cache benchmark: the white paper's machine from drive models
+# (8 × hdd-10k + 3 × ssd-sata journal disks), parity with and without the
+# log against a 2-way mirror, over the write-bearing standard profiles; then
+# the same layouts on the raw files (no models) beside btrfs raid5/raid6 on
+# loop devices over the same kind of files.
+#
+#   bench/writeback.sh [seconds-per-run] [outstanding-ios]
+#
+# Each run on a space with a log starts from an empty log (the previous
+# run's dirty data is destaged first), as separate measurements would; a
+# run shows what the log absorbs plus what destaging manages meanwhile.
+# Prints markdown tables (IO/s and MB/s per space and profile, and the
+# ratios the write-back issue aims at). Needs root (loop devices, mount),
+# fio, btrfs-progs. The binary is built and taken from $CARGO_TARGET_DIR
+# (default target/).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+seconds="${1:-10}"
+depth="${2:-32}"
+work="$(mktemp -d /var/tmp/terrace-writeback.XXXXXX)"
+pids=()
+loops=()
+cleanup() {
+    set +e
+    mountpoint -q "$work/btrfs" && umount "$work/btrfs"
+    for loop in "${loops[@]}"; do losetup -d "$loop"; done
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+for tool in fio mkfs.btrfs; do
+    command -v "$tool" >/dev/null || { echo "needs $tool" >&2; exit 1; }
+done
+cargo build --release -q -p terrace
+terrace="${CARGO_TARGET_DIR:-target}/release/terrace"
+
+# name rw bs rwmixread
+profiles=(
+    "file-copy randrw 64k 50"
+    "file-server randrw 64k 67"
+    "database randrw 8k 67"
+    "restore write 64k 0"
+    "random-write randwrite 4k 0"
+)
+
+# fio on a target; prints "IO/s MB/s".
+run_fio() {
+    local target="$1" rw="$2" bs="$3" mix="$4" size="$5"
+    local out="$work/fio.json"
+    fio --name=bench $target --rw="$rw" --bs="$bs" --rwmixread="$mix" --iodepth="$depth" \
+        --size="$size" --time_based --runtime="$seconds" --ramp_time=2 \
+        --output-format=json --output="$out" >/dev/null 2>&1
+    python3 - "$out" <<'PY'
+import json, sys
+job = json.load(open(sys.argv[1]))["jobs"][0]
+iops = job["read"]["iops"] + job["write"]["iops"]
+mbs = (job["read"]["bw_bytes"] + job["write"]["bw_bytes"]) / 1e6
+print(f"{iops:.0f} {mbs:.1f}")
+PY
+}
+
+# Wait (at most 5 minutes) until a space's log holds nothing dirty, so each
+# run starts from an empty log as a separate measurement would.
+drain() {
+    local dir="$1" space="$2"
+    for _ in $(seq 600); do
+        dirty=$("$terrace" --control "$dir/ctl.sock" space show "$space" --json |
+            python3 -c 'import json,sys; c=json.load(sys.stdin)["space"].get("cache"); print(c["dirty_bytes"] if c else 0)')
+        [ "$dirty" = 0 ] && return
+        sleep 0.5
+    done
+    echo "warning: $space still has $dirty dirty bytes" >&2
+}
+
+start_daemon() {
+    local dir="$1"
+    mkdir -p "$dir"
+    "$terrace" daemon --state-dir "$dir/state" --control "$dir/ctl.sock" \
+        --nbd-socket "$dir/nbd.sock" --no-tcp 2>"$dir/daemon.log" &
+    pids+=($!)
+    for _ in $(seq 100); do "$terrace" --control "$dir/ctl.sock" status >/dev/null 2>&1 && break; sleep 0.1; done
+}
+
+# Spaces of one pool; $1 folder, $2 "model" or "raw".
+make_pool() {
+    local dir="$1" kind="$2" disks=()
+    mkdir -p "$dir/disks"
+    for i in $(seq 0 7); do
+        truncate -s 24G "$dir/disks/hdd$i.img"
+        if [ "$kind" = model ]; then
+            disks+=("$dir/disks/hdd$i.img,model=hdd-10k,media=hdd")
+        else
+            disks+=("$dir/disks/hdd$i.img")
+        fi
+    done
+    for i in 0 1 2; do
+        truncate -s 8G "$dir/disks/ssd$i.img"
+        if [ "$kind" = model ]; then
+            disks+=("$dir/disks/ssd$i.img,model=ssd-sata,media=ssd,usage=journal")
+        else
+            disks+=("$dir/disks/ssd$i.img,usage=journal")
+        fi
+    done
+    local ctl=(--control "$dir/ctl.sock")
+    "$terrace" "${ctl[@]}" pool create wb "${disks[@]}" --slab 256M >/dev/null
+    "$terrace" "${ctl[@]}" space create wb p2-log --layout parity --redundancy 2 --size 8G --cache 1G >/dev/null
+    "$terrace" "${ctl[@]}" space create wb p2 --layout parity --redundancy 2 --size 8G --cache 0 >/dev/null
+    "$terrace" "${ctl[@]}" space create wb p1-log --layout parity --redundancy 1 --size 8G --cache 1G >/dev/null
+    "$terrace" "${ctl[@]}" space create wb p1 --layout parity --redundancy 1 --size 8G --cache 0 >/dev/null
+    "$terrace" "${ctl[@]}" space create wb m2 --layout mirror --copies 2 --size 8G --cache 0 >/dev/null
+}
+
+results="$work/results.txt"
+: >"$results"
+
+echo "== with drive models (8 × hdd-10k, 3 × ssd-sata journal disks)" >&2
+start_daemon "$work/model"
+make_pool "$work/model" model
+for profile in "${profiles[@]}"; do
+    read -r name rw bs mix <<<"$profile"
+    for space in p2-log p2 p1-log p1 m2; do
+        uri="nbd+unix:///$space?socket=$work/model/nbd.sock"
+        echo "model $name $space $(run_fio "--ioengine=nbd --uri=$uri" "$rw" "$bs" "$mix" 8G)" >>"$results"
+        tail -1 "$results" >&2
+        drain "$work/model" "$space"
+    done
+done
+
+echo "== raw files, terrace vs btrfs raid5/raid6 on loop devices" >&2
+start_daemon "$work/raw"
+make_pool "$work/raw" raw
+for level in raid5 raid6; do
+    mkdir -p "$work/$level" "$work/btrfs"
+    devs=()
+    for i in $(seq 0 7); do
+        truncate -s 24G "$work/$level/d$i.img"
+        loop=$(losetup --find --show --direct-io=on "$work/$level/d$i.img")
+        loops+=("$loop")
+        devs+=("$loop")
+    done
+    mkfs.btrfs -q -f -d "$level" -m raid1c3 "${devs[@]}" >/dev/null
+    mount "${devs[0]}" "$work/btrfs"
+    for profile in "${profiles[@]}"; do
+        read -r name rw bs mix <<<"$profile"
+        echo "raw $name btrfs-$level $(run_fio "--ioengine=libaio --direct=1 --filename=$work/btrfs/file" "$rw" "$bs" "$mix" 8G)" >>"$results"
+        tail -1 "$results" >&2
+    done
+    umount "$work/btrfs"
+    for loop in "${devs[@]}"; do losetup -d "$loop"; done
+    loops=()
+    rm -rf "$work/$level"
+done
+for profile in "${profiles[@]}"; do
+    read -r name rw bs mix <<<"$profile"
+    for space in p2-log p1-log; do
+        uri="nbd+unix:///$space?socket=$work/raw/nbd.sock"
+        echo "raw $name $space $(run_fio "--ioengine=nbd --uri=$uri" "$rw" "$bs" "$mix" 8G)" >>"$results"
+        tail -1 "$results" >&2
+        drain "$work/raw" "$space"
+    done
+done
+
+python3 - "$results" "$depth" <<'PY'
+import sys, collections
+rows = collections.defaultdict(dict)
+for line in open(sys.argv[1]):
+    kind, profile, target, iops, mbs = line.split()
+    rows[(kind, profile)][target] = (float(iops), float(mbs))
+depth = sys.argv[2]
+print(f"With drive models, {depth} outstanding I/Os: IO/s (MB/s)\n")
+spaces = ["p2-log", "p2", "p1-log", "p1", "m2"]
+print("| profile | " + " | ".join(spaces) + " | p2-log / m2 | p2-log / p2 | p1-log / p1 |")
+print("|---|" + "---|" * (len(spaces) + 3))
+for (kind, profile), by in rows.items():
+    if kind != "model":
+        continue
+    cells = [f"{by[s][0]:.0f} ({by[s][1]:.1f})" for s in spaces]
+    r = lambda a, b: f"{by[a][0] / max(by[b][0], 1e-9):.2f}"
+    print(f"| {profile} | " + " | ".join(cells) + f" | {r('p2-log','m2')} | {r('p2-log','p2')} | {r('p1-log','p1')} |")
+print(f"\nRaw files (no models), {depth} outstanding I/Os: IO/s (MB/s)\n")
+targets = ["p2-log", "btrfs-raid6", "p1-log", "btrfs-raid5"]
+print("| profile | " + " | ".join(targets) + " | p2-log / raid6 | p1-log / raid5 |")
+print("|---|" + "---|" * (len(targets) + 2))
+for (kind, profile), by in rows.items():
+    if kind != "raw":
+        continue
+    cells = [f"{by[t][0]:.0f} ({by[t][1]:.1f})" for t in targets]
+    r = lambda a, b: f"{by[a][0] / max(by[b][0], 1e-9):.2f}"
+    print(f"| {profile} | " + " | ".join(cells) + f" | {r('p2-log','btrfs-raid6')} | {r('p1-log','btrfs-raid5')} |")
+PY
