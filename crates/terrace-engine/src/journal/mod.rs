@@ -988,7 +988,16 @@ impl Journal {
         if let Some(waiter) = waiter {
             let _ = waiter.await;
         }
-        let image = home.read(start, length).await?;
+        let sequences: Vec<u64> = wrap.map(|(_, s)| s).into_iter().chain([sequence]).collect();
+        let image = match home.read(start, length).await {
+            Ok(image) => image,
+            Err(error) => {
+                // The reserved record can never be written: the log cannot
+                // go on past it, so the space goes write-through.
+                self.log_failed_locked(&sequences, &[], format!("row image unreadable: {error}"));
+                return Err(error);
+            }
+        };
         let mut payload = aligned_buffer((HEADER_BYTES + length) as usize);
         payload[HEADER_BYTES as usize..].copy_from_slice(&image);
         let header = Header {
@@ -1011,7 +1020,6 @@ impl Journal {
         }
         writes.push(self.log.write_home(at.offset, payload.freeze(), true));
         let results = join_all(writes).await;
-        let sequences: Vec<u64> = wrap.map(|(_, s)| s).into_iter().chain([sequence]).collect();
         if let Some(error) = results.into_iter().find_map(Result::err) {
             self.log_failed_locked(&sequences, &[], error.to_string());
         } else {
@@ -1024,6 +1032,10 @@ impl Journal {
                 }
             }
             advance_durable(&mut state);
+            // Group commits waiting for the records after this one.
+            for sender in state.sync_waiters.drain(..) {
+                let _ = sender.send(());
+            }
         }
         home.write_home(start, image.freeze(), false).await?;
         Ok(true)
