@@ -1,0 +1,216 @@
+//! The redundancy template through the daemon and NBD, for every redundant
+//! layout: write known data, destroy as many disks as the layout tolerates,
+//! read everything back byte-identical, repair, check that redundancy is
+//! whole again, lose another disk and still read everything. And beyond
+//! tolerance: the space says it is offline, reads of lost extents fail,
+//! and no read returns wrong data.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{command, random_bytes, run, run_ok, sha256_file, skip_without, Daemon, MIB};
+use serde_json::Value;
+
+const DISK_BYTES: u64 = 512 * MIB;
+
+/// Layout arguments, columns chosen so that a repair has free disks left.
+const LAYOUTS: [(&str, &[&str], usize); 4] = [
+    (
+        "m2",
+        &["--layout", "mirror", "--copies", "2", "--columns", "2"],
+        1,
+    ),
+    (
+        "m3",
+        &["--layout", "mirror", "--copies", "3", "--columns", "1"],
+        2,
+    ),
+    (
+        "p1",
+        &["--layout", "parity", "--redundancy", "1", "--columns", "4"],
+        1,
+    ),
+    (
+        "p2",
+        &["--layout", "parity", "--redundancy", "2", "--columns", "5"],
+        2,
+    ),
+];
+
+fn space(daemon: &Daemon, pool: &str, name: &str) -> Value {
+    let status = daemon.pool_status(pool);
+    status["spaces"]
+        .as_array()
+        .and_then(|spaces| spaces.iter().find(|s| s["name"] == name).cloned())
+        .unwrap_or_else(|| panic!("space {name} missing: {status}"))
+}
+
+/// Disk indexes holding the space's slabs.
+fn disks_of(daemon: &Daemon, name: &str) -> Vec<usize> {
+    let detail = daemon.cli_json(&["space", "show", name]);
+    let mut disks: Vec<usize> = detail["extent_map"]
+        .as_array()
+        .expect("extent map")
+        .iter()
+        .flat_map(|extent| extent["slots"].as_array().cloned().unwrap_or_default())
+        .map(|slot| slot["disk"].as_u64().expect("disk") as usize)
+        .collect();
+    disks.sort_unstable();
+    disks.dedup();
+    disks
+}
+
+fn wait_for(what: &str, mut ready: impl FnMut() -> Option<String>) {
+    let started = Instant::now();
+    let mut last = String::new();
+    while started.elapsed() < Duration::from_secs(90) {
+        match ready() {
+            None => return,
+            Some(state) => last = state,
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("{what} did not happen: {last}");
+}
+
+fn lose(daemon: &Daemon, pool: &str, files: &[PathBuf], disk: usize) {
+    std::fs::remove_file(&files[disk]).expect("remove a disk file");
+    wait_for("the disk going missing", || {
+        let status = daemon.pool_status(pool);
+        let state = status["disks"][disk]["state"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        state
+            .eq_ignore_ascii_case("online")
+            .then(|| status.to_string())
+    });
+}
+
+fn read_back(daemon: &Daemon, name: &str, source: &Path, when: &str) {
+    let copy = daemon.temp().join(format!("{name}.back"));
+    run_ok(command("nbdcopy").arg(daemon.uri(name)).arg(&copy));
+    assert_eq!(
+        sha256_file(&copy, Some(32 * MIB)),
+        sha256_file(source, None),
+        "{name}: data {when}"
+    );
+}
+
+#[test]
+fn every_redundant_layout_survives_its_tolerance_repairs_and_another_loss() {
+    if skip_without("the redundancy template", &["nbdcopy"]) {
+        return;
+    }
+    let mut daemon = Daemon::start();
+    for (index, (name, layout, tolerance)) in LAYOUTS.iter().enumerate() {
+        let pool = format!("pool-{name}");
+        let files = daemon.disk_files(name, 8, DISK_BYTES);
+        daemon.create_pool(&pool, &files, "8M");
+        daemon.cli_json(&["pool", "set", &pool, "--retire-missing", "never"]);
+        daemon.create_space(&pool, name, layout, "32M");
+        let source = daemon.temp().join(format!("{name}.in"));
+        std::fs::write(&source, random_bytes(40 + index as u64, 32 * MIB as usize))
+            .expect("source");
+        run_ok(command("nbdcopy").arg(&source).arg(daemon.uri(name)));
+
+        let used = disks_of(&daemon, name);
+        for &disk in &used[..*tolerance] {
+            lose(&daemon, &pool, &files, disk);
+        }
+        read_back(&daemon, name, &source, "with the tolerated disks lost");
+        assert_ne!(space(&daemon, &pool, name)["health"], "offline");
+
+        daemon.cli_json(&["pool", "set", &pool, "--retire-missing", "always"]);
+        wait_for("the repair", || {
+            let view = space(&daemon, &pool, name);
+            (view["health"] != "healthy").then(|| view.to_string())
+        });
+        let check = daemon.cli_json(&["space", "verify", name]);
+        assert_eq!(check["mismatched_rows"], 0, "{name}: {check}");
+        assert_eq!(check["skipped_rows"], 0, "{name}: {check}");
+        read_back(&daemon, name, &source, "after the repair");
+
+        let now_used = disks_of(&daemon, name);
+        let next = *now_used
+            .iter()
+            .find(|disk| files[**disk].exists())
+            .expect("a disk left to lose");
+        daemon.cli_json(&["pool", "set", &pool, "--retire-missing", "never"]);
+        lose(&daemon, &pool, &files, next);
+        read_back(&daemon, name, &source, "after losing one more disk");
+    }
+    daemon.stop();
+}
+
+#[test]
+fn beyond_tolerance_the_space_is_offline_and_never_returns_wrong_data() {
+    if skip_without("the beyond-tolerance test", &["qemu-io"]) {
+        return;
+    }
+    let mut daemon = Daemon::start();
+    let files = daemon.disk_files("bt", 5, DISK_BYTES);
+    daemon.create_pool("bt", &files, "8M");
+    daemon.cli_json(&["pool", "set", "bt", "--retire-missing", "never"]);
+    // 3 columns over 5 disks: extents land on different disk sets.
+    daemon.create_space(
+        "bt",
+        "lost",
+        &[
+            "--layout",
+            "parity",
+            "--redundancy",
+            "1",
+            "--columns",
+            "3",
+            "--cache",
+            "0",
+        ],
+        "96M",
+    );
+    // One pattern byte per 16 MiB extent (2 data columns × 8 MiB slabs).
+    let extent = 16 * MIB;
+    let extents = 96 * MIB / extent;
+    let mut writes = command("qemu-io");
+    writes.args(["-f", "raw"]).arg(daemon.uri("lost"));
+    for e in 0..extents {
+        writes
+            .arg("-c")
+            .arg(format!("write -P {} {} {}", 0x40 + e, e * extent, extent));
+    }
+    run_ok(&mut writes);
+    let used = disks_of(&daemon, "lost");
+    lose(&daemon, "bt", &files, used[0]);
+    lose(&daemon, "bt", &files, used[1]);
+    let view = space(&daemon, "bt", "lost");
+    assert_eq!(
+        view["health"],
+        "offline",
+        "{view}\nused {used:?}\n{}",
+        daemon.pool_status("bt")["disks"]
+    );
+    let (mut readable, mut failed) = (0, 0);
+    for e in 0..extents {
+        let answer = run(command("qemu-io")
+            .args(["-f", "raw"])
+            .arg(daemon.uri("lost"))
+            .arg("-c")
+            .arg(format!("read -P {} {} {}", 0x40 + e, e * extent, extent)));
+        let output = format!("{}{}", answer.stdout, answer.stderr);
+        assert!(
+            !output.contains("Pattern verification failed"),
+            "extent {e} returned wrong data\n{}",
+            answer.describe()
+        );
+        if answer.success() && !output.contains("failed") {
+            readable += 1;
+        } else {
+            failed += 1;
+        }
+    }
+    assert!(failed > 0, "no read of a lost extent failed");
+    assert!(readable > 0, "no surviving extent was readable");
+    daemon.stop();
+}
