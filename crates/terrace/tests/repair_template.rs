@@ -214,3 +214,126 @@ fn beyond_tolerance_the_space_is_offline_and_never_returns_wrong_data() {
     assert!(readable > 0, "no surviving extent was readable");
     daemon.stop();
 }
+
+fn slabs_used(daemon: &Daemon, pool: &str) -> Vec<u64> {
+    daemon.pool_status(pool)["disks"]
+        .as_array()
+        .expect("disks")
+        .iter()
+        .map(|disk| disk["slabs_used"].as_u64().unwrap_or(0))
+        .collect()
+}
+
+fn repair_jobs(daemon: &Daemon) -> Vec<Value> {
+    daemon
+        .cli_json(&["job", "list"])
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// Mid-repair, the disk being repaired onto vanishes: the repair moves to
+/// another target and finishes. Then, mid-repair again, a second disk of
+/// a single-parity space vanishes: the job fails and says why, the space is
+/// offline, and reads never return wrong data.
+#[test]
+fn a_lost_target_is_replaced_and_a_second_failure_is_reported() {
+    if skip_without("the mid-repair failure test", &["nbdcopy"]) {
+        return;
+    }
+    let mut daemon = Daemon::start();
+    // Five disks for the space and two hot spares to repair onto, so the
+    // repair target holds nothing else of the space.
+    let files = daemon.disk_files("mid", 7, DISK_BYTES);
+    let specs: Vec<String> = files
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let spare = if i >= 5 { ",usage=hot-spare" } else { "" };
+            format!("{}{spare}", f.display())
+        })
+        .collect();
+    let mut create = vec!["pool", "create", "mid"];
+    create.extend(specs.iter().map(String::as_str));
+    create.extend(["--slab", "8M"]);
+    daemon.cli_json(&create);
+    daemon.cli_json(&[
+        "pool",
+        "set",
+        "mid",
+        "--retire-missing",
+        "never",
+        "--repair-rate",
+        "4M",
+    ]);
+    daemon.create_space(
+        "mid",
+        "s",
+        &[
+            "--layout",
+            "parity",
+            "--redundancy",
+            "1",
+            "--columns",
+            "3",
+            "--cache",
+            "0",
+        ],
+        "64M",
+    );
+    let source = daemon.temp().join("s.in");
+    std::fs::write(&source, random_bytes(77, 32 * MIB as usize)).expect("source");
+    run_ok(command("nbdcopy").arg(&source).arg(daemon.uri("s")));
+
+    let used = disks_of(&daemon, "s");
+    lose(&daemon, "mid", &files, used[0]);
+    let before = slabs_used(&daemon, "mid");
+    daemon.cli_json(&["pool", "set", "mid", "--retire-missing", "always"]);
+    let mut target = None;
+    wait_for("a repair target", || {
+        let now = slabs_used(&daemon, "mid");
+        target = (5..now.len()).find(|&d| now[d] > before[d] && files[d].exists());
+        target.is_none().then(|| format!("{before:?} -> {now:?}"))
+    });
+    lose(&daemon, "mid", &files, target.expect("target"));
+    wait_for("the repair onto another disk", || {
+        let view = space(&daemon, "mid", "s");
+        (view["health"] != "healthy").then(|| format!("{view} {:?}", repair_jobs(&daemon)))
+    });
+    let check = daemon.cli_json(&["space", "verify", "s"]);
+    assert_eq!(check["mismatched_rows"], 0, "{check}");
+    read_back(&daemon, "s", &source, "after the target was replaced");
+
+    // A new repair, and a second failure in the middle of it.
+    let used = disks_of(&daemon, "s");
+    daemon.cli_json(&["pool", "set", "mid", "--retire-missing", "never"]);
+    lose(&daemon, "mid", &files, used[0]);
+    daemon.cli_json(&["pool", "set", "mid", "--retire-missing", "always"]);
+    wait_for("the second repair to start", || {
+        let running = repair_jobs(&daemon)
+            .iter()
+            .any(|job| job["state"] == "running");
+        (!running).then(|| format!("{:?}", repair_jobs(&daemon)))
+    });
+    let second = *disks_of(&daemon, "s")
+        .iter()
+        .find(|&&d| files[d].exists())
+        .expect("another disk of the space");
+    lose(&daemon, "mid", &files, second);
+    wait_for("the repair to give up", || {
+        let failed = repair_jobs(&daemon).iter().any(|job| {
+            job["state"] == "failed" && !job["reason"].as_str().unwrap_or("").is_empty()
+        });
+        (!failed).then(|| format!("{:?}", repair_jobs(&daemon)))
+    });
+    let view = space(&daemon, "mid", "s");
+    assert_eq!(view["health"], "offline", "{view}");
+    let copy = daemon.temp().join("s.partial");
+    let answer = run(command("nbdcopy").arg(daemon.uri("s")).arg(&copy));
+    assert!(
+        !answer.success(),
+        "a read of lost extents must fail\n{}",
+        answer.describe()
+    );
+    daemon.stop();
+}
