@@ -150,11 +150,14 @@ impl Pool {
         space.set_journal(Some(Arc::new(journal)));
     }
 
-    /// At import: replay a space's log into it and start a fresh ring (or,
-    /// read-only, serve what the log holds from memory).
-    pub(crate) async fn recover_cache(&self, record: &SpaceRecord) -> Result<(), EngineError> {
+    /// At import: replay a space's log into it, resynchronise the ranges
+    /// it names as written straight to the disks, and start a fresh ring
+    /// (or, read-only, serve what the log holds from memory). Gives whether
+    /// the log accounts for every write the space may have had in flight,
+    /// so that the space needs no full resync after a crash.
+    pub(crate) async fn recover_cache(&self, record: &SpaceRecord) -> Result<bool, EngineError> {
         let Some(cache) = record.cache else {
-            return Ok(());
+            return Ok(false);
         };
         let (Some(space), Some(log)) = (
             self.space(&record.name),
@@ -164,8 +167,9 @@ impl Pool {
                 .get(&cache.log_space)
                 .cloned(),
         ) else {
-            return Ok(());
+            return Ok(false);
         };
+        let whole = log.readable_everywhere().is_ok();
         let recovered = journal::scan(&log, &cache).await?;
         if self.shared.read_only.is_some() {
             let journal = Journal::new(space.id(), log.clone(), cache.bytes, cache.epoch, false);
@@ -175,9 +179,18 @@ impl Pool {
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(log.id(), log);
             space.set_journal(Some(Arc::new(journal)));
-            return Ok(());
+            return Ok(false);
         }
         journal::replay(&space, &recovered.blocks).await?;
+        // Rows the log touched may have been cut mid-update (a destage or a
+        // direct write): make their redundancy agree with their data. The
+        // replay itself may have read-modify-written torn parity.
+        let mut ranges = recovered.dirty.clone();
+        ranges.extend(journal::block_runs(&recovered.blocks));
+        for (offset, length) in ranges {
+            crate::resync::resync_range(&space, offset, length).await?;
+        }
+        self.shared.flush_disks().await?;
         let epoch = self.shared.env.random_u64();
         self.shared
             .update_cache_record(space.id(), |cache| {
@@ -196,7 +209,7 @@ impl Pool {
                 ..cache
             },
         );
-        Ok(())
+        Ok(whole)
     }
 
     /// Change the write-back cache size of a live space (32M to 100G);

@@ -581,16 +581,23 @@ async fn open(
                 .insert(record.id, space),
         };
     }
-    // Write-back logs first: what they hold is newer than the disks.
+    // Write-back logs first: what they hold is newer than the disks. A
+    // space whose log accounts for everything it had in flight needs no
+    // full resync after a crash.
+    let mut accounted = std::collections::BTreeSet::new();
     for record in &metadata.spaces {
-        pool.recover_cache(record).await?;
+        if pool.recover_cache(record).await? {
+            accounted.insert(record.name.clone());
+        }
     }
     for job in metadata.jobs.iter().filter(|job| job.is_active()) {
         pool.install_job(job);
     }
     if !was_clean && pool.shared.read_only.is_none() {
         for space in pool.spaces() {
-            crate::resync::resync_space(&space).await?;
+            if !accounted.contains(space.name()) {
+                crate::resync::resync_space(&space).await?;
+            }
         }
         pool.shared.flush_disks().await?;
     }

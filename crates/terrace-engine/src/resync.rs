@@ -48,29 +48,57 @@ pub async fn verify_space(space: &Space) -> Result<RedundancyReport, EngineError
     walk(space, Pass::Verify).await
 }
 
+/// Rewrite redundancy of the rows under `[offset, offset + length)` only
+/// (after a crash, the ranges a write-back log says were being written).
+pub(crate) async fn resync_range(
+    space: &Space,
+    offset: u64,
+    length: u64,
+) -> Result<RedundancyReport, EngineError> {
+    let row_bytes = space.geometry.row_data_bytes();
+    let end = (offset + length).min(space.size_bytes());
+    let rows = (offset / row_bytes..end.div_ceil(row_bytes)).map(|row| {
+        let per_extent = space.geometry.rows_per_extent();
+        (row / per_extent, row % per_extent)
+    });
+    walk_rows(space, Pass::Repair, rows).await
+}
+
 async fn walk(space: &Space, pass: Pass) -> Result<RedundancyReport, EngineError> {
+    let extents = space.map().extents.len() as u64;
+    let per_extent = space.geometry.rows_per_extent();
+    let rows = (0..extents).flat_map(|extent| (0..per_extent).map(move |row| (extent, row)));
+    walk_rows(space, pass, rows).await
+}
+
+async fn walk_rows(
+    space: &Space,
+    pass: Pass,
+    rows: impl Iterator<Item = (u64, u64)>,
+) -> Result<RedundancyReport, EngineError> {
     let mut report = RedundancyReport::default();
     if space.geometry.layout() == Layout::Simple {
         return Ok(report);
     }
     let map = space.map();
-    for extent in 0..map.extents.len() as u64 {
-        for row in 0..space.geometry.rows_per_extent() {
-            let span = RowSpan {
-                extent,
-                row,
-                row_offset: 0,
-                length: space.geometry.row_data_bytes(),
-                request_offset: 0,
-            };
-            let io = space.row_io(&map, &span);
-            let _guard = space.locks.lock((extent, row)).await;
-            report.rows += 1;
-            match check_row(&io, pass).await {
-                RowState::Agrees => {}
-                RowState::Disagrees => report.mismatched_rows.push((extent, row)),
-                RowState::Skipped => report.skipped_rows += 1,
-            }
+    for (extent, row) in rows {
+        if extent >= map.extents.len() as u64 {
+            continue;
+        }
+        let span = RowSpan {
+            extent,
+            row,
+            row_offset: 0,
+            length: space.geometry.row_data_bytes(),
+            request_offset: 0,
+        };
+        let io = space.row_io(&map, &span);
+        let _guard = space.locks.lock((extent, row)).await;
+        report.rows += 1;
+        match check_row(&io, pass).await {
+            RowState::Agrees => {}
+            RowState::Disagrees => report.mismatched_rows.push((extent, row)),
+            RowState::Skipped => report.skipped_rows += 1,
         }
     }
     space.pool.persist_failures().await?;

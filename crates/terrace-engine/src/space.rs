@@ -454,9 +454,16 @@ impl Space {
                 return self.write(offset, zeroes, fua).await;
             }
         }
+        let intent = match &journal {
+            Some(journal) => journal.begin_direct(self, offset, length).await?,
+            None => None,
+        };
         let result = self
             .zero_checked(&map, offset, length, zero::Mode::Zeroes { fua })
             .await;
+        if let Some(journal) = &journal {
+            journal.end_direct(intent);
+        }
         self.pool.persist_failures().await?;
         result?;
         match journal {
@@ -477,9 +484,16 @@ impl Space {
                 return Ok(());
             }
         }
+        let intent = match &journal {
+            Some(journal) => journal.begin_direct(self, offset, length).await?,
+            None => None,
+        };
         let result = self
             .zero_checked(&map, offset, length, zero::Mode::Trim)
             .await;
+        if let Some(journal) = &journal {
+            journal.end_direct(intent);
+        }
         self.pool.persist_failures().await?;
         result?;
         match journal {

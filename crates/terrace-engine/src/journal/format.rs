@@ -37,6 +37,11 @@ pub enum Kind {
     RowImage,
     /// Filler to the end of the ring; the next record starts at offset 0.
     Wrap,
+    /// A range about to be written straight to the disks (whole rows, or
+    /// zeroing): entries (space offset, length, 0); no payload. Recovery
+    /// resynchronises these ranges' redundancy, which a power cut during
+    /// the write may have left disagreeing.
+    Dirty,
 }
 
 impl Kind {
@@ -46,6 +51,7 @@ impl Kind {
             Kind::Invalidate => 2,
             Kind::RowImage => 3,
             Kind::Wrap => 4,
+            Kind::Dirty => 5,
         }
     }
 
@@ -55,6 +61,7 @@ impl Kind {
             2 => Some(Kind::Invalidate),
             3 => Some(Kind::RowImage),
             4 => Some(Kind::Wrap),
+            5 => Some(Kind::Dirty),
             _ => None,
         }
     }

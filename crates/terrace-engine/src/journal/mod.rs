@@ -103,6 +103,11 @@ struct Record {
     durable: bool,
     /// Its blocks are home (or superseded), and it no longer holds the tail.
     destaged: bool,
+    /// A wrap record (no data: done once durable).
+    wrap: bool,
+    /// A dirty-range record whose write to the disks has not finished: the
+    /// tail must not pass it.
+    pinned: bool,
 }
 
 /// The newest logged data of one block.
@@ -367,7 +372,10 @@ impl Journal {
             return home.write_home(offset, data, fua).await;
         }
         if let Some(invalidate) = bypass {
-            home.write_home(offset, data, fua).await?;
+            let intent = self.begin_direct(home, offset, length).await?;
+            let written = home.write_home(offset, data, fua).await;
+            self.end_direct(intent);
+            written?;
             self.image_rows_gone_degraded(home, offset, length, &BTreeSet::new())
                 .await?;
             self.counters
@@ -489,6 +497,48 @@ impl Journal {
             pieces,
         )
         .await
+        .map(|_| ())
+    }
+
+    /// Before writing `[offset, offset + length)` straight to the disks:
+    /// log the range as dirty (durably), so that recovery resynchronises
+    /// its redundancy if a power cut tears the write. The record holds the
+    /// tail until [`Journal::end_direct`]. `None` when write-through.
+    pub(crate) async fn begin_direct(
+        &self,
+        home: &Space,
+        offset: u64,
+        length: u64,
+    ) -> Result<Option<u64>, EngineError> {
+        if self.state().failed.is_some() || length == 0 {
+            return Ok(None);
+        }
+        match self
+            .append(
+                home,
+                Kind::Dirty,
+                vec![[offset, length, 0]],
+                Vec::new(),
+                Vec::new(),
+            )
+            .await
+        {
+            Ok(sequence) => Ok(Some(sequence)),
+            Err(_) if self.state().failed.is_some() => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// The direct write logged by [`Journal::begin_direct`] has finished
+    /// (well or not): its record may go once the disks are flushed.
+    pub(crate) fn end_direct(&self, sequence: Option<u64>) {
+        let Some(sequence) = sequence else {
+            return;
+        };
+        let mut state = self.state();
+        if let Some(record) = state.records.iter_mut().find(|r| r.sequence == sequence) {
+            record.pinned = false;
+        }
     }
 
     /// Append one record and wait until it and all before it are durable.
@@ -500,11 +550,17 @@ impl Journal {
         entries: Vec<[u64; 3]>,
         blocks: Vec<u64>,
         pieces: Vec<(u64, Bytes)>,
-    ) -> Result<(), EngineError> {
+    ) -> Result<u64, EngineError> {
         let payload_bytes = pieces.len() as u64 * BLOCK_BYTES;
         let record_bytes = HEADER_BYTES + payload_bytes;
         let (at, sequence, wrap) = self
-            .reserve(home, record_bytes, &blocks, kind == Kind::Writes)
+            .reserve(
+                home,
+                record_bytes,
+                &blocks,
+                kind == Kind::Writes,
+                kind == Kind::Dirty,
+            )
             .await?;
         let mut payload = aligned_buffer(record_bytes as usize);
         for (i, (_, data)) in pieces.iter().enumerate() {
@@ -542,7 +598,7 @@ impl Journal {
             for (block, data) in pieces {
                 home.write_home(block * BLOCK_BYTES, data, true).await?;
             }
-            return Ok(());
+            return Ok(sequence);
         }
         {
             let mut state = self.state();
@@ -572,7 +628,7 @@ impl Journal {
             let _guard = self.destaging.lock().await;
             self.destage_locked(home, u64::MAX).await?;
         }
-        Ok(())
+        Ok(sequence)
     }
 
     /// Group commit: return once record `sequence` and every earlier one
@@ -636,7 +692,7 @@ impl Journal {
                                 // A wrap record holds no data: done once
                                 // durable (not before, or the tail could
                                 // pass it unwritten).
-                                record.destaged |= record.blocks.is_empty();
+                                record.destaged |= record.wrap;
                             }
                         }
                         advance_durable(&mut state);
@@ -658,6 +714,7 @@ impl Journal {
         record_bytes: u64,
         blocks: &[u64],
         dirtying: bool,
+        pinned: bool,
     ) -> Result<Reservation, EngineError> {
         loop {
             let waiter = {
@@ -670,7 +727,9 @@ impl Journal {
                         reason: reason.clone(),
                     });
                 }
-                if let Some(reserved) = try_reserve(&mut state, record_bytes, blocks, dirtying) {
+                if let Some(reserved) =
+                    try_reserve(&mut state, record_bytes, blocks, dirtying, pinned)
+                {
                     return Ok(reserved);
                 }
                 let (sender, receiver) = oneshot::channel();
@@ -799,7 +858,10 @@ impl Journal {
                 let mut picked = Vec::new();
                 let mut work: BTreeMap<u64, (u64, Bytes)> = BTreeMap::new();
                 for record in state.records.iter().filter(|r| !r.destaged) {
-                    if !record.durable || (taken > 0 && taken + record.bytes > budget) {
+                    if !record.durable
+                        || record.pinned
+                        || (taken > 0 && taken + record.bytes > budget)
+                    {
                         break;
                     }
                     taken += record.bytes;
@@ -968,7 +1030,7 @@ impl Journal {
             let mut state = self.state();
             let lap = state.lap_bytes.min(state.next_lap_bytes);
             let fits = HEADER_BYTES + length <= lap * state.image_reserve_per_mille / 1000;
-            fits.then(|| try_reserve(&mut state, HEADER_BYTES + length, &named, false))
+            fits.then(|| try_reserve(&mut state, HEADER_BYTES + length, &named, false, false))
                 .flatten()
         };
         let Some((at, sequence, wrap)) = reserved else {
@@ -1171,6 +1233,7 @@ fn try_reserve(
     record_bytes: u64,
     blocks: &[u64],
     dirtying: bool,
+    pinned: bool,
 ) -> Option<Reservation> {
     // Row images (not dirtying, not invalidations) may use the reserve.
     let image = !dirtying && !blocks.is_empty() && record_bytes > HEADER_BYTES;
@@ -1188,7 +1251,14 @@ fn try_reserve(
             let wrap_at = state.head;
             let wrap_sequence = state.next_sequence;
             state.next_sequence += 1;
-            push_record(state, wrap_at, HEADER_BYTES, wrap_sequence, Vec::new());
+            push_record(
+                state,
+                wrap_at,
+                HEADER_BYTES,
+                wrap_sequence,
+                Vec::new(),
+                (true, false),
+            );
             wrap = Some((wrap_at, wrap_sequence));
             state.lap_bytes = next_lap_bytes;
             Cursor {
@@ -1200,7 +1270,14 @@ fn try_reserve(
     };
     let sequence = state.next_sequence;
     state.next_sequence += 1;
-    push_record(state, at, record_bytes, sequence, blocks.to_vec());
+    push_record(
+        state,
+        at,
+        record_bytes,
+        sequence,
+        blocks.to_vec(),
+        (false, pinned),
+    );
     state.head = Cursor {
         position: at.position + record_bytes,
         offset: at.offset + record_bytes,
@@ -1218,7 +1295,14 @@ fn try_reserve(
     Some((at, sequence, wrap))
 }
 
-fn push_record(state: &mut State, at: Cursor, bytes: u64, sequence: u64, blocks: Vec<u64>) {
+fn push_record(
+    state: &mut State,
+    at: Cursor,
+    bytes: u64,
+    sequence: u64,
+    blocks: Vec<u64>,
+    (wrap, pinned): (bool, bool),
+) {
     for &block in &blocks {
         *state.recent.entry(block).or_insert(0) += 1;
     }
@@ -1230,6 +1314,8 @@ fn push_record(state: &mut State, at: Cursor, bytes: u64, sequence: u64, blocks:
         written: false,
         durable: false,
         destaged: false,
+        wrap,
+        pinned,
     });
 }
 
@@ -1331,12 +1417,15 @@ fn coalesce(work: &BTreeMap<u64, (u64, Bytes)>) -> Vec<(u64, Bytes)> {
 pub(crate) struct Recovered {
     /// Newest logged data per block (after invalidations).
     pub blocks: BTreeMap<u64, Bytes>,
+    /// Ranges written straight to the disks whose redundancy may disagree.
+    pub dirty: Vec<(u64, u64)>,
 }
 
 /// Scan a log from its committed tail: every valid record in order, until
 /// the first that is not.
 pub(crate) async fn scan(log: &Space, cache: &CacheRecord) -> Result<Recovered, EngineError> {
     let mut blocks: BTreeMap<u64, Bytes> = BTreeMap::new();
+    let mut dirty = Vec::new();
     let mut position = cache.checkpoint_hint;
     let mut offset = cache.checkpoint_offset;
     let mut expected_sequence: Option<u64> = None;
@@ -1383,6 +1472,16 @@ pub(crate) async fn scan(log: &Space, cache: &CacheRecord) -> Result<Recovered, 
                 position += header.record_bytes;
                 offset += header.record_bytes;
             }
+            Kind::Dirty => {
+                dirty.extend(
+                    header
+                        .entries
+                        .iter()
+                        .map(|[offset, length, _]| (*offset, *length)),
+                );
+                position += header.record_bytes;
+                offset += header.record_bytes;
+            }
             Kind::Invalidate => {
                 for [first, count, _] in &header.entries {
                     for block in *first..first + count {
@@ -1401,7 +1500,16 @@ pub(crate) async fn scan(log: &Space, cache: &CacheRecord) -> Result<Recovered, 
             }
         }
     }
-    Ok(Recovered { blocks })
+    Ok(Recovered { blocks, dirty })
+}
+
+/// Byte ranges of runs of contiguous blocks.
+pub(crate) fn block_runs(blocks: &BTreeMap<u64, Bytes>) -> Vec<(u64, u64)> {
+    let keys: Vec<u64> = blocks.keys().copied().collect();
+    ranges(&keys)
+        .into_iter()
+        .map(|(first, count)| (first * BLOCK_BYTES, count * BLOCK_BYTES))
+        .collect()
 }
 
 /// Write recovered blocks home (coalesced), then flush.
