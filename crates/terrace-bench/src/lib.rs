@@ -6,7 +6,8 @@
 //!     ├─ prefill.rs       random data over the working set, once per target
 //!     └─ runner.rs        one point: N requests always in flight, warm-up,
 //!          │              measured interval, latency histogram, CPU time
-//!          └─ Target      NbdTarget · FileTarget · SpaceTarget (targets.rs)
+//!          └─ Target      NbdTarget · FileTarget · StripeTarget · SpaceTarget
+//!                         (targets.rs)
 //!   Report (report.rs)    points + machine + settings → table.rs (terminal),
 //!                         serde JSON, plot.rs (one SVG per profile)
 //! ```
@@ -52,7 +53,7 @@ pub use report::{Point, Report};
 pub use runner::{run_point, RunOptions, SequentialMode};
 pub use sweep::{sweep, SweepConfig, DEFAULT_DEPTHS};
 pub use target::{Target, TargetError};
-pub use targets::{FileTarget, NbdTarget, SpaceTarget, TargetSpec};
+pub use targets::{FileTarget, NbdTarget, SpaceTarget, StripeTarget, TargetSpec};
 
 /// Why a benchmark could not run or could not write its results.
 #[derive(Debug, thiserror::Error)]

@@ -82,6 +82,58 @@ impl Report {
     pub fn from_json(text: &str) -> Result<Report, serde_json::Error> {
         serde_json::from_str(text)
     }
+
+    /// One report from several runs (alternating runs of one comparison,
+    /// each a target or a profile): profiles, targets and depths in the
+    /// order first seen (depths sorted), and for every target, profile and
+    /// depth measured more than once, the median run by throughput (the
+    /// upper median of an even count), so one disturbed run does not move
+    /// the figure. Machine and settings are the first report's, with the
+    /// union of depths; `None` when there is no report.
+    pub fn merge(reports: Vec<Report>) -> Option<Report> {
+        let mut reports = reports.into_iter();
+        let mut merged = reports.next()?;
+        let mut runs: Vec<Vec<Point>> = Vec::new();
+        let mut add = |merged: &mut Report, report_points: Vec<Point>| {
+            for point in report_points {
+                let same = merged.points.iter().position(|p| {
+                    (&p.target, &p.profile, p.outstanding)
+                        == (&point.target, &point.profile, point.outstanding)
+                });
+                match same {
+                    Some(index) => runs[index].push(point),
+                    None => {
+                        merged.points.push(point.clone());
+                        runs.push(vec![point]);
+                    }
+                }
+            }
+        };
+        let first_points = std::mem::take(&mut merged.points);
+        add(&mut merged, first_points);
+        for report in reports {
+            merged.started = merged.started.min(report.started);
+            for profile in report.profiles {
+                if !merged.profiles.iter().any(|p| p.name == profile.name) {
+                    merged.profiles.push(profile);
+                }
+            }
+            for target in report.targets {
+                if !merged.targets.iter().any(|t| t.name == target.name) {
+                    merged.targets.push(target);
+                }
+            }
+            merged.settings.depths.extend(report.settings.depths);
+            add(&mut merged, report.points);
+        }
+        merged.settings.depths.sort_unstable();
+        merged.settings.depths.dedup();
+        for (slot, mut samples) in merged.points.iter_mut().zip(runs) {
+            samples.sort_by(|a, b| a.mb_per_s.total_cmp(&b.mb_per_s));
+            *slot = samples.swap_remove(samples.len() / 2);
+        }
+        Some(merged)
+    }
 }
 
 /// `2025-01-31T12:34:56Z` for a time since the Unix epoch.

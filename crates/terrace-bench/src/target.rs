@@ -33,6 +33,10 @@ pub trait Target: Send + Sync {
     fn alignment(&self) -> u64 {
         1
     }
+    /// Largest request the target accepts (NBD servers advertise one).
+    fn request_max_bytes(&self) -> u64 {
+        u64::MAX
+    }
     /// Read `length` bytes at `offset`.
     fn read(&self, offset: u64, length: u32) -> BoxFuture<'_, TargetResult<Bytes>>;
     /// Write `data` at `offset`.

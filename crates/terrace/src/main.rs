@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod api;
+mod bench;
 mod cli;
 mod daemon;
 mod demo;
@@ -39,6 +40,8 @@ pub enum CliError {
     Protocol(String),
     #[error("{0}")]
     Daemon(String),
+    #[error("{0}")]
+    Bench(terrace_bench::BenchError),
     #[error("space {space}: data read back at offset {offset} differs from what was written")]
     Verify { space: String, offset: u64 },
 }
@@ -121,6 +124,10 @@ enum Command {
     /// Jobs: list, wait (with progress), pause, resume, cancel.
     #[command(subcommand)]
     Job(cli::JobCommand),
+    /// Measure the white paper's load profiles (file-copy, file-server,
+    /// database, streaming, restore) over outstanding I/Os against NBD
+    /// exports, files, devices or spaces; `bench paper` reproduces the paper.
+    Bench(Box<bench::BenchArgs>),
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
@@ -164,6 +171,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             };
             return runtime()?.block_on(demo::run(options));
         }
+        Command::Bench(args) => return bench::run(*args, &control, cli.json),
         Command::Status => api::Request::DaemonStatus,
         Command::Shutdown => api::Request::Shutdown,
         Command::Pool(command) => cli::pool_request(command)?,

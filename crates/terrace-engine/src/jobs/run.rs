@@ -63,19 +63,37 @@ impl Pool {
     }
 
     /// Start a repair for each failed or missing disk that still holds
-    /// slabs, as the retire-missing policy says (each disk is tried once per
-    /// metadata generation).
+    /// slabs of a space and has no job yet, as the retire-missing policy
+    /// says (each disk is tried once per metadata generation).
     async fn start_policy_repairs(&self, attempted: &mut BTreeSet<(DiskIndex, u64)>) {
         let metadata = self.metadata().await;
         if metadata.settings.retire_missing == RetireMissing::Never {
             return;
         }
-        let used = metadata.used_slabs();
+        // Only slabs of spaces count: a lost disk that was merely the
+        // target of a move is handled by that move's retargeting.
+        let holding: BTreeSet<DiskIndex> = metadata
+            .spaces
+            .iter()
+            .flat_map(|space| space.extents.iter())
+            .filter_map(|extent| extent.slabs.as_ref())
+            .flatten()
+            .map(|slab| slab.disk)
+            .collect();
         for (index, disk) in metadata.disks.iter().enumerate() {
             let index = DiskIndex(index as u16);
             let lost = matches!(disk.state, DiskState::Failed | DiskState::Missing);
-            let holds = used.iter().any(|slab| slab.disk == index);
-            if !lost || !holds || !attempted.insert((index, metadata.generation)) {
+            // A disk whose repair is still running holds slabs until its
+            // last move is done; starting another would only conflict.
+            let has_job = metadata
+                .jobs
+                .iter()
+                .any(|job| job.is_active() && super::kind_disks(job.kind).contains(&index));
+            if !lost
+                || has_job
+                || !holding.contains(&index)
+                || !attempted.insert((index, metadata.generation))
+            {
                 continue;
             }
             if let Err(error) = self.start_repair(index).await {
@@ -206,7 +224,9 @@ impl Pool {
     }
 
     /// Read the label block of every online disk, so that a disk that died
-    /// while nothing touched it is noticed (and repaired by policy).
+    /// while nothing touched it is noticed (and repaired by policy). A disk
+    /// whose label is no longer its own was overwritten (wiped, zeroed,
+    /// swapped under us): nothing on it can be trusted, so it is failed.
     async fn probe_disks(&self) {
         let probes = self
             .shared
@@ -214,15 +234,45 @@ impl Pool {
             .into_iter()
             .filter(|disk| disk.is_online())
             .map(|disk| async move {
-                let _ = disk
+                let (block, result) = disk
                     .read(
                         0,
                         terrace_io::aligned_buffer(terrace_meta::format::LABEL_BYTES),
                     )
                     .await;
+                // An error latched the disk failed already.
+                let suspect = result.is_ok() && label_problem(disk.label(), &block).is_some();
+                suspect.then_some(disk)
             });
-        join_all(probes).await;
+        let suspects: Vec<_> = join_all(probes).await.into_iter().flatten().collect();
+        if !suspects.is_empty() {
+            self.fail_overwritten(suspects).await;
+        }
         let _ = self.shared.persist_failures().await;
+    }
+
+    /// Look again, under the control lock, at disks whose label looked
+    /// wrong: a disk joining the pool is labelled under that lock, so only
+    /// a label that is still wrong there was really overwritten.
+    async fn fail_overwritten(&self, suspects: Vec<Arc<crate::disk::Disk>>) {
+        let _control = self.shared.control.lock().await;
+        for disk in suspects {
+            if self.shared.check_open().is_err() || !disk.is_online() {
+                continue;
+            }
+            let (block, result) = disk
+                .read(
+                    0,
+                    terrace_io::aligned_buffer(terrace_meta::format::LABEL_BYTES),
+                )
+                .await;
+            if result.is_err() {
+                continue;
+            }
+            if let Some(problem) = label_problem(disk.label(), &block) {
+                disk.set_condition(Condition::Failed, problem);
+            }
+        }
     }
 
     async fn persist_progress(&self, job_id: u64) {
@@ -256,6 +306,19 @@ impl Pool {
         if let Err(error) = outcome {
             self.fail_job(job_id, error.to_string()).await;
         }
+    }
+}
+
+/// Why the label block read from a disk shows it is no longer the member
+/// it was imported as, if it does.
+fn label_problem(expected: Option<&terrace_meta::Label>, block: &[u8]) -> Option<String> {
+    let expected = expected?;
+    match terrace_meta::Label::decode(block) {
+        Ok(found) if found.pool_id == expected.pool_id && found.disk_id == expected.disk_id => {
+            None
+        }
+        Ok(_) => Some("its label names another pool or disk: it was overwritten".into()),
+        Err(error) => Some(format!("its label is gone ({error}): it was overwritten")),
     }
 }
 
@@ -389,10 +452,12 @@ impl Pool {
             JobKind::Evacuate { disk } | JobKind::Replace { old: disk, .. } => {
                 let disks = self.shared.disks();
                 let released = &disks[usize::from(disk.0)];
+                // Out of service before its label goes, so the probe never
+                // takes the erased label for an overwritten disk.
+                released.set_condition(Condition::Standby, "removed from the pool");
                 if let Some(device) = released.device() {
                     let _ = terrace_meta::store::erase_label(device.inner().as_ref()).await;
                 }
-                released.set_condition(Condition::Standby, "removed from the pool");
             }
             JobKind::Resync { disk } => {
                 self.shared.forget_dirty(disk);

@@ -1,0 +1,291 @@
+//! `terrace bench` from the command line: outputs (table, JSON to a file or
+//! standard output, SVG), `space:` targets resolved through the daemon,
+//! `bench merge`, and errors that name the target and say what to do.
+//! Runs are a fraction of a second per point; nothing asserts a rate.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::{run, sparse_file, Daemon, MIB, TERRACE};
+use serde_json::Value;
+
+/// `terrace bench` with short points.
+fn bench(args: &[&str]) -> Command {
+    let mut command = Command::new(TERRACE);
+    command
+        .args([
+            "bench",
+            "--no-progress",
+            "--warmup",
+            "0",
+            "--duration",
+            "100ms",
+        ])
+        .args(args);
+    command
+}
+
+fn read_json(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).expect("report written")).expect("JSON")
+}
+
+fn point_keys(report: &Value) -> Vec<(String, String, u64)> {
+    report["points"]
+        .as_array()
+        .expect("points")
+        .iter()
+        .map(|p| {
+            (
+                p["target"].as_str().unwrap().to_string(),
+                p["profile"].as_str().unwrap().to_string(),
+                p["outstanding"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn bench_a_file_and_a_stripe_writes_json_svg_and_table() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (a, b) = (dir.path().join("a.img"), dir.path().join("b.img"));
+    sparse_file(&a, 8 * MIB);
+    sparse_file(&b, 8 * MIB);
+    let json = dir.path().join("out/report.json");
+    let svg = dir.path().join("plots");
+    let stripe = format!("raw={},{}", a.display(), b.display());
+    let answer = run(
+        bench(&["-p", "database", "-p", "seq:50:16K", "--depths", "1,4"])
+            .arg("--size")
+            .arg("4M")
+            .arg("--json-file")
+            .arg(&json)
+            .arg("--svg")
+            .arg(&svg)
+            .arg("--table")
+            .arg(format!("file={}", a.display()))
+            .arg(&stripe),
+    )
+    .check();
+    assert!(
+        answer.stdout.contains("outstanding"),
+        "{}",
+        answer.describe()
+    );
+    assert!(answer
+        .stdout
+        .contains("database (random, 67 % read / 33 % write, 8 KiB)"));
+    let report = read_json(&json);
+    let mut expected = Vec::new();
+    for target in ["file", "raw"] {
+        for profile in ["database", "sequential:50:16K"] {
+            for depth in [1, 4] {
+                expected.push((target.to_string(), profile.to_string(), depth));
+            }
+        }
+    }
+    assert_eq!(point_keys(&report), expected);
+    for target in report["targets"].as_array().unwrap() {
+        assert_eq!(target["working_set_bytes"], 4 * MIB);
+        assert_eq!(target["prefilled"], true);
+    }
+    for name in ["database.svg", "sequential-50-16K.svg"] {
+        let text = std::fs::read_to_string(svg.join(name)).expect("svg written");
+        assert!(text.trim_start().starts_with("<svg") && text.trim_end().ends_with("</svg>"));
+    }
+}
+
+#[test]
+fn global_json_prints_the_report_on_standard_output() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("a.img");
+    sparse_file(&file, 4 * MIB);
+    let answer = run(Command::new(TERRACE)
+        .args(["--json", "bench", "--no-progress", "--warmup", "0"])
+        .args(["--duration", "50ms", "-p", "restore", "--depths", "2"])
+        .arg(&file))
+    .check();
+    let report: Value = serde_json::from_str(&answer.stdout).expect("stdout is the JSON report");
+    assert_eq!(report["points"].as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        report["targets"][0]["prefilled"], false,
+        "restore only writes"
+    );
+}
+
+#[test]
+fn merge_folds_runs_into_one_report() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("a.img");
+    sparse_file(&file, 4 * MIB);
+    let mut runs = Vec::new();
+    for (index, profile) in ["database", "database", "streaming"].iter().enumerate() {
+        let json = dir.path().join(format!("run{index}.json"));
+        run(
+            bench(&["--prefill", "never", "-p", profile, "--depths", "1,2"])
+                .arg("--json-file")
+                .arg(&json)
+                .arg(format!("disk={}", file.display())),
+        )
+        .check();
+        runs.push(json);
+    }
+    let merged = dir.path().join("merged.json");
+    run(Command::new(TERRACE)
+        .args(["bench", "merge"])
+        .args(&runs)
+        .arg("--json-file")
+        .arg(&merged)
+        .arg("--svg")
+        .arg(dir.path().join("plots")))
+    .check();
+    let report = read_json(&merged);
+    let keys = point_keys(&report);
+    assert_eq!(
+        keys.len(),
+        4,
+        "database twice folds into one series: {keys:?}"
+    );
+    assert!(dir.path().join("plots/streaming.svg").is_file());
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, "{}").unwrap();
+    let answer = run(Command::new(TERRACE).args(["bench", "merge"]).arg(&bad));
+    assert_eq!(answer.code(), Some(2), "{}", answer.describe());
+    assert!(
+        answer.stderr.contains("not a report"),
+        "{}",
+        answer.describe()
+    );
+}
+
+#[test]
+fn errors_name_the_target_and_say_what_to_do() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let missing = dir.path().join("missing.img");
+    let answer = run(&mut bench(&[&format!("gone={}", missing.display())]));
+    assert_eq!(answer.code(), Some(1), "{}", answer.describe());
+    assert!(
+        answer.stderr.contains("target gone") && answer.stderr.contains("does the path exist"),
+        "{}",
+        answer.describe()
+    );
+
+    let answer = run(&mut bench(&["-p", "fast", "x.img"]));
+    assert_eq!(answer.code(), Some(2), "{}", answer.describe());
+    assert!(
+        answer.stderr.contains("random:70:8K"),
+        "{}",
+        answer.describe()
+    );
+
+    let empty = dir.path().join("empty.img");
+    std::fs::write(&empty, b"").unwrap();
+    let answer = run(&mut bench(&[empty.to_str().unwrap()]));
+    assert_eq!(answer.code(), Some(1), "{}", answer.describe());
+    assert!(
+        answer.stderr.contains("truncate -s"),
+        "{}",
+        answer.describe()
+    );
+
+    let file = dir.path().join("a.img");
+    sparse_file(&file, MIB);
+    let answer = run(&mut bench(&["--depths", "0", file.to_str().unwrap()]));
+    assert_eq!(answer.code(), Some(2), "{}", answer.describe());
+    assert!(
+        answer.stderr.contains("outstanding I/Os"),
+        "{}",
+        answer.describe()
+    );
+
+    let answer = run(&mut bench(&[
+        "--size",
+        "2M",
+        &format!("a={}", file.display()),
+    ]));
+    assert_eq!(answer.code(), Some(1), "{}", answer.describe());
+    assert!(answer.stderr.contains("target a"), "{}", answer.describe());
+    assert!(
+        answer.stderr.contains("larger than the target"),
+        "{}",
+        answer.describe()
+    );
+
+    let answer = run(Command::new(TERRACE)
+        .arg("--control")
+        .arg(dir.path().join("no-daemon.sock"))
+        .args(["bench", "space:vm"]));
+    assert_eq!(answer.code(), Some(1), "{}", answer.describe());
+    assert!(
+        answer.stderr.contains("target space:vm") && answer.stderr.contains("terrace daemon"),
+        "{}",
+        answer.describe()
+    );
+
+    let answer = run(&mut bench(&["http://example.com/disk"]));
+    assert_eq!(answer.code(), Some(2), "{}", answer.describe());
+    assert!(answer.stderr.contains("nbd://"), "{}", answer.describe());
+}
+
+#[test]
+fn a_space_of_the_daemon_is_measured_by_name() {
+    let daemon = Daemon::start();
+    let disks: Vec<String> = (0..2)
+        .map(|i| {
+            let path = daemon.root.join(format!("disks/d{i}.img"));
+            sparse_file(&path, 256 * MIB);
+            path.display().to_string()
+        })
+        .collect();
+    let mut create = vec!["pool", "create", "tank", "--slab", "16M"];
+    create.extend(disks.iter().map(String::as_str));
+    daemon.cli_ok(&create);
+    daemon.cli_ok(&[
+        "space", "create", "tank", "vm", "--layout", "mirror", "--size", "32M",
+    ]);
+    let json = daemon.root.join("report.json");
+    let answer = daemon.cli(&[
+        "bench",
+        "--no-progress",
+        "--warmup",
+        "0",
+        "--duration",
+        "100ms",
+        "-p",
+        "file-server",
+        "--depths",
+        "1,8",
+        "--size",
+        "8M",
+        "--json-file",
+        json.to_str().unwrap(),
+        "space:vm",
+        "named=space:vm@tank",
+    ]);
+    assert!(
+        answer.success(),
+        "{}\n{}",
+        answer.describe(),
+        daemon.log_tail()
+    );
+    let report = read_json(&json);
+    let targets: Vec<&str> = report["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(targets, ["space:vm", "named"]);
+    for point in report["points"].as_array().unwrap() {
+        assert!(point["ios"].as_u64().unwrap() > 0, "{point}");
+        assert!(point["write_ios"].as_u64().unwrap() > 0, "{point}");
+    }
+    let answer = daemon.cli(&["bench", "space:nothing"]);
+    assert_eq!(answer.code(), Some(1), "{}", answer.describe());
+    assert!(
+        answer.stderr.contains("target space:nothing"),
+        "{}",
+        answer.describe()
+    );
+}
