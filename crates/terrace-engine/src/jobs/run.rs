@@ -314,9 +314,7 @@ impl Pool {
 fn label_problem(expected: Option<&terrace_meta::Label>, block: &[u8]) -> Option<String> {
     let expected = expected?;
     match terrace_meta::Label::decode(block) {
-        Ok(found) if found.pool_id == expected.pool_id && found.disk_id == expected.disk_id => {
-            None
-        }
+        Ok(found) if found.pool_id == expected.pool_id && found.disk_id == expected.disk_id => None,
         Ok(_) => Some("its label names another pool or disk: it was overwritten".into()),
         Err(error) => Some(format!("its label is gone ({error}): it was overwritten")),
     }
