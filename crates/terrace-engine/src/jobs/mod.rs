@@ -109,7 +109,7 @@ impl JobRuntime {
     }
 
     /// Reserve `bytes` under `rate` (bytes/s) starting no earlier than
-    /// `now_ns`; returns when the reservation ends.
+    /// `now_ns`; returns when the reservation starts.
     fn reserve(&self, bytes: u64, rate: u64, now_ns: u64) -> u64 {
         let mut next = self
             .next_allowed_ns
@@ -117,7 +117,7 @@ impl JobRuntime {
             .unwrap_or_else(|e| e.into_inner());
         let start = (*next).max(now_ns);
         *next = start + bytes.saturating_mul(1_000_000_000) / rate.max(1);
-        *next
+        start
     }
 
     fn note_bytes(&self, job: u64, now_ns: u64, bytes_now: u64) {
@@ -231,10 +231,13 @@ impl Pool {
             }
         };
         job.state = state;
+        if state != JobState::Running {
+            // A paused job resumes, after a restart too, where it stopped.
+            self.save_watermarks(job);
+        }
         if state == JobState::Cancelled {
             job.reason = "cancelled".into();
             job.finished_ns = self.shared.env.wall_clock_ns();
-            self.save_watermarks(job);
         }
         let cancelled = (state == JobState::Cancelled).then(|| job.clone());
         self.shared.commit(&mut control, next).await?;
@@ -361,7 +364,9 @@ impl Pool {
     }
 }
 
-/// One active job per disk: two jobs moving the same slabs would race.
+/// One active job per disk: two jobs moving the same slabs would race. And
+/// a disk that an active job is filling cannot be emptied and released: the
+/// job would go on writing to a disk that left the pool.
 fn check_job_disks(metadata: &PoolMetadata, kind: JobKind) -> Result<(), EngineError> {
     let disks = kind_disks(kind);
     for disk in &disks {
@@ -372,11 +377,22 @@ fn check_job_disks(metadata: &PoolMetadata, kind: JobKind) -> Result<(), EngineE
             return Err(EngineError::NoSuchDisk { disk: disk.0 });
         }
     }
+    let emptied = match kind {
+        JobKind::Evacuate { disk } | JobKind::Replace { old: disk, .. } => Some(disk),
+        JobKind::Repair { .. } | JobKind::Resync { .. } => None,
+    };
     let busy = metadata
         .jobs
         .iter()
         .filter(|job| job.is_active())
-        .find(|job| kind_disks(job.kind).iter().any(|d| disks.contains(d)));
+        .find(|job| {
+            let filling = job
+                .moves
+                .iter()
+                .filter(|step| !step.done)
+                .any(|step| emptied == Some(step.target.disk));
+            filling || kind_disks(job.kind).iter().any(|d| disks.contains(d))
+        });
     match busy {
         Some(job) => Err(EngineError::JobConflict { id: job.id }),
         None => Ok(()),

@@ -35,17 +35,58 @@ fn allocators(
     ]
 }
 
-/// Choose a target slab for `slot` of an extent whose slabs are `slabs`.
+/// Where the other slots of one extent are, or are being moved to.
+struct ExtentPlaces<'a> {
+    /// The extent's slabs as the metadata has them.
+    slabs: &'a [SlabRef],
+    /// (slot, target) of every move of this extent still in flight in an
+    /// active job or planned in this one: once done, the slot lives there.
+    pending: Vec<(usize, SlabRef)>,
+}
+
+impl<'a> ExtentPlaces<'a> {
+    fn new(
+        metadata: &PoolMetadata,
+        space: terrace_meta::SpaceId,
+        extent: u32,
+        slabs: &'a [SlabRef],
+        planned: &[MoveRecord],
+    ) -> ExtentPlaces<'a> {
+        let in_flight = metadata
+            .jobs
+            .iter()
+            .filter(|job| job.is_active())
+            .flat_map(|job| job.moves.iter().filter(|step| !step.done));
+        let pending = in_flight
+            .chain(planned)
+            .filter(|step| step.space == space && step.extent == extent)
+            .map(|step| (usize::from(step.slot), step.target))
+            .collect();
+        ExtentPlaces { slabs, pending }
+    }
+
+    /// The disks that hold, or will hold, slot `slot`.
+    fn disks_of(&self, slot: usize) -> impl Iterator<Item = DiskIndex> + '_ {
+        let pending = self.pending.iter().filter(move |(s, _)| *s == slot);
+        std::iter::once(self.slabs[slot].disk).chain(pending.map(|(_, target)| target.disk))
+    }
+}
+
+/// Choose a target slab for `slot` of an extent: on no disk that holds or
+/// will hold another slot of it (two slots on one disk would make one disk
+/// failure cost two), outside the domains of its redundancy group.
 fn choose_target(
     metadata: &PoolMetadata,
     geometry: &Geometry,
     level: terrace_meta::FaultDomain,
-    slabs: &[SlabRef],
+    places: &ExtentPlaces,
     slot: usize,
     pools: &mut [Allocator; 2],
     also_avoid: Option<DiskIndex>,
 ) -> Option<SlabRef> {
-    let mut avoid_disks: BTreeSet<DiskIndex> = slabs.iter().map(|slab| slab.disk).collect();
+    let mut avoid_disks: BTreeSet<DiskIndex> = (0..places.slabs.len())
+        .flat_map(|other| places.disks_of(other))
+        .collect();
     avoid_disks.extend(also_avoid);
     let group = geometry
         .redundancy_groups()
@@ -55,10 +96,8 @@ fn choose_target(
     let avoid_domains: BTreeSet<String> = group
         .iter()
         .filter(|&&other| other as usize != slot)
-        .map(|&other| {
-            let disk = slabs[other as usize].disk;
-            metadata.disks[usize::from(disk.0)].domain_key(disk, level)
-        })
+        .flat_map(|&other| places.disks_of(other as usize))
+        .map(|disk| metadata.disks[usize::from(disk.0)].domain_key(disk, level))
         .collect();
     pools
         .iter_mut()
@@ -106,11 +145,12 @@ pub(crate) fn plan(metadata: &PoolMetadata, kind: JobKind) -> Result<Vec<MoveRec
                     continue;
                 }
                 let pools = &mut level_pools[position].1;
+                let places = ExtentPlaces::new(metadata, space.id, extent as u32, slabs, &moves);
                 let target = choose_target(
                     metadata,
                     &geometry,
                     space.fault_domain,
-                    slabs,
+                    &places,
                     slot,
                     pools,
                     None,
@@ -203,11 +243,12 @@ pub(crate) fn retarget(
         .clone()
         .unwrap_or_default();
     let mut pools = allocators(metadata, space.fault_domain, only);
+    let places = ExtentPlaces::new(metadata, step.space, step.extent, &slabs, &[]);
     choose_target(
         metadata,
         &geometry,
         space.fault_domain,
-        &slabs,
+        &places,
         usize::from(step.slot),
         &mut pools,
         Some(step.target.disk),

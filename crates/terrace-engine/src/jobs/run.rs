@@ -176,7 +176,14 @@ impl Pool {
             };
             let rows_per_step = (FILL_STEP_BYTES / geometry.interleave_bytes()).max(1);
             let to = (from + rows_per_step).min(geometry.rows_per_extent());
-            let started = self.shared.env.now_ns();
+            let rate = metadata.settings.repair_rate_bytes_per_second;
+            if self
+                .wait_turn(rate, (to - from) * geometry.interleave_bytes())
+                .await
+                && !self.job_running(work.job).await
+            {
+                return;
+            }
             let filled = crate::rebuild::fill_rows(
                 &space,
                 u64::from(step.extent),
@@ -185,20 +192,10 @@ impl Pool {
                 from..to,
             )
             .await;
-            match filled {
-                Ok(bytes) => {
-                    self.pace(
-                        metadata.settings.repair_rate_bytes_per_second,
-                        bytes,
-                        started,
-                    )
-                    .await
-                }
-                Err(error) => {
-                    self.move_failed(work.job, work.index, &destination, error)
-                        .await;
-                    return;
-                }
+            if let Err(error) = filled {
+                self.move_failed(work.job, work.index, &destination, error)
+                    .await;
+                return;
             }
             let now = self.shared.env.now_ns();
             self.shared
@@ -211,16 +208,29 @@ impl Pool {
         }
     }
 
-    /// Sleep as long as the pool's rate limit asks after moving `bytes`.
-    async fn pace(&self, rate: u64, bytes: u64, started_ns: u64) {
+    /// Wait until the pool's rate limit lets `bytes` more be moved: every
+    /// move books its step before it copies, so however many moves run at
+    /// once, no more than one step passes the limit. True if it waited.
+    async fn wait_turn(&self, rate: u64, bytes: u64) -> bool {
         if rate == 0 {
-            return;
+            return false;
         }
-        let until = self.shared.job_runtime.reserve(bytes, rate, started_ns);
         let now = self.shared.env.now_ns();
-        if until > now {
-            self.shared.env.sleep(until - now).await;
+        let start = self.shared.job_runtime.reserve(bytes, rate, now);
+        if start <= now {
+            return false;
         }
+        self.shared.env.sleep(start - now).await;
+        true
+    }
+
+    /// Whether a job is still running (not paused, cancelled or gone).
+    async fn job_running(&self, job_id: u64) -> bool {
+        self.metadata()
+            .await
+            .jobs
+            .iter()
+            .any(|job| job.id == job_id && job.state == JobState::Running)
     }
 
     /// Read the label block of every online disk, so that a disk that died

@@ -1,0 +1,768 @@
+//! Failures and repair end to end, through the daemon, the CLI and NBD:
+//!
+//! - disks zeroed under a running daemon are found out and failed, every
+//!   redundant layout reads back byte-identical, is repaired onto hot
+//!   spares or by `disk replace`, verifies clean, and survives one more loss;
+//! - beyond tolerance a space is offline, exactly the extents that lost too
+//!   much fail to read, every other extent reads right, also after a restart;
+//! - fio with verify runs through NBD before, during and after a repair;
+//! - SIGKILL mid-repair: the job comes back from its watermark, a paused job
+//!   stays paused across another kill, and it finishes with the data intact;
+//! - the repair target cannot be released while it is filled, vanishing is
+//!   survived by retargeting, a tolerated second failure mid-repair ends
+//!   healthy, and no job reports a failure that did not happen.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{
+    command, random_bytes, run, run_ok, run_with, sha256_file, skip_without, Daemon, MIB,
+};
+use serde_json::Value;
+
+const DISK_BYTES: u64 = 256 * MIB;
+const SLAB: &str = "8M";
+const SLAB_BYTES: u64 = 8 * MIB;
+
+/// How long any awaited state change may take before the test fails.
+const PATIENCE: Duration = Duration::from_secs(90);
+
+/// Poll `ready` until it answers `None` (done); `Some(state)` says what
+/// it saw, for the failure message.
+#[track_caller]
+fn wait_until(daemon: &Daemon, what: &str, mut ready: impl FnMut() -> Option<String>) {
+    let started = Instant::now();
+    let mut last = String::new();
+    while started.elapsed() < PATIENCE {
+        match ready() {
+            None => return,
+            Some(state) => last = state,
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("{what} did not happen: {last}\n{}", daemon.log_tail());
+}
+
+fn space_view(daemon: &Daemon, name: &str) -> Value {
+    daemon.cli_json(&["space", "show", name])["space"].clone()
+}
+
+/// The disk index of every slot of every extent of a space.
+fn extent_disks(daemon: &Daemon, name: &str) -> Vec<Vec<usize>> {
+    let detail = daemon.cli_json(&["space", "show", name]);
+    detail["extent_map"]
+        .as_array()
+        .expect("extent map")
+        .iter()
+        .map(|extent| {
+            extent["slots"]
+                .as_array()
+                .expect("slots")
+                .iter()
+                .map(|slot| slot["disk"].as_u64().expect("disk") as usize)
+                .collect()
+        })
+        .collect()
+}
+
+fn disks_of(daemon: &Daemon, name: &str) -> Vec<usize> {
+    let all: BTreeSet<usize> = extent_disks(daemon, name).into_iter().flatten().collect();
+    all.into_iter().collect()
+}
+
+fn disk_view(daemon: &Daemon, pool: &str, disk: usize) -> Value {
+    daemon.pool_status(pool)["disks"][disk].clone()
+}
+
+fn jobs(daemon: &Daemon) -> Vec<Value> {
+    daemon
+        .cli_json(&["job", "list"])
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn job(daemon: &Daemon, id: u64) -> Value {
+    jobs(daemon)
+        .into_iter()
+        .find(|job| job["id"].as_u64() == Some(id))
+        .unwrap_or_else(|| panic!("job {id} is not listed: {:?}", jobs(daemon)))
+}
+
+/// The one active repair of `disk`, once it has started.
+fn repair_of(daemon: &Daemon, disk: usize) -> Value {
+    let mut found = None;
+    wait_until(daemon, "a repair starting", || {
+        found = jobs(daemon).into_iter().find(|job| {
+            job["kind"] == "repair"
+                && job["description"]
+                    .as_str()
+                    .is_some_and(|d| d.contains(&format!("disk {disk} ")))
+                && job["state"] == "running"
+        });
+        found.is_none().then(|| format!("{:?}", jobs(daemon)))
+    });
+    found.expect("a repair")
+}
+
+/// Every job the pool remembers ended well: none failed or was cancelled.
+#[track_caller]
+fn assert_no_failed_jobs(daemon: &Daemon) {
+    let listed = jobs(daemon);
+    for job in &listed {
+        assert!(
+            job["state"] == "done",
+            "a job did not end well: {job}\nall: {listed:?}"
+        );
+    }
+}
+
+/// Wait until no job runs and the space is healthy again.
+fn wait_healthy(daemon: &Daemon, name: &str) {
+    wait_until(daemon, "the repair", || {
+        let view = space_view(daemon, name);
+        let busy = jobs(daemon)
+            .iter()
+            .any(|job| job["state"] == "running" || job["state"] == "paused");
+        (busy || view["health"] != "healthy").then(|| format!("{view} {:?}", jobs(daemon)))
+    });
+}
+
+/// Every copy equal, every parity consistent, nothing left unchecked, and
+/// no disk holding two slots of one extent (one failure would cost two).
+#[track_caller]
+fn assert_redundant(daemon: &Daemon, name: &str) {
+    for (extent, slots) in extent_disks(daemon, name).iter().enumerate() {
+        let distinct: BTreeSet<&usize> = slots.iter().collect();
+        assert_eq!(
+            distinct.len(),
+            slots.len(),
+            "{name}: extent {extent} has two slots on one disk: {slots:?}"
+        );
+    }
+    let check = daemon.cli_json(&["space", "verify", name]);
+    assert_eq!(check["mismatched_rows"], 0, "{name}: {check}");
+    assert_eq!(check["skipped_rows"], 0, "{name}: {check}");
+    assert!(check["rows"].as_u64().unwrap_or(0) > 0, "{name}: {check}");
+}
+
+/// Overwrite a whole disk file with zeroes (label, metadata and data), the
+/// daemon still holding it open.
+fn zero_disk(path: &Path) {
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .expect("open a disk file");
+    let size = file.metadata().expect("size").len();
+    file.set_len(0).expect("truncate");
+    file.set_len(size).expect("extend");
+}
+
+/// Zero a disk and wait until the pool has failed it for its lost label.
+fn zero_and_wait(daemon: &Daemon, pool: &str, files: &[PathBuf], disk: usize) {
+    zero_disk(&files[disk]);
+    wait_until(daemon, "the zeroed disk failing", || {
+        let view = disk_view(daemon, pool, disk);
+        let failed =
+            view["state"] == "FAILED" && view["reason"].as_str().unwrap_or("").contains("label");
+        (!failed).then(|| view.to_string())
+    });
+}
+
+/// Delete a disk file and wait until the pool calls the disk missing.
+fn delete_and_wait(daemon: &Daemon, pool: &str, files: &[PathBuf], disk: usize) {
+    std::fs::remove_file(&files[disk]).expect("remove a disk file");
+    wait_until(daemon, "the deleted disk going missing", || {
+        let view = disk_view(daemon, pool, disk);
+        (view["state"] != "MISSING").then(|| view.to_string())
+    });
+}
+
+/// Read the whole space through NBD and compare its first bytes with `source`.
+#[track_caller]
+fn assert_reads_back(daemon: &Daemon, name: &str, source: &Path, when: &str) {
+    let length = std::fs::metadata(source).expect("source").len();
+    let copy = daemon.temp().join(format!("{name}.back"));
+    run_ok(command("nbdcopy").arg(daemon.uri(name)).arg(&copy));
+    assert_eq!(
+        sha256_file(&copy, Some(length)),
+        sha256_file(source, None),
+        "{name}: data {when}"
+    );
+}
+
+fn write_source(daemon: &Daemon, name: &str, seed: u64, length: u64) -> PathBuf {
+    let source = daemon.temp().join(format!("{name}.in"));
+    std::fs::write(&source, random_bytes(seed, length as usize)).expect("source");
+    run_ok(command("nbdcopy").arg(&source).arg(daemon.uri(name)));
+    source
+}
+
+/// `pool create` with some of the disks as hot spares.
+fn create_pool_with_spares(daemon: &Daemon, pool: &str, files: &[PathBuf], spares: usize) {
+    let first_spare = files.len() - spares;
+    let specs: Vec<String> = files
+        .iter()
+        .enumerate()
+        .map(|(index, file)| {
+            let usage = if index >= first_spare {
+                ",usage=hot-spare"
+            } else {
+                ""
+            };
+            format!("{}{usage}", file.display())
+        })
+        .collect();
+    let mut args = vec!["pool", "create", pool];
+    args.extend(specs.iter().map(String::as_str));
+    args.extend(["--slab", SLAB]);
+    daemon.cli_json(&args);
+}
+
+fn set_pool(daemon: &Daemon, pool: &str, settings: &[&str]) {
+    let mut args = vec!["pool", "set", pool];
+    args.extend_from_slice(settings);
+    daemon.cli_json(&args);
+}
+
+/// How a layout gets its redundancy back after the tolerated losses.
+#[derive(Clone, Copy, Debug)]
+enum Repair {
+    /// Hot spares in the pool and this retire-missing policy.
+    HotSpares(&'static str),
+    /// `disk replace LOST NEW` for every lost disk.
+    Replace,
+}
+
+struct Template {
+    name: &'static str,
+    layout: &'static [&'static str],
+    tolerance: usize,
+    capacity_disks: usize,
+    repair: Repair,
+}
+
+const TEMPLATES: [Template; 4] = [
+    Template {
+        name: "m2",
+        layout: &["--layout", "mirror", "--copies", "2", "--columns", "2"],
+        tolerance: 1,
+        capacity_disks: 4,
+        repair: Repair::HotSpares("auto"),
+    },
+    Template {
+        name: "m3",
+        layout: &["--layout", "mirror", "--copies", "3", "--columns", "1"],
+        tolerance: 2,
+        capacity_disks: 3,
+        repair: Repair::Replace,
+    },
+    Template {
+        name: "p1",
+        layout: &["--layout", "parity", "--redundancy", "1", "--columns", "3"],
+        tolerance: 1,
+        capacity_disks: 3,
+        repair: Repair::Replace,
+    },
+    Template {
+        name: "p2",
+        layout: &["--layout", "parity", "--redundancy", "2", "--columns", "4"],
+        tolerance: 2,
+        capacity_disks: 4,
+        repair: Repair::HotSpares("always"),
+    },
+];
+
+/// The redundancy template for one layout, in its own pool.
+fn redundancy_template(daemon: &Daemon, template: &Template, seed: u64) {
+    let name = template.name;
+    let pool = format!("pool-{name}");
+    let spares = match template.repair {
+        Repair::HotSpares(_) => template.tolerance,
+        Repair::Replace => 0,
+    };
+    let files = daemon.disk_files(name, template.capacity_disks + spares, DISK_BYTES);
+    create_pool_with_spares(daemon, &pool, &files, spares);
+    set_pool(daemon, &pool, &["--retire-missing", "never"]);
+    let mut layout = template.layout.to_vec();
+    layout.extend(["--cache", "0"]);
+    daemon.create_space(&pool, name, &layout, "32M");
+    let source = write_source(daemon, name, seed, 32 * MIB);
+
+    let lost: Vec<usize> = disks_of(daemon, name)[..template.tolerance].to_vec();
+    for &disk in &lost {
+        zero_and_wait(daemon, &pool, &files, disk);
+    }
+    let view = space_view(daemon, name);
+    assert_eq!(
+        view["health"], "degraded",
+        "{name} with its tolerated losses: {view}"
+    );
+    assert_eq!(view["survives"], 0, "{name}: {view}");
+    assert_reads_back(daemon, name, &source, "with the tolerated disks zeroed");
+
+    let mut replacements = Vec::new();
+    match template.repair {
+        Repair::HotSpares(policy) => set_pool(daemon, &pool, &["--retire-missing", policy]),
+        Repair::Replace => {
+            for &disk in &lost {
+                let new = daemon.disk_files(&format!("{name}-new{disk}"), 1, DISK_BYTES);
+                let new_path = new[0].display().to_string();
+                let answer =
+                    daemon.cli_json(&["disk", "replace", &pool, &disk.to_string(), &new_path]);
+                assert_eq!(answer["kind"], "replace", "{answer}");
+                replacements.push(new_path);
+            }
+        }
+    }
+    wait_healthy(daemon, name);
+    assert_no_failed_jobs(daemon);
+    assert_redundant(daemon, name);
+    let status = daemon.pool_status(&pool);
+    for &disk in &lost {
+        assert_eq!(
+            status["disks"][disk]["slabs_used"], 0,
+            "{name}: the lost disk {disk} still holds slabs: {status}"
+        );
+    }
+    let now_on: BTreeSet<usize> = disks_of(daemon, name).into_iter().collect();
+    let expected_new: Vec<usize> = match template.repair {
+        Repair::HotSpares(_) => (template.capacity_disks..files.len()).collect(),
+        Repair::Replace => status["disks"]
+            .as_array()
+            .expect("disks")
+            .iter()
+            .filter(|d| replacements.iter().any(|p| d["device"] == p.as_str()))
+            .map(|d| d["index"].as_u64().expect("index") as usize)
+            .collect(),
+    };
+    assert_eq!(expected_new.len(), template.tolerance, "{name}: {status}");
+    for disk in &expected_new {
+        assert!(
+            now_on.contains(disk),
+            "{name}: the repair did not use disk {disk}: {now_on:?}"
+        );
+    }
+    assert_reads_back(daemon, name, &source, "after the repair");
+
+    // One more loss, of a disk that took part in the repair.
+    set_pool(daemon, &pool, &["--retire-missing", "never"]);
+    let next = expected_new[0];
+    let next_file = status["disks"][next]["device"]
+        .as_str()
+        .map(PathBuf::from)
+        .expect("device");
+    std::fs::remove_file(&next_file).expect("remove a repaired disk");
+    wait_until(daemon, "the repaired disk going missing", || {
+        let view = disk_view(daemon, &pool, next);
+        (view["state"] != "MISSING").then(|| view.to_string())
+    });
+    // A missing disk (not a failed one): its data may come back.
+    let view = space_view(daemon, name);
+    assert_eq!(
+        view["health"], "incomplete",
+        "{name} after one more loss: {view}"
+    );
+    assert_eq!(
+        view["survives"],
+        template.tolerance - 1,
+        "{name}: {view}\n{}",
+        daemon.cli_json(&["space", "show", name])["extent_map"]
+    );
+    assert_reads_back(daemon, name, &source, "after losing one more disk");
+}
+
+#[test]
+fn zeroed_disks_are_failed_and_every_layout_reads_back_repairs_and_survives_one_more() {
+    if skip_without("the redundancy template", &["nbdcopy"]) {
+        return;
+    }
+    let mut daemon = Daemon::start();
+    for (index, template) in TEMPLATES.iter().enumerate() {
+        redundancy_template(&daemon, template, 500 + index as u64);
+    }
+    daemon.stop();
+}
+
+/// Pattern byte of extent `extent` of the beyond-tolerance spaces.
+fn pattern(extent: usize) -> usize {
+    0x21 + extent
+}
+
+/// Read every extent with qemu-io, checking its pattern; lost extents must
+/// fail, the others must read right. Never wrong data.
+fn check_extents(daemon: &Daemon, name: &str, extent_bytes: u64, lost: &[bool], when: &str) {
+    for (extent, &is_lost) in lost.iter().enumerate() {
+        let answer = run(command("qemu-io")
+            .args(["-f", "raw"])
+            .arg(daemon.uri(name))
+            .arg("-c")
+            .arg(format!(
+                "read -P {} {} {}",
+                pattern(extent),
+                extent as u64 * extent_bytes,
+                extent_bytes
+            )));
+        let output = format!("{}{}", answer.stdout, answer.stderr);
+        assert!(
+            !output.contains("Pattern verification failed"),
+            "{name} {when}: extent {extent} returned wrong data\n{}",
+            answer.describe()
+        );
+        let read_ok = answer.success() && !output.contains("failed");
+        assert_eq!(
+            read_ok,
+            !is_lost,
+            "{name} {when}: extent {extent} (lost: {is_lost})\n{}",
+            answer.describe()
+        );
+    }
+}
+
+/// One beyond-tolerance case: lose one more disk than `tolerance` among
+/// those of extent 0, in a space whose extents sit on varying disk sets.
+fn beyond_tolerance(
+    daemon: &mut Daemon,
+    name: &str,
+    layout: &[&str],
+    disks: usize,
+    tolerance: usize,
+    extent_bytes: u64,
+) {
+    let pool = format!("pool-{name}");
+    let files = daemon.disk_files(name, disks, DISK_BYTES);
+    daemon.create_pool(&pool, &files, SLAB);
+    set_pool(daemon, &pool, &["--retire-missing", "never"]);
+    let mut args = layout.to_vec();
+    args.extend(["--cache", "0"]);
+    daemon.create_space(&pool, name, &args, "64M");
+    let extents = (64 * MIB / extent_bytes) as usize;
+    let mut writes = command("qemu-io");
+    writes.args(["-f", "raw"]).arg(daemon.uri(name));
+    for extent in 0..extents {
+        writes.arg("-c").arg(format!(
+            "write -P {} {} {}",
+            pattern(extent),
+            extent as u64 * extent_bytes,
+            extent_bytes
+        ));
+    }
+    run_ok(&mut writes);
+
+    let map = extent_disks(daemon, name);
+    assert_eq!(map.len(), extents, "{map:?}");
+    let victims: Vec<usize> = map[0][..=tolerance].to_vec();
+    let lost: Vec<bool> = map
+        .iter()
+        .map(|slots| slots.iter().filter(|d| victims.contains(d)).count() > tolerance)
+        .collect();
+    assert!(
+        lost.iter().any(|l| !l),
+        "{name}: placement left no extent that survives {victims:?}: {map:?}"
+    );
+    for &disk in &victims {
+        delete_and_wait(daemon, &pool, &files, disk);
+    }
+    let view = space_view(daemon, name);
+    assert_eq!(view["health"], "offline", "{name}: {view}");
+    let status = daemon.pool_status(&pool);
+    assert_ne!(status["state"], "ONLINE", "{name}: {status}");
+    assert!(
+        status["reason"].as_str().is_some_and(|r| !r.is_empty()),
+        "{name}: the pool gives no reason: {status}"
+    );
+    check_extents(daemon, name, extent_bytes, &lost, "beyond tolerance");
+
+    daemon.stop();
+    daemon.restart();
+    let view = space_view(daemon, name);
+    assert_eq!(view["health"], "offline", "{name} after a restart: {view}");
+    check_extents(daemon, name, extent_bytes, &lost, "after a restart");
+}
+
+#[test]
+fn beyond_tolerance_spaces_go_offline_and_only_lost_extents_fail_to_read() {
+    if skip_without("the beyond-tolerance test", &["qemu-io"]) {
+        return;
+    }
+    let mut daemon = Daemon::start();
+    // One column of two copies over four disks: extents on varying pairs.
+    let mirror = ["--layout", "mirror", "--copies", "2", "--columns", "1"];
+    beyond_tolerance(&mut daemon, "m2x", &mirror, 4, 1, SLAB_BYTES);
+    // Four columns of dual parity over seven disks: 16 MiB extents.
+    let parity = ["--layout", "parity", "--redundancy", "2", "--columns", "4"];
+    beyond_tolerance(&mut daemon, "p2x", &parity, 7, 2, 2 * SLAB_BYTES);
+    daemon.stop();
+}
+
+/// fio writing with verify through NBD on `[32M, 48M)` of `name`, one
+/// round: random writes with checksums checked as it goes and at the end.
+fn fio_round(daemon: &Daemon, name: &str, round: u64) -> common::Run {
+    run_with(
+        command("fio")
+            .current_dir(daemon.temp())
+            .args([
+                "--name=repair-load",
+                "--ioengine=nbd",
+                "--rw=randwrite",
+                "--bs=16k",
+                "--iodepth=8",
+                "--offset=32M",
+                "--size=16M",
+                "--verify=crc32c",
+                "--do_verify=1",
+                "--verify_backlog=64",
+                "--verify_fatal=1",
+                &format!("--randseed={}", 1000 + round),
+            ])
+            .arg(format!("--uri={}", daemon.uri(name))),
+        None,
+        Duration::from_secs(120),
+    )
+}
+
+#[test]
+fn fio_verifies_through_nbd_before_during_and_after_a_repair() {
+    if skip_without("the repair-under-load test", &["fio", "nbdcopy"]) {
+        return;
+    }
+    let daemon = Arc::new(Daemon::start());
+    let files = daemon.disk_files("load", 5, DISK_BYTES);
+    daemon.create_pool("load", &files, SLAB);
+    set_pool(
+        &daemon,
+        "load",
+        &["--retire-missing", "always", "--repair-rate", "4M"],
+    );
+    daemon.create_space(
+        "load",
+        "busy",
+        &[
+            "--layout",
+            "mirror",
+            "--copies",
+            "2",
+            "--columns",
+            "2",
+            "--cache",
+            "0",
+        ],
+        "64M",
+    );
+    let source = write_source(&daemon, "busy", 31, 32 * MIB);
+
+    // fio runs round after round until told to stop.
+    let stop = Arc::new(AtomicBool::new(false));
+    let load = {
+        let (daemon, stop) = (daemon.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut rounds = Vec::new();
+            for round in 0.. {
+                let answer = fio_round(&daemon, "busy", round);
+                let failed = !answer.success() || answer.stderr.contains("verify");
+                rounds.push((answer, failed));
+                if failed || stop.load(Ordering::Acquire) {
+                    break;
+                }
+            }
+            rounds
+        })
+    };
+    let victim = disks_of(&daemon, "busy")[0];
+    std::fs::remove_file(&files[victim]).expect("remove a disk file");
+    let repair = repair_of(&daemon, victim);
+    let id = repair["id"].as_u64().expect("job id");
+    wait_until(&daemon, "the repair finishing under load", || {
+        let job = job(&daemon, id);
+        let broken = load.is_finished();
+        (job["state"] != "done" && !broken).then(|| job.to_string())
+    });
+    // The repair is done; one more round runs entirely after it.
+    stop.store(true, Ordering::Release);
+    let rounds = load.join().expect("the fio thread");
+    for (round, (answer, failed)) in rounds.iter().enumerate() {
+        assert!(!failed, "fio round {round}\n{}", answer.describe());
+    }
+    assert!(rounds.len() >= 2, "fio ran {} rounds", rounds.len());
+    assert_eq!(job(&daemon, id)["state"], "done");
+    assert_no_failed_jobs(&daemon);
+    assert_eq!(space_view(&daemon, "busy")["health"], "healthy");
+    assert_redundant(&daemon, "busy");
+    assert_reads_back(&daemon, "busy", &source, "after a repair under load");
+    Arc::into_inner(daemon).expect("the only owner").stop();
+}
+
+#[test]
+fn sigkill_mid_repair_resumes_from_the_watermark_and_a_paused_job_stays_paused() {
+    if skip_without("the crash-during-repair test", &["nbdcopy"]) {
+        return;
+    }
+    let mut daemon = Daemon::start();
+    let files = daemon.disk_files("crash", 5, DISK_BYTES);
+    create_pool_with_spares(&daemon, "crash", &files, 1);
+    set_pool(
+        &daemon,
+        "crash",
+        &["--retire-missing", "never", "--repair", "sequential"],
+    );
+    daemon.create_space(
+        "crash",
+        "vault",
+        &[
+            "--layout",
+            "parity",
+            "--redundancy",
+            "1",
+            "--columns",
+            "3",
+            "--cache",
+            "0",
+        ],
+        "64M",
+    );
+    let source = write_source(&daemon, "vault", 57, 64 * MIB);
+    let victim = disks_of(&daemon, "vault")[0];
+    delete_and_wait(&daemon, "crash", &files, victim);
+    set_pool(
+        &daemon,
+        "crash",
+        &["--retire-missing", "always", "--repair-rate", "4M"],
+    );
+    let id = repair_of(&daemon, victim)["id"].as_u64().expect("job id");
+
+    // Mid-way: at least one move committed, the job far from done.
+    let mut before = Value::Null;
+    wait_until(&daemon, "the first move of the repair", || {
+        before = job(&daemon, id);
+        (before["moves_done"].as_u64().unwrap_or(0) == 0).then(|| before.to_string())
+    });
+    let percent = before["percent"].as_u64().expect("percent");
+    assert!(percent > 0 && percent < 100, "not mid-way: {before}");
+    assert_eq!(before["state"], "running", "{before}");
+    let view = space_view(&daemon, "vault");
+    assert_eq!(view["health"], "repairing", "{view}");
+    assert_eq!(view["repair_job"].as_u64(), Some(id), "{view}");
+    let moves_done = before["moves_done"].as_u64().expect("moves done");
+
+    daemon.kill();
+    daemon.restart();
+    let after = job(&daemon, id);
+    assert_eq!(
+        after["state"], "running",
+        "the repair did not come back: {after}"
+    );
+    assert!(
+        after["bytes_done"].as_u64().unwrap_or(0) >= moves_done * SLAB_BYTES,
+        "the repair went back before its watermark: before {before}, after {after}"
+    );
+
+    // Paused, killed again: still paused, not gone back.
+    daemon.cli_json(&["job", "pause", &id.to_string()]);
+    daemon.kill();
+    daemon.restart();
+    let still = job(&daemon, id);
+    assert_eq!(still["state"], "paused", "{still}");
+    assert!(
+        still["bytes_done"].as_u64() >= after["bytes_done"].as_u64(),
+        "the paused repair went back: before the pause {after}, after the restart {still}"
+    );
+
+    set_pool(&daemon, "crash", &["--repair-rate", "0"]);
+    daemon.cli_json(&["job", "resume", &id.to_string()]);
+    wait_healthy(&daemon, "vault");
+    assert_eq!(job(&daemon, id)["state"], "done");
+    assert_no_failed_jobs(&daemon);
+    assert_eq!(
+        disk_view(&daemon, "crash", victim)["slabs_used"],
+        0,
+        "the lost disk still holds slabs"
+    );
+    assert_redundant(&daemon, "vault");
+    assert_reads_back(&daemon, "vault", &source, "after a repair across two kills");
+    daemon.stop();
+}
+
+#[test]
+fn the_repair_target_is_kept_while_filled_and_tolerated_failures_mid_repair_end_healthy() {
+    if skip_without("the mid-repair failure test", &["nbdcopy"]) {
+        return;
+    }
+    let mut daemon = Daemon::start();
+    // Three-way mirror over five capacity disks and one hot spare.
+    let files = daemon.disk_files("mid", 6, DISK_BYTES);
+    create_pool_with_spares(&daemon, "mid", &files, 1);
+    let spare = 5;
+    set_pool(
+        &daemon,
+        "mid",
+        &["--retire-missing", "never", "--repair-rate", "2M"],
+    );
+    daemon.create_space(
+        "mid",
+        "m",
+        &[
+            "--layout",
+            "mirror",
+            "--copies",
+            "3",
+            "--columns",
+            "1",
+            "--cache",
+            "0",
+        ],
+        "48M",
+    );
+    let source = write_source(&daemon, "m", 91, 48 * MIB);
+    let used = disks_of(&daemon, "m");
+    let first = used[0];
+    delete_and_wait(&daemon, "mid", &files, first);
+    set_pool(&daemon, "mid", &["--retire-missing", "always"]);
+    let id = repair_of(&daemon, first)["id"].as_u64().expect("job id");
+    wait_until(&daemon, "the hot spare receiving the repair", || {
+        let slabs = disk_view(&daemon, "mid", spare)["slabs_used"].as_u64();
+        (slabs == Some(0)).then(|| format!("{slabs:?}"))
+    });
+
+    // Releasing the disk the repair is filling is refused, and says why.
+    let answer = daemon.cli(&["disk", "remove", "mid", &spare.to_string()]);
+    assert!(
+        !answer.success() && answer.stderr.contains(&format!("job {id}")),
+        "removing the repair target must be refused naming the job\n{}",
+        answer.describe()
+    );
+    assert_eq!(disk_view(&daemon, "mid", spare)["state"], "ONLINE");
+
+    // The target vanishes: the repair moves to free space and goes on.
+    delete_and_wait(&daemon, "mid", &files, spare);
+    // A second, tolerated, failure in the middle of the repair.
+    let second = *used
+        .iter()
+        .find(|&&d| d != first)
+        .expect("a second disk of the space");
+    delete_and_wait(&daemon, "mid", &files, second);
+    let view = space_view(&daemon, "m");
+    assert_ne!(view["health"], "offline", "{view}");
+    assert_reads_back(&daemon, "m", &source, "with two disks lost mid-repair");
+
+    set_pool(&daemon, "mid", &["--repair-rate", "0"]);
+    wait_healthy(&daemon, "m");
+    assert_eq!(job(&daemon, id)["state"], "done");
+    assert_no_failed_jobs(&daemon);
+    let status = daemon.pool_status("mid");
+    for disk in [first, second, spare] {
+        assert_eq!(
+            status["disks"][disk]["slabs_used"], 0,
+            "disk {disk} is gone but holds slabs: {status}"
+        );
+    }
+    let view = space_view(&daemon, "m");
+    assert_eq!(view["survives"], 2, "{view}");
+    assert_redundant(&daemon, "m");
+    assert_reads_back(&daemon, "m", &source, "after both repairs");
+    daemon.stop();
+}
