@@ -29,13 +29,14 @@
 //!
 //! The generator is meant to run on a single-threaded tokio runtime
 //! (`current_thread`): its work per request is a few hundred nanoseconds,
-//! and a wake-up that crosses threads costs more than that. The NBD client
-//! it drives batches the requests issued in one poll into one system call
-//! and reads replies through a buffer (see `terrace_export::client`).
+//! and a wake-up that crosses threads costs more than that. Its NBD client
+//! ([`nbd`]) sends every request issued in one poll with one system call
+//! and reads replies through a buffer, many per call.
 
 pub mod cpu;
 pub mod histogram;
 pub mod machine;
+pub mod nbd;
 pub mod plot;
 pub mod prefill;
 pub mod profile;

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use terrace_engine::Space;
-use terrace_export::client::NbdClient;
 use terrace_io::file::{FileDevice, FileOptions};
 use terrace_io::{aligned_buffer, BlockDevice, Bytes};
 
+use crate::nbd::PipelinedNbd;
 use crate::target::{Target, TargetError, TargetResult};
 
 /// A target as the user names it: `nbd://host[:port]/export`,
@@ -97,10 +97,11 @@ impl TargetSpec {
 /// the reference implementations (nbd-server, nbdkit, qemu-nbd).
 pub const NBD_REQUEST_MAX_BYTES: u64 = 32 << 20;
 
-/// An NBD export, over one connection or several used in turn.
+/// An NBD export, over one connection or several used in turn, through the
+/// generator's pipelined client ([`crate::nbd`]).
 pub struct NbdTarget {
     name: String,
-    clients: Vec<NbdClient>,
+    clients: Vec<PipelinedNbd>,
     next: AtomicUsize,
 }
 
@@ -108,7 +109,7 @@ impl NbdTarget {
     pub async fn connect(name: &str, uri: &str, connections: usize) -> TargetResult<NbdTarget> {
         let mut clients = Vec::new();
         for _ in 0..connections.max(1) {
-            clients.push(NbdClient::connect(uri).await?);
+            clients.push(PipelinedNbd::connect(uri).await?);
         }
         Ok(NbdTarget {
             name: name.to_string(),
@@ -118,7 +119,7 @@ impl NbdTarget {
     }
 
     /// The connections in turn, one request each.
-    fn client(&self) -> &NbdClient {
+    fn client(&self) -> &PipelinedNbd {
         let turn = self.next.fetch_add(1, Ordering::Relaxed);
         &self.clients[turn % self.clients.len()]
     }
@@ -150,19 +151,19 @@ impl Target for NbdTarget {
 
     fn read(&self, offset: u64, length: u32) -> BoxFuture<'_, TargetResult<Bytes>> {
         let request = self.client().read(offset, length);
-        async move { Ok(Bytes::from(request.await?)) }.boxed()
+        async move { Ok(request.await?) }.boxed()
     }
 
     fn write(&self, offset: u64, data: Bytes) -> BoxFuture<'_, TargetResult<()>> {
-        let client = self.client();
-        async move { Ok(client.write(offset, &data, false).await?) }.boxed()
+        let request = self.client().write(offset, &data);
+        async move { Ok(request.await?) }.boxed()
     }
 
     /// Flush every connection: a server without multi-conn only promises
     /// that a flush covers its own connection's writes.
     fn flush(&self) -> BoxFuture<'_, TargetResult<()>> {
         async move {
-            let flushes = self.clients.iter().map(NbdClient::flush);
+            let flushes = self.clients.iter().map(PipelinedNbd::flush);
             for result in futures::future::join_all(flushes).await {
                 result?;
             }
