@@ -328,7 +328,7 @@ fn simple_scaling(f: &Figures) -> Option<Finding> {
     let limit = HDDS * HDD_10K_OUTER_MB_S;
     let share = peak.mb_per_s / limit;
     Some(Finding {
-        paper: "(Issue 4's aim for the models.) Eight drives striped as simple stream about 8 × one drive.",
+        paper: "(Our aim for the models.) Eight drives striped as simple stream about 8 × one drive.",
         measured: format!(
             "simple streaming peak {} = {:.2} × (8 × {HDD_10K_OUTER_MB_S:.0} MB/s, the model's outer-zone rate)",
             peak_text(peak),
@@ -527,7 +527,8 @@ fn no_collapse(f: &Figures) -> Option<Finding> {
         .collect();
     let simple_severe = severe.iter().any(|c| c.starts_with("simple "));
     Some(Finding {
-        paper: "(Issue 4's aim.) No collapse at 512 outstanding I/Os: at least 95 % of the throughput at 64.",
+        paper:
+            "(Our aim.) No collapse at 512 outstanding I/Os: at least 95 % of the throughput at 64.",
         measured: if collapsed.is_empty() {
             format!("all {checked} space and profile pairs hold")
         } else {
@@ -537,7 +538,11 @@ fn no_collapse(f: &Figures) -> Option<Finding> {
                 collapsed.join(", ")
             )
         },
-        verdict: if collapsed.is_empty() { Verdict::Agrees } else { Verdict::Worse },
+        verdict: if collapsed.is_empty() {
+            Verdict::Agrees
+        } else {
+            Verdict::Worse
+        },
         why: if collapsed.is_empty() {
             "Every queue from the NBD socket to the drive models is deep enough, and each drive reorders what it holds.".into()
         } else if !severe.is_empty() && !simple_severe && f.has("simple") {
