@@ -11,7 +11,7 @@ use futures::future::join_all;
 use terrace_io::BlockDevice;
 use terrace_meta::format::data_offset;
 use terrace_meta::store;
-use terrace_meta::{DiskIndex, DiskState, PoolSettings, Usage};
+use terrace_meta::{DiskIndex, DiskState, JobKind, JobRecord, PoolSettings, Usage};
 
 use crate::error::EngineError;
 use crate::pool::{check_new_disks, write_labels, NewDisk, Pool, Shape};
@@ -19,6 +19,31 @@ use crate::pool::{check_new_disks, write_labels, NewDisk, Pool, Shape};
 impl Pool {
     /// Add disks to the pool; they take new slabs at once (usage permitting).
     pub async fn add_disks(&self, disks: Vec<NewDisk>) -> Result<Vec<DiskIndex>, EngineError> {
+        Ok(self.join_disks(disks, None).await?.0)
+    }
+
+    /// Bring `disk` into the pool and start moving every slab of `old` onto
+    /// it, in one metadata commit: if the replacement cannot start (a job
+    /// holds `old`, the new disk is too small for its slabs), the new disk
+    /// is not added either and nothing changes. Gives the new disk's index
+    /// and the job's id.
+    pub async fn replace_disk(
+        &self,
+        old: DiskIndex,
+        disk: NewDisk,
+    ) -> Result<(DiskIndex, u64), EngineError> {
+        let (added, job) = self.join_disks(vec![disk], Some(old)).await?;
+        let job = job.expect("a replacement records its job");
+        Ok((added[0], self.launch_job(&job).await))
+    }
+
+    /// Add disks and, with `replace`, record the job that replaces that
+    /// disk by the first of them, in the same commit.
+    async fn join_disks(
+        &self,
+        disks: Vec<NewDisk>,
+        replace: Option<DiskIndex>,
+    ) -> Result<(Vec<DiskIndex>, Option<JobRecord>), EngineError> {
         self.shared.check_open()?;
         self.shared.check_writable()?;
         if disks.is_empty() {
@@ -76,18 +101,30 @@ impl Pool {
                 .push(member.disk);
             added.push(index);
         }
-        let committed = self.shared.commit(&mut control, next).await;
-        if let Err(error) = committed {
-            // Nothing names the new disks: forget them again.
-            self.shared
-                .disks
-                .write()
-                .unwrap_or_else(|e| e.into_inner())
-                .truncate(first);
-            return Err(error);
-        }
+        let job = match replace {
+            Some(old) => self
+                .record_job(&mut next, JobKind::Replace { old, new: added[0] })
+                .map(Some),
+            None => Ok(None),
+        };
+        let committed = match job {
+            Ok(job) => self.shared.commit(&mut control, next).await.map(|()| job),
+            Err(error) => Err(error),
+        };
+        let job = match committed {
+            Ok(job) => job,
+            Err(error) => {
+                // Nothing names the new disks: forget them again.
+                self.shared
+                    .disks
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .truncate(first);
+                return Err(error);
+            }
+        };
         write_labels(&labels).await?;
-        Ok(added)
+        Ok((added, job))
     }
 
     /// Change what the pool may use a disk for. A disk that holds slabs

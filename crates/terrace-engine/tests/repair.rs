@@ -14,7 +14,8 @@ use futures::future::{select, Either};
 use terrace_engine::layout::Layout;
 use terrace_engine::meta::{DiskIndex, DiskState, JobKind, JobState, Usage};
 use terrace_engine::{
-    verify_space, ImportOptions, JobAction, Pool, Space, SpaceConfig, SpaceHealth, SpaceSize,
+    verify_space, EngineError, ImportOptions, JobAction, Pool, Space, SpaceConfig, SpaceHealth,
+    SpaceSize,
 };
 
 const DISK_BYTES: u64 = 4 << 20;
@@ -292,15 +293,61 @@ fn evacuation_and_replacement_move_everything_off_a_healthy_disk() {
         check(&space, &model).await;
         assert_redundant(&space).await;
         // Replace: a new disk joins and takes every slab of an old one.
-        let more = Disks::new(1, DISK_BYTES);
-        let new = pool.add_disks(more.new_disks()).await.unwrap()[0];
         let old = disks_of(&pool.metadata().await, "d")[1];
-        pool.start_replacement(old, new).await.unwrap();
+        let more = Disks::new(1, DISK_BYTES);
+        let (new, _) = pool
+            .replace_disk(old, more.new_disks().remove(0))
+            .await
+            .unwrap();
         with_jobs(&pool, jobs_settle(&pool)).await;
         let now = disks_of(&pool.metadata().await, "d");
         assert!(now.contains(&new) && !now.contains(&old));
         check(&space, &model).await;
         assert_redundant(&space).await;
+    });
+}
+
+#[test]
+fn a_refused_replacement_adds_no_disk_and_writes_nothing() {
+    block_on(async {
+        let disks = Disks::new(4, DISK_BYTES);
+        let pool = create_pool(&disks).await;
+        let mut config =
+            SpaceConfig::new("m", Layout::Mirror { copies: 2 }, SpaceSize::Bytes(1 << 20));
+        config.columns = Some(1);
+        pool.create_space(config).await.unwrap();
+        let old = disks_of(&pool.metadata().await, "m")[0];
+        // The old disk is held by a paused evacuation.
+        let held = pool.start_evacuation(old).await.unwrap();
+        pool.job_action(held, JobAction::Pause).await.unwrap();
+        let before = pool.metadata().await;
+        let more = Disks::new(1, DISK_BYTES);
+        let refused = pool
+            .replace_disk(old, more.new_disks().remove(0))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(refused, EngineError::JobConflict { id } if id == held),
+            "{refused}"
+        );
+        let after = pool.metadata().await;
+        assert_eq!(after.disks.len(), before.disks.len(), "no disk added");
+        assert_eq!(after.generation, before.generation, "nothing committed");
+        assert_eq!(pool.status().await.disks.len(), before.disks.len());
+        assert_eq!(
+            terrace_engine::scan(&more.devices).await[0].kind,
+            terrace_engine::DeviceKind::Blank,
+            "the refused disk is untouched"
+        );
+        // Once the job is gone the same disk replaces the old one.
+        pool.job_action(held, JobAction::Cancel).await.unwrap();
+        let (new, _) = pool
+            .replace_disk(old, more.new_disks().remove(0))
+            .await
+            .unwrap();
+        with_jobs(&pool, jobs_settle(&pool)).await;
+        let now = disks_of(&pool.metadata().await, "m");
+        assert!(now.contains(&new) && !now.contains(&old));
     });
 }
 

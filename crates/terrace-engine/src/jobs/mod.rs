@@ -160,7 +160,8 @@ impl Pool {
     }
 
     /// Move every slab of `old` onto `new` (already in the pool), then
-    /// release `old`.
+    /// release `old`. To bring the new disk in with the job, see
+    /// [`Pool::replace_disk`].
     pub async fn start_replacement(
         &self,
         old: DiskIndex,
@@ -175,10 +176,23 @@ impl Pool {
         self.shared.check_open()?;
         self.shared.check_writable()?;
         let mut control = self.shared.control.lock().await;
-        let metadata = &control.metadata;
-        check_job_disks(metadata, kind)?;
-        let moves = plan::plan(metadata, kind)?;
-        let mut next = metadata.clone();
+        let mut next = control.metadata.clone();
+        let job = self.record_job(&mut next, kind)?;
+        self.shared.commit(&mut control, next).await?;
+        drop(control);
+        Ok(self.launch_job(&job).await)
+    }
+
+    /// Plan a job on `next` and add its record there (already complete if
+    /// it has nothing to move). Fails, leaving `next` as it was, when a job
+    /// already involves one of its disks or the moves cannot be placed.
+    pub(crate) fn record_job(
+        &self,
+        next: &mut PoolMetadata,
+        kind: JobKind,
+    ) -> Result<JobRecord, EngineError> {
+        check_job_disks(next, kind)?;
+        let moves = plan::plan(next, kind)?;
         let id = next.next_job_id;
         next.next_job_id += 1;
         let nothing_to_move = moves.is_empty();
@@ -196,16 +210,20 @@ impl Pool {
         next.jobs.push(job.clone());
         if nothing_to_move {
             let position = next.jobs.len() - 1;
-            self.complete_job(&mut next, position);
+            self.complete_job(next, position);
         }
-        self.shared.commit(&mut control, next).await?;
-        drop(control);
-        if nothing_to_move {
-            self.after_job(kind).await;
+        Ok(job)
+    }
+
+    /// Run a job recorded by [`Pool::record_job`] once its commit is done;
+    /// gives its id.
+    pub(crate) async fn launch_job(&self, job: &JobRecord) -> u64 {
+        if job.moves.is_empty() {
+            self.after_job(job.kind).await;
         } else {
-            self.install_job(&job);
+            self.install_job(job);
         }
-        Ok(id)
+        job.id
     }
 
     /// Pause, resume or cancel a job.

@@ -639,15 +639,15 @@ async fn disk_replace(registry: &Registry, pool: &str, old: &str, new: DiskSpec)
     let entry = find_pool(registry, pool)?;
     let old_index = disk_index(&entry, pool, old).await?;
     let (disks, paths) = new_disks(registry, vec![new])?;
-    let added = entry.pool.add_disks(disks).await.map_err(failure)?;
+    let disk = disks.into_iter().next().ok_or_else(|| failure("no disk"))?;
+    let (_, id) = entry
+        .pool
+        .replace_disk(old_index, disk)
+        .await
+        .map_err(failure)?;
     let mut all = entry.disks.clone();
     all.extend(paths);
     registry.set_disks(pool, all).map_err(failure)?;
-    let id = entry
-        .pool
-        .start_replacement(old_index, added[0])
-        .await
-        .map_err(failure)?;
     job_answer(&entry, id).await
 }
 
