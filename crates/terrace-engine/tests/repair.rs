@@ -308,6 +308,54 @@ fn evacuation_and_replacement_move_everything_off_a_healthy_disk() {
 }
 
 #[test]
+fn a_repair_without_room_is_recorded_once_and_retried_when_a_disk_joins() {
+    block_on(async {
+        let disks = Disks::new(2, DISK_BYTES);
+        let pool = create_pool(&disks).await;
+        pool.set_settings(terrace_engine::meta::PoolSettings {
+            retire_missing: terrace_engine::meta::RetireMissing::Always,
+            ..pool.metadata().await.settings
+        })
+        .await
+        .unwrap();
+        let config = SpaceConfig::new("m", Layout::Mirror { copies: 2 }, SpaceSize::Bytes(1 << 20));
+        let space = pool.create_space(config).await.unwrap().space;
+        let model = fill(&space, 12).await;
+        disks.faults[1].lose();
+        let failed = |statuses: &[terrace_engine::JobStatus]| {
+            statuses
+                .iter()
+                .filter(|s| s.state == JobState::Failed)
+                .count()
+        };
+        with_jobs(&pool, async {
+            // Writes find the loss; commits follow; the runner polls many
+            // times meanwhile.
+            for round in 0..40u64 {
+                let data = Rng(round).bytes(4096);
+                let _ = space.write(round * 4096, bytes(data), false).await;
+                sleep(10).await;
+            }
+        })
+        .await;
+        let statuses = pool.job_statuses().await;
+        assert_eq!(failed(&statuses), 1, "{statuses:?}");
+        assert!(statuses[0].reason.contains("no room"), "{statuses:?}");
+        // A disk joins: the repair is tried again and finishes.
+        let more = Disks::new(1, DISK_BYTES);
+        pool.add_disks(more.new_disks()).await.unwrap();
+        let statuses = with_jobs(&pool, jobs_settle(&pool)).await;
+        assert!(
+            statuses.iter().any(|s| s.state == JobState::Done),
+            "{statuses:?}"
+        );
+        assert_eq!(failed(&statuses), 1, "{statuses:?}");
+        drop(model);
+        assert_redundant(&space).await;
+    });
+}
+
+#[test]
 fn a_refused_replacement_adds_no_disk_and_writes_nothing() {
     block_on(async {
         let disks = Disks::new(4, DISK_BYTES);

@@ -486,16 +486,34 @@ pub fn choose_columns(
             reason: format!("{columns} columns, as requested"),
         });
     }
-    let fit = usable_disks / copies;
-    let columns = fit.min(COLUMNS_AUTOMATIC_MAX);
+    // A redundant space leaves one disk's width free where it can, so that
+    // a failed disk is rebuilt at once into free space on the others, in
+    // parallel, instead of waiting for a spare or a new disk.
     let copies_note = if copies > 1 {
         format!(" ({copies} copies each)")
     } else {
         String::new()
     };
+    let redundant = layout.failures_tolerated() > 0;
+    let keep_free = redundant && (usable_disks - 1) / copies >= layout.min_columns();
+    let width = if keep_free {
+        usable_disks - 1
+    } else {
+        usable_disks
+    };
+    let fit = width / copies;
+    let columns = fit.min(COLUMNS_AUTOMATIC_MAX);
     let reason = if fit > COLUMNS_AUTOMATIC_MAX {
         format!(
             "{columns} columns{copies_note}: the automatic maximum; {usable_disks} usable disks would allow {fit}, but wider rows make small parity updates and rebuilds touch more disks"
+        )
+    } else if keep_free {
+        format!(
+            "{columns} columns{copies_note}: as wide as {width} of {usable_disks} usable disks allow, keeping one free so that a failed disk is rebuilt into free space without a spare"
+        )
+    } else if redundant {
+        format!(
+            "{columns} columns{copies_note}: as wide as {usable_disks} usable disks allow (too few to keep one free for rebuilds: a failed disk waits for a spare or a new disk)"
         )
     } else {
         format!("{columns} columns{copies_note}: as wide as {usable_disks} usable disks allow")

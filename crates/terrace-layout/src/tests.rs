@@ -193,7 +193,24 @@ fn columns_are_chosen_with_a_reason_and_minimums_are_named() {
         "{}",
         choice.reason
     );
-    assert_eq!(choose_columns(dual, None, 5).unwrap().columns, 5);
+    // One disk is kept free for rebuilds where the layout still fits.
+    let five = choose_columns(dual, None, 5).unwrap();
+    assert_eq!(five.columns, 4);
+    assert!(five.reason.contains("keeping one free"), "{}", five.reason);
+    let four = choose_columns(dual, None, 4).unwrap();
+    assert_eq!(four.columns, 4);
+    assert!(
+        four.reason.contains("too few to keep one free"),
+        "{}",
+        four.reason
+    );
+    assert_eq!(
+        choose_columns(Layout::Mirror { copies: 2 }, None, 12)
+            .unwrap()
+            .columns,
+        5
+    );
+    assert_eq!(choose_columns(Layout::Simple, None, 6).unwrap().columns, 6);
     assert_eq!(
         choose_columns(Layout::Mirror { copies: 2 }, None, 5)
             .unwrap()

@@ -64,7 +64,9 @@ impl Pool {
 
     /// Start a repair for each failed or missing disk that still holds
     /// slabs of a space and has no job yet, as the retire-missing policy
-    /// says (each disk is tried once per metadata generation).
+    /// says. A disk is tried once per placement state ([`placement_key`]):
+    /// a repair that found no room is tried again when a disk or a slab
+    /// changes hands, not on every commit (its own failure record is one).
     async fn start_policy_repairs(&self, attempted: &mut BTreeSet<(DiskIndex, u64)>) {
         let metadata = self.metadata().await;
         if metadata.settings.retire_missing == RetireMissing::Never {
@@ -92,7 +94,7 @@ impl Pool {
             if !lost
                 || has_job
                 || !holding.contains(&index)
-                || !attempted.insert((index, metadata.generation))
+                || !attempted.insert((index, placement_key(&metadata)))
             {
                 continue;
             }
@@ -530,4 +532,21 @@ impl Pool {
     pub async fn resume_job(&self, id: u64) -> Result<(), EngineError> {
         self.job_action(id, JobAction::Resume).await
     }
+}
+
+/// What decides whether a repair can be placed: which disks may take slabs
+/// (their states, usages, sizes and fault domains), how many slabs are
+/// taken, and which jobs are active.
+fn placement_key(metadata: &PoolMetadata) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    for disk in &metadata.disks {
+        format!("{:?}/{:?}", disk.state, disk.usage).hash(&mut hasher);
+        (disk.slab_count, &disk.enclosure, &disk.node).hash(&mut hasher);
+    }
+    metadata.used_slabs().len().hash(&mut hasher);
+    for job in metadata.jobs.iter().filter(|job| job.is_active()) {
+        job.id.hash(&mut hasher);
+    }
+    hasher.finish()
 }

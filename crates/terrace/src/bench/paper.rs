@@ -382,7 +382,10 @@ async fn create_spaces(
             layout: layout.layout.into(),
             copies: layout.copies,
             redundancy: layout.redundancy,
-            columns: None,
+            // As wide as the paper's spaces: every HDD (mirror: half of
+            // them per copy), not one short as the automatic choice would
+            // leave them to keep room for rebuilds.
+            columns: Some(HDD_COUNT as u32 / layout.copies.unwrap_or(1)),
             interleave_bytes: None,
             size_bytes: Some(args.space_size),
             fault_domain: None,
