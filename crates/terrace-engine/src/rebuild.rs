@@ -1,10 +1,11 @@
 //! Filling a slab row by row: the one mechanism behind repair, moves and
 //! the catch-up of a returning disk.
 //!
-//! For each row, under its lock: find the row's content for the slot — from
-//! another valid location of the slot (a move off an online disk), from
-//! another mirror copy, or rebuilt from the other parity columns — write it
-//! to the destination, and raise the destination's watermark past the row.
+//! For each step of rows, under their locks: find each row's content for
+//! the slot — from another valid location of the slot (a move off an
+//! online disk), from another mirror copy, or rebuilt from the other parity
+//! columns — write it to the destination, and raise the destination's
+//! watermark past the step.
 //! From then on client writes of that row also go to the destination (see
 //! `target.rs`), so the destination stays current behind the watermark.
 
@@ -63,8 +64,16 @@ async fn row_content(
     }
 }
 
-/// Bring `rows` of `slot` of `extent` into `destination`, raising its
-/// watermark row by row. Returns the bytes written.
+/// Bring `rows` of `slot` of `extent` into `destination` and raise its
+/// watermark past them. Returns the bytes written.
+///
+/// The rows are locked together (in ascending order, as every holder of
+/// several row locks takes them), read and written all at once, and the
+/// watermark is raised before the locks go: a client write of one of them
+/// waits, then sees the destination current and writes it too. Issuing a
+/// step's rows together keeps the source and the destination streaming
+/// (a drive sees the whole step queued) instead of one row's read and
+/// write at a time.
 pub(crate) async fn fill_rows(
     space: &Space,
     extent: u64,
@@ -78,31 +87,44 @@ pub(crate) async fn fill_rows(
         .valid_below
         .as_ref()
         .expect("a destination being filled has a watermark");
-    let mut written = 0;
-    for row in rows {
-        let _guard = space.locks.lock((extent, row)).await;
-        let span = RowSpan {
-            extent,
-            row,
-            row_offset: 0,
-            length: geometry.row_data_bytes(),
-            request_offset: 0,
-        };
-        let io = RowIo {
-            lock_held: true,
-            ..space.row_io(&map, &span)
-        };
-        let content = row_content(&io, slot, destination)
-            .await
-            .map_err(|reason| io.unavailable(&span, reason))?;
-        let offset = destination.base + geometry.slab_offset(row, 0);
-        written += content.len() as u64;
-        destination
-            .disk
-            .write(offset, content.freeze(), false)
-            .await
-            .map_err(|reason| io.unavailable(&span, format!("the destination failed: {reason}")))?;
-        mark.fetch_max(row + 1, Ordering::AcqRel);
+    let mut guards = Vec::new();
+    for row in rows.clone() {
+        guards.push(space.locks.lock((extent, row)).await);
     }
+    let fills = rows.clone().map(|row| {
+        let map = &map;
+        async move {
+            let span = RowSpan {
+                extent,
+                row,
+                row_offset: 0,
+                length: geometry.row_data_bytes(),
+                request_offset: 0,
+            };
+            let io = RowIo {
+                lock_held: true,
+                ..space.row_io(map, &span)
+            };
+            let content = row_content(&io, slot, destination)
+                .await
+                .map_err(|reason| io.unavailable(&span, reason))?;
+            let offset = destination.base + geometry.slab_offset(row, 0);
+            let length = content.len() as u64;
+            destination
+                .disk
+                .write(offset, content.freeze(), false)
+                .await
+                .map_err(|reason| {
+                    io.unavailable(&span, format!("the destination failed: {reason}"))
+                })?;
+            Ok::<u64, EngineError>(length)
+        }
+    });
+    let mut written = 0;
+    for filled in futures::future::join_all(fills).await {
+        written += filled?;
+    }
+    mark.fetch_max(rows.end, Ordering::AcqRel);
+    drop(guards);
     Ok(written)
 }

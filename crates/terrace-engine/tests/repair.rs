@@ -505,8 +505,17 @@ fn a_returning_disk_resyncs_only_what_it_missed() {
 #[test]
 fn a_failing_target_is_replaced_and_a_second_loss_beyond_tolerance_fails_the_job() {
     block_on(async {
-        let disks = Disks::new(5, 16 << 20);
+        // The repair goes to the hot spares: losing its target costs no
+        // data (a capacity disk would also hold copies of its own, and
+        // with copies spread over every disk, losing one of those too
+        // would be a second loss).
+        let disks = Disks::new(6, 16 << 20);
         let pool = create_pool(&disks).await;
+        for spare in [4, 5] {
+            pool.set_disk_usage(DiskIndex(spare), Usage::HotSpare)
+                .await
+                .unwrap();
+        }
         let mut config =
             SpaceConfig::new("m", Layout::Mirror { copies: 2 }, SpaceSize::Bytes(4 << 20));
         config.columns = Some(1);

@@ -3,10 +3,15 @@
 //! Each slot of an extent goes to a distinct disk; the slots of one
 //! redundancy group (the copies of a mirror column, or all columns of a
 //! parity extent) also go to distinct fault domains at the space's level.
-//! Among the disks that qualify, the one with the most free slabs wins (ties
-//! to the lowest index), so large disks fill first until they are level with
-//! small ones and every disk of a mixed pool ends up used. On a disk the
-//! lowest free slab is taken, keeping allocations compact.
+//! Among the disks that qualify, the one with the most free slabs wins, so
+//! large disks fill first until they are level with small ones and every
+//! disk of a mixed pool ends up used. Ties (equal free slabs, the common
+//! case in a pool of equal disks) go by an order that changes from extent
+//! to extent, so that the disks holding the other slots of a disk's slabs
+//! differ from extent to extent: when a disk fails, its slabs are rebuilt
+//! by reading from many disks at once, not from one partner that held
+//! every copy (declustering). On a disk the lowest free slab is taken,
+//! keeping allocations compact.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -39,6 +44,16 @@ struct Candidate {
 pub struct Allocator {
     level: FaultDomain,
     disks: Vec<Candidate>,
+    /// Varies the tie order from extent to extent; starts from how many
+    /// slabs are used, so the same metadata gives the same choices.
+    turn: u64,
+}
+
+/// A well-mixed 64-bit value of `x` (splitmix64's finaliser).
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
 }
 
 impl Allocator {
@@ -77,7 +92,11 @@ impl Allocator {
                 }
             })
             .collect();
-        Allocator { level, disks }
+        Allocator {
+            level,
+            disks,
+            turn: used.len() as u64,
+        }
     }
 
     pub fn free_slabs(&self) -> u64 {
@@ -108,7 +127,9 @@ impl Allocator {
                             && !taken_disks.contains(position)
                             && !group_domains.contains(disk.domain.as_str())
                     })
-                    .max_by_key(|(position, disk)| (disk.free.len(), std::cmp::Reverse(*position)));
+                    .max_by_key(|(position, disk)| {
+                        (disk.free.len(), mix(self.turn << 16 | *position as u64))
+                    });
                 let Some((position, disk)) = best else {
                     return Err(self.explain_failure(geometry));
                 };
@@ -117,6 +138,7 @@ impl Allocator {
                 chosen[slot as usize] = Some(position);
             }
         }
+        self.turn += 1;
         Ok(chosen
             .into_iter()
             .map(|position| {

@@ -71,6 +71,10 @@ pub(crate) struct JobRuntime {
     /// When the next byte may be moved under the pool's rate limit: shared
     /// by every move, so the limit holds however many run at once.
     next_allowed_ns: Mutex<u64>,
+    /// When each job last committed its watermarks: one commit per job and
+    /// interval, however many of its moves run (each commit flushes every
+    /// disk, and a flush waits for the drives' write caches).
+    persisted_ns: Mutex<HashMap<u64, u64>>,
 }
 
 /// One move: (space, extent, slot).
@@ -118,6 +122,19 @@ impl JobRuntime {
         let start = (*next).max(now_ns);
         *next = start + bytes.saturating_mul(1_000_000_000) / rate.max(1);
         start
+    }
+
+    /// Whether `job`'s watermarks are due for a commit (at most one per
+    /// `interval_ns`); if so, the caller commits them and the clock
+    /// restarts.
+    fn persist_due(&self, job: u64, now_ns: u64, interval_ns: u64) -> bool {
+        let mut persisted = self.persisted_ns.lock().unwrap_or_else(|e| e.into_inner());
+        let last = persisted.entry(job).or_insert(now_ns);
+        if now_ns.saturating_sub(*last) < interval_ns {
+            return false;
+        }
+        *last = now_ns;
+        true
     }
 
     fn note_bytes(&self, job: u64, now_ns: u64, bytes_now: u64) {

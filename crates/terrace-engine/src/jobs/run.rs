@@ -1,7 +1,7 @@
 //! The job runner: moves filled row range by row range, progress committed,
 //! moves and jobs finished, and repairs started by policy.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -23,8 +23,10 @@ pub const JOB_HISTORY_MAX: usize = 16;
 /// small enough to react within a fraction of a second, large enough that
 /// the checks cost nothing.
 const FILL_STEP_BYTES: u64 = 4 << 20;
-/// How often a running move commits its watermark: a crash repeats at most
-/// this much work, and commits stay rare next to client I/O.
+/// Rows a step reads and writes at once, at most (small interleaves).
+const FILL_STEP_ROWS_MAX: u64 = 64;
+/// How often a running job commits its moves' watermarks: a crash repeats
+/// at most this much work, and commits stay rare next to client I/O.
 const PERSIST_INTERVAL_NS: u64 = 1_000_000_000;
 /// Moves in flight at once under the parallel policy: enough to keep many
 /// disks busy, few enough that client I/O still gets through.
@@ -35,6 +37,41 @@ const IDLE_POLL_NS: u64 = 100_000_000;
 /// even when no client touches it, at the cost of one 4 KiB read each.
 const PROBE_INTERVAL_NS: u64 = 1_000_000_000;
 
+/// Which moves the workers of [`Pool::run_jobs`] hold, and which rest: a
+/// move that stopped without finishing (paused, no destination yet) waits
+/// a poll interval before a worker tries it again.
+#[derive(Default)]
+struct Claims {
+    state: std::sync::Mutex<ClaimState>,
+}
+
+#[derive(Default)]
+struct ClaimState {
+    running: HashSet<(u64, usize)>,
+    resting: HashMap<(u64, usize), u64>,
+}
+
+impl Claims {
+    fn claim(&self, pending: Vec<MoveWork>, now_ns: u64) -> Option<MoveWork> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state
+            .resting
+            .retain(|_, since| now_ns.saturating_sub(*since) < IDLE_POLL_NS);
+        let work = pending.into_iter().find(|work| {
+            let key = (work.job, work.index);
+            !state.running.contains(&key) && !state.resting.contains_key(&key)
+        })?;
+        state.running.insert((work.job, work.index));
+        Some(work)
+    }
+
+    fn release(&self, key: (u64, usize), now_ns: u64) {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.running.remove(&key);
+        state.resting.insert(key, now_ns);
+    }
+}
+
 /// Where one pending move stands.
 struct MoveWork {
     job: u64,
@@ -43,23 +80,53 @@ struct MoveWork {
 
 impl Pool {
     /// Run jobs until the pool closes. The daemon spawns this once per pool.
+    ///
+    /// Moves run on a set of workers, up to the policy's limit at once;
+    /// each worker takes the next pending move as soon as its last one
+    /// ends (a batch that waited for its slowest move would leave disks
+    /// idle). Beside them, disks are probed and the repair policy runs
+    /// every poll interval. Each runs as its own loop, so none waits on
+    /// another (a move holds the metadata lock while it commits).
     pub async fn run_jobs(&self) {
-        let mut attempted: BTreeSet<(DiskIndex, u64)> = BTreeSet::new();
-        let mut last_probe: Option<u64> = None;
-        while self.shared.check_open().is_ok() && self.shared.read_only.is_none() {
-            let now = self.shared.env.now_ns();
-            if last_probe.is_none_or(|last| now.saturating_sub(last) >= PROBE_INTERVAL_NS) {
-                last_probe = Some(now);
-                self.probe_disks().await;
-            }
-            self.start_policy_repairs(&mut attempted).await;
-            let work = self.pending_moves().await;
-            if work.is_empty() {
+        let claims = Claims::default();
+        let policy = async {
+            let mut attempted: BTreeSet<(DiskIndex, u64)> = BTreeSet::new();
+            let mut last_probe: Option<u64> = None;
+            while self.running_jobs() {
+                let now = self.shared.env.now_ns();
+                if last_probe.is_none_or(|last| now.saturating_sub(last) >= PROBE_INTERVAL_NS) {
+                    last_probe = Some(now);
+                    self.probe_disks().await;
+                }
+                self.start_policy_repairs(&mut attempted).await;
                 self.shared.env.sleep(IDLE_POLL_NS).await;
-                continue;
             }
-            join_all(work.into_iter().map(|work| self.run_move(work))).await;
-        }
+        };
+        let workers = (0..PARALLEL_MOVES).map(|worker| {
+            let claims = &claims;
+            async move {
+                while self.running_jobs() {
+                    let (pending, limit) = self.pending_moves().await;
+                    let claimed = if worker < limit {
+                        claims.claim(pending, self.shared.env.now_ns())
+                    } else {
+                        None
+                    };
+                    let Some(work) = claimed else {
+                        self.shared.env.sleep(IDLE_POLL_NS).await;
+                        continue;
+                    };
+                    let key = (work.job, work.index);
+                    self.run_move(work).await;
+                    claims.release(key, self.shared.env.now_ns());
+                }
+            }
+        });
+        futures::future::join(policy, join_all(workers)).await;
+    }
+
+    fn running_jobs(&self) -> bool {
+        self.shared.check_open().is_ok() && self.shared.read_only.is_none()
     }
 
     /// Start a repair for each failed or missing disk that still holds
@@ -128,13 +195,15 @@ impl Pool {
     }
 
     /// The moves to run now, by the repair policy.
-    async fn pending_moves(&self) -> Vec<MoveWork> {
+    /// Every pending move of the running jobs, in order, and how many the
+    /// repair policy lets run at once.
+    async fn pending_moves(&self) -> (Vec<MoveWork>, usize) {
         let metadata = self.metadata().await;
         let limit = match metadata.settings.repair_policy {
             RepairPolicy::Parallel => PARALLEL_MOVES,
             RepairPolicy::Sequential => 1,
         };
-        metadata
+        let work = metadata
             .jobs
             .iter()
             .filter(|job| job.state == JobState::Running)
@@ -145,13 +214,12 @@ impl Pool {
                     .filter(|(_, step)| !step.done)
                     .map(move |(index, _)| MoveWork { job: job.id, index })
             })
-            .take(limit)
-            .collect()
+            .collect();
+        (work, limit)
     }
 
     /// Fill one move to its end, or until its job stops running.
     async fn run_move(&self, work: MoveWork) {
-        let mut last_persist = self.shared.env.now_ns();
         loop {
             let metadata = self.metadata().await;
             let Some(job) = metadata.jobs.iter().find(|job| job.id == work.job) else {
@@ -176,7 +244,8 @@ impl Pool {
             let Some(destination) = find_destination(&space, step.extent, step.slot, &mark) else {
                 return;
             };
-            let rows_per_step = (FILL_STEP_BYTES / geometry.interleave_bytes()).max(1);
+            let rows_per_step =
+                (FILL_STEP_BYTES / geometry.interleave_bytes()).clamp(1, FILL_STEP_ROWS_MAX);
             let to = (from + rows_per_step).min(geometry.rows_per_extent());
             let rate = metadata.settings.repair_rate_bytes_per_second;
             if self
@@ -203,8 +272,11 @@ impl Pool {
             self.shared
                 .job_runtime
                 .note_bytes(work.job, now, self.live_bytes_done(&metadata, job));
-            if now.saturating_sub(last_persist) >= PERSIST_INTERVAL_NS {
-                last_persist = now;
+            if self
+                .shared
+                .job_runtime
+                .persist_due(work.job, now, PERSIST_INTERVAL_NS)
+            {
                 self.persist_progress(work.job).await;
             }
         }
@@ -287,16 +359,37 @@ impl Pool {
         }
     }
 
+    /// Commit a job's watermarks. The rows below them are made durable
+    /// first (marks read, then every disk flushed, then the marks read
+    /// before the flush committed): a watermark on disk never claims rows
+    /// a power cut could still take from the destination.
     async fn persist_progress(&self, job_id: u64) {
+        let Some(mut job) = self
+            .metadata()
+            .await
+            .jobs
+            .into_iter()
+            .find(|job| job.id == job_id)
+        else {
+            return;
+        };
+        self.save_watermarks(&mut job);
+        if self.shared.flush_disks().await.is_err() {
+            return;
+        }
         let mut control = self.shared.control.lock().await;
         let mut next = control.metadata.clone();
         let Some(position) = next.jobs.iter().position(|job| job.id == job_id) else {
             return;
         };
-        let mut job = next.jobs[position].clone();
-        self.save_watermarks(&mut job);
-        job.bytes_done = self.live_bytes_done(&next, &job);
-        next.jobs[position] = job;
+        let current = &mut next.jobs[position];
+        for (step, saved) in current.moves.iter_mut().zip(&job.moves) {
+            if !step.done {
+                step.watermark_rows = step.watermark_rows.max(saved.watermark_rows);
+            }
+        }
+        let job = current.clone();
+        next.jobs[position].bytes_done = recorded_bytes_done(&next, &job);
         let _ = self.shared.commit(&mut control, next).await;
     }
 
@@ -369,7 +462,12 @@ pub(super) fn trim_history(metadata: &mut PoolMetadata) {
 impl Pool {
     /// Commit a finished move: the extent now points at the target (a
     /// resync's target is the slab itself); the old location is dropped.
+    /// The disks are flushed first.
     async fn finish_move(&self, job_id: u64, index: usize) {
+        // The target's rows reach the media before the metadata names it.
+        if self.shared.flush_disks().await.is_err() {
+            return;
+        }
         let mut control = self.shared.control.lock().await;
         let mut next = control.metadata.clone();
         let Some(position) = next.jobs.iter().position(|job| job.id == job_id) else {
@@ -383,12 +481,12 @@ impl Pool {
             }
         }
         {
-            let job = &mut next.jobs[position];
+            // Bytes done counted afresh from the record, not added to: a
+            // progress commit may already have counted this move's rows.
+            let mut job = next.jobs[position].clone();
             job.moves[index].done = true;
-            job.bytes_done = job
-                .bytes_done
-                .saturating_add(next.slab_bytes)
-                .min(job.bytes_total);
+            job.bytes_done = recorded_bytes_done(&next, &job);
+            next.jobs[position] = job;
         }
         let all_done = next.jobs[position].moves.iter().all(|m| m.done);
         if all_done {
@@ -549,4 +647,22 @@ fn placement_key(metadata: &PoolMetadata) -> u64 {
         job.id.hash(&mut hasher);
     }
     hasher.finish()
+}
+
+/// Bytes a job record accounts for: whole slabs of its done moves, and the
+/// rows below the recorded watermark of the others.
+fn recorded_bytes_done(metadata: &PoolMetadata, job: &JobRecord) -> u64 {
+    job.moves
+        .iter()
+        .map(|step| {
+            if step.done {
+                return metadata.slab_bytes;
+            }
+            let interleave = metadata
+                .space_by_id(step.space)
+                .map_or(0, |space| space.interleave_bytes);
+            step.watermark_rows * interleave
+        })
+        .sum::<u64>()
+        .min(job.bytes_total)
 }
