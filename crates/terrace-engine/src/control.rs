@@ -44,6 +44,47 @@ pub struct PoolShared {
     /// (disk, space, extent) already recorded dirty: the fast path of
     /// [`PoolShared::note_dirty`].
     dirty_known: std::sync::Mutex<std::collections::HashSet<(u16, u64, u32)>>,
+    /// Write intent of spaces without a log (see [`PoolShared::begin_intent`]).
+    intent: std::sync::Mutex<IntentState>,
+}
+
+/// How long an extent must go unwritten before its write intent is
+/// cleared: long enough that a busy extent costs no commits, short enough
+/// that a crash finds little to resynchronise.
+pub(crate) const INTENT_IDLE_NS: u64 = 5_000_000_000;
+/// Extents the write intent names at most; beyond, a space is named whole
+/// ([`INTENT_WHOLE_SPACE`]) so the metadata stays small.
+const INTENT_EXTENTS_MAX: usize = 1024;
+/// The extent number that stands for every extent of a space.
+pub(crate) const INTENT_WHOLE_SPACE: u32 = u32::MAX;
+
+/// The run-time side of the write-intent list.
+#[derive(Default)]
+pub(crate) struct IntentState {
+    /// Extents the committed metadata names.
+    durable: std::collections::HashSet<(u64, u32)>,
+    /// Per extent: writes in flight, and when it was last written.
+    activity: std::collections::HashMap<(u64, u32), (u32, u64)>,
+}
+
+/// Writes in flight to some extents; dropping it ends them.
+pub(crate) struct IntentGuard<'a> {
+    shared: &'a PoolShared,
+    space: SpaceId,
+    extents: std::ops::Range<u32>,
+}
+
+impl Drop for IntentGuard<'_> {
+    fn drop(&mut self) {
+        let now = self.shared.env.now_ns();
+        let mut state = self.shared.intent_state();
+        for extent in self.extents.clone() {
+            if let Some(entry) = state.activity.get_mut(&(self.space.0, extent)) {
+                entry.0 = entry.0.saturating_sub(1);
+                entry.1 = now;
+            }
+        }
+    }
 }
 
 impl PoolShared {
@@ -61,6 +102,14 @@ impl PoolShared {
             read_only,
             metadata_slot_bytes,
             dirty_known: std::sync::Mutex::new(known_dirty(&metadata)),
+            intent: std::sync::Mutex::new(IntentState {
+                durable: metadata
+                    .intent
+                    .iter()
+                    .map(|(space, extent)| (space.0, *extent))
+                    .collect(),
+                activity: Default::default(),
+            }),
             control: futures::lock::Mutex::new(Control { metadata }),
             disks: RwLock::new(disks),
             closed: AtomicBool::new(false),
@@ -113,6 +162,141 @@ impl PoolShared {
         let mut known = self.dirty_known.lock().unwrap_or_else(|e| e.into_inner());
         known.extend(unknown.iter().map(|disk| (disk.0, space.0, extent)));
         Ok(())
+    }
+
+    fn intent_state(&self) -> std::sync::MutexGuard<'_, IntentState> {
+        self.intent.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Before writing `extents` of `space` (a redundant space without a
+    /// write-back log): make sure the metadata names them in its write
+    /// intent, committing if it does not yet, and count the write in
+    /// flight until the guard drops. After a crash only extents so named
+    /// are resynchronised; an extent stays named while it is written and
+    /// is cleared by [`PoolShared::clear_idle_intent`] once idle and
+    /// flushed, so a steady stream of writes costs no commits.
+    pub(crate) async fn begin_intent(
+        &self,
+        space: SpaceId,
+        extents: std::ops::Range<u32>,
+    ) -> Result<IntentGuard<'_>, EngineError> {
+        let now = self.env.now_ns();
+        let missing: Vec<u32> = {
+            let mut state = self.intent_state();
+            for extent in extents.clone() {
+                let entry = state.activity.entry((space.0, extent)).or_insert((0, now));
+                entry.0 += 1;
+                entry.1 = now;
+            }
+            if state.durable.contains(&(space.0, INTENT_WHOLE_SPACE)) {
+                Vec::new()
+            } else {
+                extents
+                    .clone()
+                    .filter(|extent| !state.durable.contains(&(space.0, *extent)))
+                    .collect()
+            }
+        };
+        let guard = IntentGuard {
+            shared: self,
+            space,
+            extents,
+        };
+        if missing.is_empty() || self.read_only.is_some() {
+            return Ok(guard);
+        }
+        let mut control = self.control.lock().await;
+        let mut next = control.metadata.clone();
+        let mut named = missing.clone();
+        if next.intent.len() + missing.len() > INTENT_EXTENTS_MAX {
+            next.intent.retain(|(id, _)| *id != space);
+            named = vec![INTENT_WHOLE_SPACE];
+        }
+        let whole = next.intent.contains(&(space, INTENT_WHOLE_SPACE));
+        for extent in &named {
+            if !whole && !next.intent.contains(&(space, *extent)) {
+                next.intent.push((space, *extent));
+            }
+        }
+        if next.intent != control.metadata.intent {
+            self.commit(&mut control, next).await?;
+        }
+        let mut state = self.intent_state();
+        state
+            .durable
+            .extend(named.iter().map(|extent| (space.0, *extent)));
+        Ok(guard)
+    }
+
+    /// Clear the write intent of extents idle for [`INTENT_IDLE_NS`]: taken
+    /// off the fast path first (a new write commits them again), then every
+    /// disk flushed, then dropped from the metadata unless written since.
+    pub(crate) async fn clear_idle_intent(&self) -> Result<(), EngineError> {
+        if self.read_only.is_some() {
+            return Ok(());
+        }
+        let now = self.env.now_ns();
+        let idle: Vec<(u64, u32)> = {
+            let mut state = self.intent_state();
+            let idle: Vec<(u64, u32)> = state
+                .durable
+                .iter()
+                .copied()
+                .filter(|key| {
+                    let idle = |&(in_flight, last): &(u32, u64)| {
+                        in_flight == 0 && now.saturating_sub(last) >= INTENT_IDLE_NS
+                    };
+                    if key.1 == INTENT_WHOLE_SPACE {
+                        state
+                            .activity
+                            .iter()
+                            .filter(|(other, _)| other.0 == key.0)
+                            .all(|(_, entry)| idle(entry))
+                    } else {
+                        state.activity.get(key).is_none_or(idle)
+                    }
+                })
+                .collect();
+            for key in &idle {
+                state.durable.remove(key);
+                state.activity.remove(key);
+            }
+            idle
+        };
+        if idle.is_empty() {
+            return Ok(());
+        }
+        self.flush_disks().await?;
+        let mut control = self.control.lock().await;
+        let mut next = control.metadata.clone();
+        {
+            let state = self.intent_state();
+            next.intent.retain(|(space, extent)| {
+                let key = (space.0, *extent);
+                let busy = state.activity.iter().any(|(other, entry)| {
+                    entry.0 > 0
+                        && other.0 == key.0
+                        && (other.1 == key.1 || key.1 == INTENT_WHOLE_SPACE)
+                });
+                !idle.contains(&key) || state.durable.contains(&key) || busy
+            });
+        }
+        if next.intent != control.metadata.intent {
+            self.commit(&mut control, next).await?;
+        }
+        Ok(())
+    }
+
+    /// After the write intent has been acted on (import): drop it all.
+    pub(crate) async fn forget_intent(&self) -> Result<(), EngineError> {
+        let mut control = self.control.lock().await;
+        self.intent_state().durable.clear();
+        if control.metadata.intent.is_empty() {
+            return Ok(());
+        }
+        let mut next = control.metadata.clone();
+        next.intent.clear();
+        self.commit(&mut control, next).await
     }
 
     /// Forget the dirty records of a disk that caught up.

@@ -281,6 +281,7 @@ impl Pool {
             next_job_id: 1,
             jobs: Vec::new(),
             dirty: Vec::new(),
+            intent: Vec::new(),
         };
         let failures = Arc::new(AtomicU64::new(0));
         let shape = Shape {
@@ -438,6 +439,8 @@ impl Pool {
         let mut control = self.shared.control.lock().await;
         let mut next = control.metadata.clone();
         next.clean = true;
+        // Flushed above, and no write runs after close: nothing in flight.
+        next.intent.clear();
         self.shared.commit(&mut control, next).await
     }
 }
@@ -595,11 +598,26 @@ async fn open(
     }
     if !was_clean && pool.shared.read_only.is_none() {
         for space in pool.spaces() {
-            if !accounted.contains(space.name()) {
+            if accounted.contains(space.name()) {
+                continue;
+            }
+            let whole = (space.id(), crate::control::INTENT_WHOLE_SPACE);
+            if space.uses_intent() && !metadata.intent.contains(&whole) {
+                // Only the extents its write intent names can have been
+                // cut mid-write.
+                let extent_bytes = space.geometry().extent_data_bytes();
+                for (_, extent) in metadata.intent.iter().filter(|(id, _)| *id == space.id()) {
+                    let offset = u64::from(*extent) * extent_bytes;
+                    if offset < space.size_bytes() {
+                        crate::resync::resync_range(&space, offset, extent_bytes).await?;
+                    }
+                }
+            } else {
                 crate::resync::resync_space(&space).await?;
             }
         }
         pool.shared.flush_disks().await?;
+        pool.shared.forget_intent().await?;
     }
     if pool.shared.read_only.is_none() {
         pool.welcome_back(&metadata).await?;

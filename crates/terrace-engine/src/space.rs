@@ -98,6 +98,34 @@ impl Space {
         }
     }
 
+    /// Whether writes record their extents in the pool's write intent: a
+    /// redundant space without a write-back log (a log accounts for its
+    /// space's writes itself, and log spaces recover from their records).
+    pub(crate) fn uses_intent(&self) -> bool {
+        self.geometry.layout().failures_tolerated() > 0
+            && self.journal().is_none()
+            && !self.disjoint_writes()
+    }
+
+    /// The write intent of `[offset, offset + length)`, if this space keeps
+    /// one: held until the write is done.
+    async fn intent(
+        &self,
+        offset: u64,
+        length: u64,
+    ) -> Result<Option<crate::control::IntentGuard<'_>>, EngineError> {
+        if length == 0 || !self.uses_intent() {
+            return Ok(None);
+        }
+        let extent_bytes = self.geometry.extent_data_bytes();
+        let first = (offset / extent_bytes) as u32;
+        let last = ((offset + length - 1) / extent_bytes) as u32;
+        self.pool
+            .begin_intent(self.id, first..last + 1)
+            .await
+            .map(Some)
+    }
+
     pub(crate) fn disjoint_writes(&self) -> bool {
         self.disjoint_writes.load(Ordering::Relaxed)
     }
@@ -370,6 +398,7 @@ impl Space {
         fua: bool,
     ) -> Result<(), EngineError> {
         self.track_missing(map, offset, data.len() as u64).await?;
+        let _intent = self.intent(offset, data.len() as u64).await?;
         let rows = self.geometry.split_rows(offset, data.len() as u64);
         join_all(rows.map(|span| self.write_row(map, span, data, fua)))
             .await
@@ -512,6 +541,7 @@ impl Space {
         mode: zero::Mode,
     ) -> Result<(), EngineError> {
         self.track_missing(map, offset, length).await?;
+        let _intent = self.intent(offset, length).await?;
         let end = offset + length;
         let body_start = offset.next_multiple_of(BLOCK_BYTES).min(end);
         let body_end = (end / BLOCK_BYTES * BLOCK_BYTES).max(body_start);

@@ -276,6 +276,7 @@ pub fn encode(metadata: &PoolMetadata) -> Vec<u8> {
         metadata.next_job_id,
         &metadata.jobs,
         &metadata.dirty,
+        &metadata.intent,
     );
     writer.into_bytes()
 }
@@ -376,7 +377,7 @@ pub fn decode(bytes: &[u8]) -> Result<PoolMetadata, DecodeError> {
         spaces: &spaces,
         slab_bytes,
     };
-    let (settings, next_job_id, jobs, dirty) =
+    let (settings, next_job_id, jobs, dirty, intent) =
         crate::codec_state::decode(&mut reader, &known, &mut used)?;
     if reader.remaining() != 0 {
         return Err(DecodeError::Trailing {
@@ -398,6 +399,7 @@ pub fn decode(bytes: &[u8]) -> Result<PoolMetadata, DecodeError> {
         next_job_id,
         jobs,
         dirty,
+        intent,
     })
 }
 

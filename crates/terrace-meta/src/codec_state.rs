@@ -24,6 +24,7 @@ pub(crate) fn encode(
     next_job_id: u64,
     jobs: &[JobRecord],
     dirty: &[DirtyRecord],
+    intent: &[(SpaceId, u32)],
 ) {
     writer.u8(match settings.retire_missing {
         RetireMissing::Never => 0,
@@ -48,6 +49,11 @@ pub(crate) fn encode(
             writer.u64(space.0);
             writer.u32(*extent);
         }
+    }
+    writer.u32(intent.len() as u32);
+    for (space, extent) in intent {
+        writer.u64(space.0);
+        writer.u32(*extent);
     }
 }
 
@@ -93,7 +99,13 @@ pub(crate) struct Known<'a> {
     pub slab_bytes: u64,
 }
 
-pub(crate) type State = (PoolSettings, u64, Vec<JobRecord>, Vec<DirtyRecord>);
+pub(crate) type State = (
+    PoolSettings,
+    u64,
+    Vec<JobRecord>,
+    Vec<DirtyRecord>,
+    Vec<(SpaceId, u32)>,
+);
 
 pub(crate) fn decode(
     reader: &mut Reader,
@@ -150,7 +162,20 @@ pub(crate) fn decode(
         }
         dirty.push(DirtyRecord { disk, extents });
     }
-    Ok((settings, next_job_id, jobs, dirty))
+    // The write-intent list came last and later: metadata written before it
+    // ends here and has none.
+    let mut intent = Vec::new();
+    if reader.remaining() > 0 {
+        let count = reader.u32("intent count")? as usize;
+        let count = reader.count_of("intent extents", count, DIRTY_EXTENT_BYTES)?;
+        for _ in 0..count {
+            intent.push((
+                SpaceId(reader.u64("intent space")?),
+                reader.u32("intent extent")?,
+            ));
+        }
+    }
+    Ok((settings, next_job_id, jobs, dirty, intent))
 }
 
 fn check_disk(known: &Known, disk: DiskIndex) -> Result<(), DecodeError> {

@@ -275,6 +275,12 @@ pub struct PoolMetadata {
     /// Active jobs, and finished ones kept for `job list` (bounded).
     pub jobs: Vec<JobRecord>,
     pub dirty: Vec<DirtyRecord>,
+    /// Write intent: extents of redundant spaces without a write-back log
+    /// that may have had writes in flight since they were last flushed.
+    /// Recorded before such a write is issued and cleared once the extent
+    /// has been idle and flushed; after a crash, only these extents are
+    /// resynchronised (a clean shutdown leaves the list empty).
+    pub intent: Vec<(SpaceId, u32)>,
 }
 
 impl PoolMetadata {

@@ -50,6 +50,7 @@ fn metadata(disks: usize, slab_count: u32) -> PoolMetadata {
         next_job_id: 1,
         jobs: Vec::new(),
         dirty: Vec::new(),
+        intent: Vec::new(),
     }
 }
 
@@ -156,12 +157,23 @@ fn payload_golden_prefix() {
     expected.extend_from_slice(&[0; 16]); // disk id
     assert_eq!(&bytes[..expected.len()], &expected[..]);
     // zero spaces, then settings (auto, parallel, unlimited), next job id 1,
-    // zero jobs, zero dirty records
+    // zero jobs, zero dirty records, zero write-intent extents
     let mut tail = vec![0, 0, 0, 0, 2, 0];
     tail.extend_from_slice(&0u64.to_le_bytes());
     tail.extend_from_slice(&1u64.to_le_bytes());
     tail.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+    tail.extend_from_slice(&[0, 0, 0, 0]);
     assert_eq!(&bytes[bytes.len() - tail.len()..], &tail[..]);
+    // Metadata written before the write-intent list existed ends after the
+    // dirty records, and reads as an empty list.
+    let older = codec::decode(&bytes[..bytes.len() - 4]).unwrap();
+    assert_eq!(older, pool);
+    let mut with_intent = pool.clone();
+    with_intent.intent = vec![(SpaceId(3), 7), (SpaceId(3), 9)];
+    assert_eq!(
+        codec::decode(&codec::encode(&with_intent)).unwrap(),
+        with_intent
+    );
 }
 
 #[test]

@@ -99,6 +99,7 @@ impl Pool {
                     self.probe_disks().await;
                 }
                 self.start_policy_repairs(&mut attempted).await;
+                let _ = self.shared.clear_idle_intent().await;
                 self.shared.env.sleep(IDLE_POLL_NS).await;
             }
         };
