@@ -128,6 +128,12 @@ impl Drop for WriterTask {
 /// reply takes at most two).
 const REPLIES_PER_WRITE: usize = 64;
 
+/// Bytes after which a batch takes no further reply: a reply's buffer is
+/// freed as soon as its batch is written, and holding several large read
+/// buffers until a long batch is out only makes the allocator hand out
+/// fresh (zeroed, faulted-in) memory for the next reads.
+const BATCH_BYTES_MAX: usize = 128 << 10;
+
 /// Writes queued replies until every sender is gone.
 async fn write_replies<W: AsyncWrite + Unpin>(
     mut queue: mpsc::Receiver<Outgoing>,
@@ -135,11 +141,15 @@ async fn write_replies<W: AsyncWrite + Unpin>(
 ) -> io::Result<()> {
     let mut batch = Vec::with_capacity(REPLIES_PER_WRITE);
     while let Some(first) = queue.recv().await {
+        let mut bytes = first.reply.len();
         batch.push(first);
         loop {
-            while batch.len() < REPLIES_PER_WRITE {
+            while batch.len() < REPLIES_PER_WRITE && bytes < BATCH_BYTES_MAX {
                 match queue.try_recv() {
-                    Ok(next) => batch.push(next),
+                    Ok(next) => {
+                        bytes += next.reply.len();
+                        batch.push(next);
+                    }
                     Err(_) => break,
                 }
             }
@@ -149,6 +159,7 @@ async fn write_replies<W: AsyncWrite + Unpin>(
             write_batch(&mut out, &batch).await?;
             // Permits are released here, once their replies are written.
             batch.clear();
+            bytes = 0;
         }
         out.flush().await?;
     }
