@@ -417,6 +417,12 @@ impl PoolShared {
         if observed <= self.failures_persisted.load(Ordering::Acquire) {
             return Ok(());
         }
+        // Boxed: every request's future embeds this one, and a commit's
+        // state is large; only requests that saw a failure pay for it.
+        Box::pin(self.persist_observed(observed)).await
+    }
+
+    async fn persist_observed(&self, observed: u64) -> Result<(), EngineError> {
         let mut control = self.control.lock().await;
         if self.read_only.is_none() {
             let mut next = control.metadata.clone();

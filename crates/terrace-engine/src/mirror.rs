@@ -2,9 +2,9 @@
 //!
 //! Reads pick one copy, rotating the first choice by row and column so that
 //! streams spread over all copies, and fall back to the others when a copy
-//! fails. Writes go to every online copy under the row lock, so concurrent
-//! writers of a block leave all copies equal; a write succeeds while each of
-//! its pieces reached at least one copy.
+//! fails. Writes go to every online copy holding the lock on the bytes they
+//! write, so concurrent writers of a block leave all copies equal; a write
+//! succeeds while each of its pieces reached at least one copy.
 
 use futures::future::join_all;
 use terrace_io::{Bytes, BytesMut};
@@ -52,25 +52,29 @@ pub async fn write(
     data: &Bytes,
     fua: bool,
 ) -> Result<(), EngineError> {
-    let _guard = io.lock_for_write().await;
+    let _guard = io.lock_for_write(span).await;
     let geometry = io.geometry();
     let pieces: Vec<ColumnPiece> = geometry.split_columns(*span).collect();
     let copies = geometry.layout().copies();
-    let writes = pieces.iter().flat_map(|piece| {
-        let bytes = data.slice(piece_range(piece));
-        (0..copies)
-            .map(move |copy| geometry.slot(piece.data_column, copy))
-            .filter(|&slot| io.online(slot))
-            .map(move |slot| {
-                let bytes = bytes.clone();
-                async move {
-                    (
-                        piece.data_column,
-                        io.write(slot, piece.column_offset, bytes, fua).await,
-                    )
-                }
-            })
-    });
+    let writes: Vec<_> = pieces
+        .iter()
+        .flat_map(|piece| {
+            let bytes = data.slice(piece_range(piece));
+            (0..copies)
+                .map(move |copy| geometry.slot(piece.data_column, copy))
+                .filter(|&slot| io.online(slot))
+                .map(move |slot| {
+                    let bytes = bytes.clone();
+                    async move {
+                        (
+                            piece.data_column,
+                            io.write(slot, piece.column_offset, bytes, fua).await,
+                        )
+                    }
+                })
+        })
+        .collect();
+    // Collected first: join_all of a known count allocates once.
     let results = join_all(writes).await;
     for piece in &pieces {
         let reached = results

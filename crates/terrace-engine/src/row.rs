@@ -31,16 +31,20 @@ impl RowIo<'_> {
         }
     }
 
-    /// The lock a write takes: shared on a space whose writers never
-    /// overlap (a log), so appends to one row do not queue behind each
-    /// other; moves still take it exclusively.
-    pub async fn lock_for_write(&self) -> Option<RowGuard<'_>> {
+    /// The lock a whole-block write of `span` takes: the span's bytes of
+    /// the row, so writers of other blocks of the row proceed at the same
+    /// time; shared on a space whose writers never overlap (a log), so
+    /// appends to one row do not queue behind each other. Moves, rebuilds,
+    /// parity updates and sub-block writes still take the row exclusively.
+    pub async fn lock_for_write(&self, span: &RowSpan) -> Option<RowGuard<'_>> {
+        let key = (self.extent, self.row);
         if self.lock_held {
             None
         } else if self.space.disjoint_writes() {
-            Some(self.space.locks.lock_shared((self.extent, self.row)).await)
+            Some(self.space.locks.lock_shared(key).await)
         } else {
-            Some(self.space.locks.lock((self.extent, self.row)).await)
+            let range = (span.row_offset, span.row_offset + span.length);
+            Some(self.space.locks.lock_range(key, range).await)
         }
     }
 
@@ -85,12 +89,19 @@ impl RowIo<'_> {
         data: Bytes,
         fua: bool,
     ) -> Result<(), String> {
-        let writes = self.targets[slot as usize]
+        let mut locations = self.targets[slot as usize].writable(self.row);
+        if let (Some(only), None) = (locations.next(), locations.next()) {
+            // The usual case, a slot that is not moving: one location.
+            let offset = self.disk_offset(only, column_offset);
+            return only.disk.write(offset, data, fua).await;
+        }
+        let writes: Vec<_> = self.targets[slot as usize]
             .writable(self.row)
             .map(|location| {
                 let offset = self.disk_offset(location, column_offset);
                 location.disk.write(offset, data.clone(), fua)
-            });
+            })
+            .collect();
         let results = join_all(writes).await;
         if results.iter().any(Result::is_ok) {
             return Ok(());
@@ -127,6 +138,12 @@ where
     F: Fn(ColumnPiece, BytesMut) -> R,
     R: Future<Output = (BytesMut, Result<(), String>)> + 'a,
 {
+    let mut split = io.geometry().split_columns(*span);
+    if let Some(piece) = split.next().filter(|piece| piece.length == span.length) {
+        // One column: no parts to cut and join.
+        let (buffer, result) = read_piece(piece, buffer).await;
+        return (buffer, result.map_err(|error| io.unavailable(span, error)));
+    }
     let pieces: Vec<ColumnPiece> = io.geometry().split_columns(*span).collect();
     let parts = split_buffer(buffer, pieces.iter().map(|piece| piece.length));
     let reads = pieces

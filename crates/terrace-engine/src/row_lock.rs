@@ -2,9 +2,23 @@
 //!
 //! A parity update reads old data and parity, computes, and writes; two
 //! writers of the same row interleaving those steps would leave parity that
-//! matches neither. Mirror writes take the same lock so that concurrent
-//! writers of one block leave every copy equal. Degraded reads take it
-//! because reconstruction reads several columns that must be consistent.
+//! matches neither. Degraded reads take the lock because reconstruction
+//! reads several columns that must be consistent, and so do moves, rebuilds
+//! and sub-block writes (read the edge blocks, merge, write them back).
+//!
+//! Whole-block writes of simple and mirror rows only conflict with writers
+//! of the same blocks, so they lock the byte range they write, not the row
+//! (a 1 MiB row of a 4-column space otherwise lets one 64 KiB write of a
+//! sequential stream proceed at a time). Mirror writers of overlapping
+//! ranges still take turns, which keeps every copy equal.
+//!
+//! ```text
+//!   row:        |-------- A --------|            |---- C ----|
+//!                          |------- B -------|
+//!   A and C hold ranges at once; B waits for A; an exclusive holder
+//!   (parity update, move, sub-block write) waits for A and C, and while
+//!   it waits no new range is granted, so it is not starved.
+//! ```
 //!
 //! The table holds only rows that are locked or waited for, so it is bounded
 //! by the requests in flight. Waiters are all woken on release and race for
@@ -12,12 +26,16 @@
 //! scheme would lose the wake-up with it).
 
 use std::collections::HashMap;
-use std::future::poll_fn;
-use std::sync::Mutex;
-use std::task::{Poll, Waker};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 
 /// A row of a space: (extent, row within the extent).
 pub type RowKey = (u64, u64);
+
+/// Bytes `[start, end)` of a row's data.
+pub type RowRange = (u64, u64);
 
 #[derive(Default)]
 struct Entry {
@@ -25,7 +43,19 @@ struct Entry {
     /// Holders in shared mode (writers that never overlap each other, such
     /// as appends to a log); an exclusive holder waits for them all.
     shared: usize,
+    /// Ranges held by whole-block writers; they exclude overlapping ranges
+    /// and exclusive holders.
+    ranges: Vec<RowRange>,
+    /// Exclusive acquirers that are waiting: while there are any, no new
+    /// shared or range holder is let in.
+    exclusive_waiting: usize,
     waiters: Vec<Waker>,
+}
+
+impl Entry {
+    fn idle(&self) -> bool {
+        !self.held && self.shared == 0 && self.ranges.is_empty() && self.exclusive_waiting == 0
+    }
 }
 
 #[derive(Default)]
@@ -33,75 +63,170 @@ pub struct RowLocks {
     table: Mutex<HashMap<RowKey, Entry>>,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    Exclusive,
+    Shared,
+    Range(RowRange),
+}
+
 pub struct RowGuard<'a> {
     locks: &'a RowLocks,
     key: RowKey,
-    shared: bool,
+    mode: Mode,
 }
 
 impl RowLocks {
     pub async fn lock(&self, key: RowKey) -> RowGuard<'_> {
-        self.acquire(key, false).await
+        self.acquire(key, Mode::Exclusive).await
     }
 
     /// Share the row with other shared holders (writers that never overlap
     /// each other); exclusive holders still exclude them.
     pub async fn lock_shared(&self, key: RowKey) -> RowGuard<'_> {
-        self.acquire(key, true).await
+        self.acquire(key, Mode::Shared).await
     }
 
-    async fn acquire(&self, key: RowKey, shared: bool) -> RowGuard<'_> {
-        poll_fn(|context| {
-            let mut table = self.table.lock().unwrap_or_else(|e| e.into_inner());
-            let entry = table.entry(key).or_default();
-            let free = !entry.held && (shared || entry.shared == 0);
-            if free {
-                if shared {
-                    entry.shared += 1;
-                } else {
-                    entry.held = true;
-                }
-                Poll::Ready(())
-            } else {
-                if !entry.waiters.iter().any(|w| w.will_wake(context.waker())) {
-                    entry.waiters.push(context.waker().clone());
-                }
-                Poll::Pending
-            }
-        })
-        .await;
-        RowGuard {
+    /// Hold bytes `range` of the row: other ranges that do not overlap it
+    /// (and shared holders) may be held at the same time; exclusive holders
+    /// and overlapping ranges wait.
+    pub async fn lock_range(&self, key: RowKey, range: RowRange) -> RowGuard<'_> {
+        debug_assert!(range.0 < range.1);
+        self.acquire(key, Mode::Range(range)).await
+    }
+
+    fn table(&self) -> MutexGuard<'_, HashMap<RowKey, Entry>> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn acquire(&self, key: RowKey, mode: Mode) -> Acquire<'_> {
+        Acquire {
             locks: self,
             key,
-            shared,
+            mode,
+            counted: false,
+            done: false,
         }
     }
 
     /// Rows currently locked or waited on.
     #[cfg(test)]
     pub fn active(&self) -> usize {
-        self.table.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.table().len()
+    }
+}
+
+/// Whether `mode` may be granted in `entry` now; `counted` is whether this
+/// acquirer is one of the exclusive waiters.
+fn grantable(entry: &Entry, mode: Mode, counted: bool) -> bool {
+    if entry.held {
+        return false;
+    }
+    match mode {
+        Mode::Exclusive => entry.shared == 0 && entry.ranges.is_empty(),
+        _ if entry.exclusive_waiting > usize::from(counted) => false,
+        Mode::Shared => true,
+        Mode::Range((start, end)) => entry
+            .ranges
+            .iter()
+            .all(|&(held_start, held_end)| end <= held_start || held_end <= start),
+    }
+}
+
+/// The future of [`RowLocks::acquire`]; dropping it while it waits takes
+/// back its place among the exclusive waiters.
+struct Acquire<'a> {
+    locks: &'a RowLocks,
+    key: RowKey,
+    mode: Mode,
+    /// Counted in `exclusive_waiting` (an exclusive acquirer that waited).
+    counted: bool,
+    done: bool,
+}
+
+impl<'a> Future for Acquire<'a> {
+    type Output = RowGuard<'a>;
+
+    fn poll(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<RowGuard<'a>> {
+        let this = &mut *self;
+        let mut table = this.locks.table();
+        let entry = table.entry(this.key).or_default();
+        if grantable(entry, this.mode, this.counted) {
+            if this.counted {
+                entry.exclusive_waiting -= 1;
+                this.counted = false;
+            }
+            match this.mode {
+                Mode::Exclusive => entry.held = true,
+                Mode::Shared => entry.shared += 1,
+                Mode::Range(range) => entry.ranges.push(range),
+            }
+            this.done = true;
+            return Poll::Ready(RowGuard {
+                locks: this.locks,
+                key: this.key,
+                mode: this.mode,
+            });
+        }
+        if this.mode == Mode::Exclusive && !this.counted {
+            entry.exclusive_waiting += 1;
+            this.counted = true;
+        }
+        if !entry.waiters.iter().any(|w| w.will_wake(context.waker())) {
+            entry.waiters.push(context.waker().clone());
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for Acquire<'_> {
+    fn drop(&mut self) {
+        if self.done || !self.counted {
+            return;
+        }
+        // An exclusive waiter gives up: others it held back may go now.
+        let waiters = {
+            let mut table = self.locks.table();
+            let Some(entry) = table.get_mut(&self.key) else {
+                return;
+            };
+            entry.exclusive_waiting -= 1;
+            let waiters = std::mem::take(&mut entry.waiters);
+            if entry.idle() {
+                table.remove(&self.key);
+            }
+            waiters
+        };
+        for waker in waiters {
+            waker.wake();
+        }
     }
 }
 
 impl Drop for RowGuard<'_> {
     fn drop(&mut self) {
         let waiters = {
-            let mut table = self.locks.table.lock().unwrap_or_else(|e| e.into_inner());
+            let mut table = self.locks.table();
             let entry = table.get_mut(&self.key).expect("a held row has an entry");
-            if self.shared {
-                entry.shared -= 1;
-            } else {
-                debug_assert!(entry.held);
-                entry.held = false;
+            match self.mode {
+                Mode::Exclusive => {
+                    debug_assert!(entry.held);
+                    entry.held = false;
+                }
+                Mode::Shared => entry.shared -= 1,
+                Mode::Range(range) => {
+                    let position = entry
+                        .ranges
+                        .iter()
+                        .position(|&held| held == range)
+                        .expect("a held range is listed");
+                    entry.ranges.swap_remove(position);
+                }
             }
-            let released = !entry.held && entry.shared == 0;
-            let waiters = if released {
-                std::mem::take(&mut entry.waiters)
-            } else {
-                Vec::new()
-            };
-            if released {
+            // Anyone waiting may be able to go now: a range that overlapped
+            // this one, or an exclusive holder once the row is free.
+            let waiters = std::mem::take(&mut entry.waiters);
+            if entry.idle() {
                 // Woken waiters poll again and put the row back if they
                 // still want it; ones that gave up leave nothing behind.
                 table.remove(&self.key);
@@ -192,6 +317,64 @@ mod tests {
         });
         block_on(futures::future::join_all(tasks));
         assert_eq!(most.load(Ordering::SeqCst), 1);
+        assert_eq!(locks.active(), 0);
+    }
+    #[test]
+    fn ranges_share_a_row_unless_they_overlap() {
+        let locks = RowLocks::default();
+        let first = block_on(locks.lock_range((0, 1), (0, 4096)));
+        let second = locks.lock_range((0, 1), (4096, 8192)).now_or_never();
+        assert!(second.is_some(), "disjoint ranges share the row");
+        assert!(
+            locks
+                .lock_range((0, 1), (4095, 4097))
+                .now_or_never()
+                .is_none(),
+            "an overlapping range waits"
+        );
+        assert!(
+            locks.lock((0, 1)).now_or_never().is_none(),
+            "exclusive waits for ranges"
+        );
+        drop(first);
+        assert!(locks.lock_range((0, 1), (0, 4096)).now_or_never().is_some());
+        drop(second);
+        let exclusive = block_on(locks.lock((0, 1)));
+        assert!(
+            locks.lock_range((0, 1), (0, 4096)).now_or_never().is_none(),
+            "ranges wait for an exclusive holder"
+        );
+        drop(exclusive);
+        assert_eq!(locks.active(), 0);
+    }
+
+    #[test]
+    fn a_waiting_exclusive_holder_is_not_starved_by_new_ranges() {
+        let locks = RowLocks::default();
+        let range = block_on(locks.lock_range((0, 1), (0, 4096)));
+        let mut exclusive = Box::pin(locks.lock((0, 1)));
+        assert!((&mut exclusive).now_or_never().is_none());
+        assert!(
+            locks
+                .lock_range((0, 1), (8192, 12288))
+                .now_or_never()
+                .is_none(),
+            "no new range while an exclusive holder waits"
+        );
+        drop(range);
+        let guard = (&mut exclusive).now_or_never().expect("granted once free");
+        drop(guard);
+        drop(exclusive);
+        // A waiter that gives up lets the others in.
+        let range = block_on(locks.lock_range((0, 1), (0, 4096)));
+        let mut waiting = Box::pin(locks.lock((0, 1)));
+        assert!((&mut waiting).now_or_never().is_none());
+        drop(waiting);
+        assert!(locks
+            .lock_range((0, 1), (8192, 12288))
+            .now_or_never()
+            .is_some());
+        drop(range);
         assert_eq!(locks.active(), 0);
     }
 }

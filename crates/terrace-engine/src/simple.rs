@@ -1,11 +1,11 @@
 //! Simple (striped) rows: one slot per column, no redundancy.
 
-use futures::future::join_all;
 use terrace_io::{Bytes, BytesMut};
 use terrace_layout::{ColumnPiece, RowSpan};
 
 use crate::error::EngineError;
 use crate::row::{read_pieces, RowIo};
+use crate::space::all_ok;
 
 pub async fn read(
     io: &RowIo<'_>,
@@ -28,19 +28,17 @@ pub async fn write(
     data: &Bytes,
     fua: bool,
 ) -> Result<(), EngineError> {
-    // A block lives in one place, but a sub-block write elsewhere may be
-    // reading and rewriting it: writers of a row take turns.
-    let _guard = io.lock().await;
+    // A block lives in one place, but a sub-block write or a move may be
+    // reading and rewriting it: they hold the row, writers of blocks hold
+    // the blocks they write.
+    let _guard = io.lock_for_write(span).await;
     let writes = io.geometry().split_columns(*span).map(|piece| {
         let bytes = data.slice(piece_range(&piece));
         io.write(piece.data_column, piece.column_offset, bytes, fua)
     });
-    for result in join_all(writes).await {
-        result.map_err(|error| {
-            io.unavailable(span, format!("simple layout has no redundancy: {error}"))
-        })?;
-    }
-    Ok(())
+    all_ok(writes)
+        .await
+        .map_err(|error| io.unavailable(span, format!("simple layout has no redundancy: {error}")))
 }
 
 /// The bytes of the request a piece covers.

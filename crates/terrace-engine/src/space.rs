@@ -298,11 +298,16 @@ impl Space {
         offset: u64,
         length: u64,
     ) -> Result<BytesMut, EngineError> {
+        let buffer = aligned_buffer(length as usize);
+        let mut spans = self.geometry.split_rows(offset, length);
+        if let Some(span) = spans.next().filter(|span| span.length == length) {
+            // One row: no parts to cut and join.
+            let result = read_span(&self.row_io(map, &span), &span, buffer).await;
+            self.pool.persist_failures().await?;
+            return result;
+        }
         let spans: Vec<RowSpan> = self.geometry.split_rows(offset, length).collect();
-        let parts = split_buffer(
-            aligned_buffer(length as usize),
-            spans.iter().map(|s| s.length),
-        );
+        let parts = split_buffer(buffer, spans.iter().map(|s| s.length));
         let reads = spans.iter().zip(parts).map(|(span, part)| async move {
             read_span(&self.row_io(map, span), span, part).await
         });
@@ -315,9 +320,21 @@ impl Space {
     /// Write `data` at `offset` (any byte granularity); with `fua` it is
     /// durable on return.
     pub async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), EngineError> {
-        let Some(journal) = self.journal() else {
-            return self.write_home(offset, data, fua).await;
-        };
+        match self.journal() {
+            None => self.write_home(offset, data, fua).await,
+            // Boxed: the logged path's state would otherwise enlarge the
+            // future of every write, cached or not.
+            Some(journal) => Box::pin(self.write_logged(journal, offset, data, fua)).await,
+        }
+    }
+
+    async fn write_logged(
+        &self,
+        journal: Arc<Journal>,
+        offset: u64,
+        data: Bytes,
+        fua: bool,
+    ) -> Result<(), EngineError> {
         self.check(offset, data.len() as u64, Access::Write)?;
         let length = data.len() as u64;
         let start = offset / BLOCK_BYTES * BLOCK_BYTES;
@@ -382,9 +399,8 @@ impl Space {
                 .map(|disk| disk.index)
                 .collect();
             if !missing.is_empty() {
-                self.pool
-                    .note_dirty(self.id, extent as u32, &missing)
-                    .await?;
+                // Boxed: a commit's state would otherwise enlarge every write.
+                Box::pin(self.pool.note_dirty(self.id, extent as u32, &missing)).await?;
             }
         }
         Ok(())
@@ -400,10 +416,7 @@ impl Space {
         self.track_missing(map, offset, data.len() as u64).await?;
         let _intent = self.intent(offset, data.len() as u64).await?;
         let rows = self.geometry.split_rows(offset, data.len() as u64);
-        join_all(rows.map(|span| self.write_row(map, span, data, fua)))
-            .await
-            .into_iter()
-            .collect()
+        all_ok(rows.map(|span| self.write_row(map, span, data, fua))).await
     }
 
     /// Write one row span. A span that starts or ends inside a block reads
@@ -625,7 +638,9 @@ async fn read_span(
     let (part, result) = match io.geometry().layout() {
         Layout::Simple => simple::read(io, span, part).await,
         Layout::Mirror { .. } => mirror::read(io, span, part).await,
-        Layout::Parity { .. } => parity::read(io, span, part).await,
+        // Boxed: a parity read's state (reconstruction) is far larger than
+        // the others', and every read's future would carry it.
+        Layout::Parity { .. } => Box::pin(parity::read(io, span, part)).await,
     };
     result.map(|()| part)
 }
@@ -640,8 +655,29 @@ async fn write_span(
     match io.geometry().layout() {
         Layout::Simple => simple::write(io, span, data, fua).await,
         Layout::Mirror { .. } => mirror::write(io, span, data, fua).await,
-        Layout::Parity { .. } => parity::write(io, span, data, fua).await,
+        // Boxed, as for reads: a parity update's state is the largest.
+        Layout::Parity { .. } => Box::pin(parity::write(io, span, data, fua)).await,
     }
+}
+
+/// Await every future and return the first error in their order. One
+/// future is awaited in place; more are collected first, so that
+/// `join_all` knows their count and uses its single-allocation form (an
+/// iterator of unknown length makes it build a `FuturesOrdered`, with an
+/// allocation per future).
+pub(crate) async fn all_ok<F, E>(futures: impl IntoIterator<Item = F>) -> Result<(), E>
+where
+    F: std::future::Future<Output = Result<(), E>>,
+{
+    let mut futures = futures.into_iter();
+    let Some(first) = futures.next() else {
+        return Ok(());
+    };
+    let Some(second) = futures.next() else {
+        return first.await;
+    };
+    let all: Vec<F> = [first, second].into_iter().chain(futures).collect();
+    join_all(all).await.into_iter().collect()
 }
 
 /// Cut an aligned buffer into consecutive parts of the given lengths.

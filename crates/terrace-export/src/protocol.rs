@@ -445,6 +445,13 @@ pub(crate) struct EncodedReply {
     pub data: Option<Bytes>,
 }
 
+impl EncodedReply {
+    /// Bytes on the wire.
+    pub(crate) fn len(&self) -> usize {
+        self.head.len() + self.data.as_ref().map_or(0, Bytes::len)
+    }
+}
+
 /// Encodes `reply` to the request with `cookie`. With structured replies
 /// every reply is a single chunk flagged `NBD_REPLY_FLAG_DONE`, except that
 /// successes without data use a simple reply (allowed for every command but

@@ -153,6 +153,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 nbd_socket: Some(nbd_socket.unwrap_or_else(paths::nbd_socket)),
                 nbd_threads,
             };
+            daemon::keep_freed_buffers();
             return runtime()?
                 .block_on(daemon::run(config))
                 .map_err(CliError::Daemon);

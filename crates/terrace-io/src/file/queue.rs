@@ -85,6 +85,10 @@ struct State {
     waiters: VecDeque<(u64, Waker)>,
     next_ticket: u64,
     closed: bool,
+    /// The eventfd was signalled since the reactor last took the pending
+    /// requests: it will wake and take them, so pushing more needs no
+    /// further signal (one `write(2)` per reactor round, not per request).
+    wake_signalled: bool,
 }
 
 pub(crate) struct Queue {
@@ -104,6 +108,7 @@ impl Queue {
                 waiters: VecDeque::new(),
                 next_ticket: 0,
                 closed: false,
+                wake_signalled: false,
             }),
             ready: Condvar::new(),
             eventfd,
@@ -114,12 +119,9 @@ impl Queue {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn notify(&self, all: bool) {
-        if all {
-            self.ready.notify_all();
-        } else {
-            self.ready.notify_one();
-        }
+    /// Wake every worker and the reactor.
+    fn wake_all(&self) {
+        self.ready.notify_all();
         if let Some(fd) = &self.eventfd {
             sys::eventfd_signal(fd.as_raw_fd());
         }
@@ -141,7 +143,7 @@ impl Queue {
         for (_, waker) in waiters {
             waker.wake();
         }
-        self.notify(true);
+        self.wake_all();
     }
 
     /// Run `op` through the engine. A closed queue returns the op at once with
@@ -161,7 +163,7 @@ impl Queue {
             });
         };
         let (reply, answer) = oneshot::channel();
-        {
+        let signal = {
             let mut state = self.lock();
             // Checked under the same lock the engine reads `closed` with, so
             // an engine that saw the queue closed and drained never misses a
@@ -179,8 +181,14 @@ impl Queue {
                 reply,
                 _permit: permit,
             });
+            !std::mem::replace(&mut state.wake_signalled, true)
+        };
+        self.ready.notify_one();
+        if signal {
+            if let Some(fd) = &self.eventfd {
+                sys::eventfd_signal(fd.as_raw_fd());
+            }
         }
-        self.notify(false);
         answer.await
     }
 
@@ -201,6 +209,9 @@ impl Queue {
     /// Reactor: everything handed over so far, and whether the queue is closed.
     pub fn take_pending(&self) -> (VecDeque<Request>, bool) {
         let mut state = self.lock();
+        // Requests pushed from now on find nothing signalled and signal:
+        // none is left waiting for a reactor that is not coming.
+        state.wake_signalled = false;
         (std::mem::take(&mut state.pending), state.closed)
     }
 
