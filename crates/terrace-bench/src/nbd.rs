@@ -29,11 +29,9 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use terrace_export::client::NbdError;
+use terrace_export::client::{negotiate, NbdError};
 use terrace_export::protocol::{
-    IHAVEOPT, NBDMAGIC, NBD_CMD_DISC, NBD_CMD_FLUSH, NBD_CMD_READ, NBD_CMD_WRITE,
-    NBD_FLAG_FIXED_NEWSTYLE, NBD_FLAG_NO_ZEROES, NBD_INFO_BLOCK_SIZE, NBD_INFO_EXPORT,
-    NBD_OPTION_REPLY_MAGIC, NBD_OPT_GO, NBD_REP_ACK, NBD_REP_INFO, NBD_REQUEST_MAGIC,
+    NBD_CMD_DISC, NBD_CMD_FLUSH, NBD_CMD_READ, NBD_CMD_WRITE, NBD_REQUEST_MAGIC,
     NBD_SIMPLE_REPLY_MAGIC,
 };
 use terrace_io::Bytes;
@@ -44,9 +42,6 @@ use tokio::task::JoinHandle;
 /// Reply buffer: 1 MiB holds hundreds of small replies, so one read call
 /// serves many completions; larger payloads bypass it.
 const READ_BUFFER_BYTES: usize = 1 << 20;
-/// Largest option reply accepted in the handshake (an INFO reply is a few
-/// bytes; this bounds a misbehaving server).
-const OPTION_REPLY_MAX_BYTES: u32 = 64 << 10;
 const REQUEST_HEADER_BYTES: usize = 28;
 
 type Reader = Box<dyn AsyncRead + Send + Unpin>;
@@ -301,69 +296,11 @@ async fn handshake(
     writer: &mut Writer,
     export: &str,
 ) -> Result<(u64, Option<(u32, u32, u32)>), NbdError> {
-    if reader.read_u64().await? != NBDMAGIC || reader.read_u64().await? != IHAVEOPT {
+    let negotiated = negotiate(reader.as_mut(), writer.as_mut(), export).await?;
+    if negotiated.size_bytes == 0 {
         return Err(NbdError::Handshake(
-            "not a fixed newstyle NBD server".into(),
+            "the server did not say the export's size".into(),
         ));
     }
-    let server_flags = reader.read_u16().await?;
-    if server_flags & NBD_FLAG_FIXED_NEWSTYLE == 0 {
-        return Err(NbdError::Handshake("server lacks fixed newstyle".into()));
-    }
-    let client_flags = NBD_FLAG_FIXED_NEWSTYLE | (server_flags & NBD_FLAG_NO_ZEROES);
-    writer.write_u32(u32::from(client_flags)).await?;
-    let mut option = Vec::new();
-    option.extend_from_slice(&(export.len() as u32).to_be_bytes());
-    option.extend_from_slice(export.as_bytes());
-    option.extend_from_slice(&1u16.to_be_bytes());
-    option.extend_from_slice(&NBD_INFO_BLOCK_SIZE.to_be_bytes());
-    writer.write_u64(IHAVEOPT).await?;
-    writer.write_u32(NBD_OPT_GO).await?;
-    writer.write_u32(option.len() as u32).await?;
-    writer.write_all(&option).await?;
-    writer.flush().await?;
-    let (mut size_bytes, mut block_sizes) = (None, None);
-    loop {
-        if reader.read_u64().await? != NBD_OPTION_REPLY_MAGIC {
-            return Err(NbdError::Handshake("bad option reply magic".into()));
-        }
-        let _option = reader.read_u32().await?;
-        let reply = reader.read_u32().await?;
-        let length = reader.read_u32().await?;
-        if length > OPTION_REPLY_MAX_BYTES {
-            return Err(NbdError::Handshake(format!(
-                "option reply of {length} bytes"
-            )));
-        }
-        let mut data = vec![0u8; length as usize];
-        reader.read_exact(&mut data).await?;
-        let info = (data.len() >= 2).then(|| u16::from_be_bytes([data[0], data[1]]));
-        let word = |at: usize| u32::from_be_bytes(data[at..at + 4].try_into().unwrap_or_default());
-        match reply {
-            NBD_REP_ACK => break,
-            NBD_REP_INFO if info == Some(NBD_INFO_EXPORT) && data.len() >= 12 => {
-                size_bytes = Some(u64::from_be_bytes(
-                    data[2..10].try_into().unwrap_or_default(),
-                ));
-            }
-            NBD_REP_INFO if info == Some(NBD_INFO_BLOCK_SIZE) && data.len() >= 14 => {
-                block_sizes = Some((word(2), word(6), word(10)));
-            }
-            NBD_REP_INFO => {}
-            error if error & 0x8000_0000 != 0 => {
-                let message = String::from_utf8_lossy(&data).into_owned();
-                return Err(NbdError::Handshake(format!(
-                    "export {export:?} refused: {message} (reply {error:#x})"
-                )));
-            }
-            other => {
-                return Err(NbdError::Handshake(format!(
-                    "unexpected option reply {other}"
-                )))
-            }
-        }
-    }
-    let size_bytes = size_bytes
-        .ok_or_else(|| NbdError::Handshake("the server did not say the export's size".into()))?;
-    Ok((size_bytes, block_sizes))
+    Ok((negotiated.size_bytes, negotiated.block_sizes))
 }

@@ -108,65 +108,11 @@ impl NbdClient {
         mut writer: Stream,
         export: &str,
     ) -> Result<NbdClient, NbdError> {
-        if reader.read_u64().await? != NBD_MAGIC || reader.read_u64().await? != IHAVEOPT {
-            return Err(NbdError::Handshake(
-                "not a fixed newstyle NBD server".into(),
-            ));
-        }
-        let server_flags = reader.read_u16().await?;
-        if server_flags & FLAG_FIXED_NEWSTYLE == 0 {
-            return Err(NbdError::Handshake("server lacks fixed newstyle".into()));
-        }
-        writer
-            .write_u32(u32::from(
-                FLAG_FIXED_NEWSTYLE | (server_flags & FLAG_NO_ZEROES),
-            ))
-            .await?;
-        let mut option = Vec::new();
-        option.extend_from_slice(&(export.len() as u32).to_be_bytes());
-        option.extend_from_slice(export.as_bytes());
-        option.extend_from_slice(&1u16.to_be_bytes());
-        option.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
-        writer.write_u64(IHAVEOPT).await?;
-        writer.write_u32(OPT_GO).await?;
-        writer.write_u32(option.len() as u32).await?;
-        writer.write_all(&option).await?;
-        writer.flush().await?;
-        let (mut size_bytes, mut flags, mut block_sizes) = (0, 0, None);
-        loop {
-            let (reply, data) = read_option_reply(&mut reader).await?;
-            match reply {
-                REP_ACK => break,
-                REP_INFO
-                    if data.len() >= 12
-                        && u16::from_be_bytes([data[0], data[1]]) == INFO_EXPORT =>
-                {
-                    size_bytes = u64::from_be_bytes(data[2..10].try_into().unwrap_or_default());
-                    flags = u16::from_be_bytes([data[10], data[11]]);
-                }
-                REP_INFO
-                    if data.len() >= 14
-                        && u16::from_be_bytes([data[0], data[1]]) == INFO_BLOCK_SIZE =>
-                {
-                    let word = |at: usize| {
-                        u32::from_be_bytes(data[at..at + 4].try_into().unwrap_or_default())
-                    };
-                    block_sizes = Some((word(2), word(6), word(10)));
-                }
-                REP_INFO => {}
-                error if error & 0x8000_0000 != 0 => {
-                    let message = String::from_utf8_lossy(&data).into_owned();
-                    return Err(NbdError::Handshake(format!(
-                        "export {export:?} refused: {message} (reply {error:#x})"
-                    )));
-                }
-                other => {
-                    return Err(NbdError::Handshake(format!(
-                        "unexpected option reply {other}"
-                    )))
-                }
-            }
-        }
+        let Negotiated {
+            size_bytes,
+            flags,
+            block_sizes,
+        } = negotiate(reader.as_mut(), writer.as_mut(), export).await?;
         let waiting: Arc<Mutex<HashMap<u64, Waiter>>> = Arc::default();
         tokio::spawn(read_replies(reader, waiting.clone()));
         Ok(NbdClient {
@@ -256,6 +202,87 @@ impl NbdClient {
         writer.shutdown().await.ok();
         Ok(())
     }
+}
+
+/// What fixed newstyle negotiation with NBD_OPT_GO learnt of an export.
+#[derive(Debug, Clone, Copy)]
+pub struct Negotiated {
+    pub size_bytes: u64,
+    pub flags: u16,
+    /// (minimum, preferred, maximum), if the server sent them.
+    pub block_sizes: Option<(u32, u32, u32)>,
+}
+
+/// Fixed newstyle negotiation with NBD_OPT_GO (asking for block sizes), up
+/// to the start of transmission; for any client of this crate's servers
+/// and its peers.
+pub async fn negotiate(
+    reader: &mut (dyn AsyncRead + Send + Unpin),
+    writer: &mut (dyn AsyncWrite + Send + Unpin),
+    export: &str,
+) -> Result<Negotiated, NbdError> {
+    if reader.read_u64().await? != NBD_MAGIC || reader.read_u64().await? != IHAVEOPT {
+        return Err(NbdError::Handshake(
+            "not a fixed newstyle NBD server".into(),
+        ));
+    }
+    let server_flags = reader.read_u16().await?;
+    if server_flags & FLAG_FIXED_NEWSTYLE == 0 {
+        return Err(NbdError::Handshake("server lacks fixed newstyle".into()));
+    }
+    writer
+        .write_u32(u32::from(
+            FLAG_FIXED_NEWSTYLE | (server_flags & FLAG_NO_ZEROES),
+        ))
+        .await?;
+    let mut option = Vec::new();
+    option.extend_from_slice(&(export.len() as u32).to_be_bytes());
+    option.extend_from_slice(export.as_bytes());
+    option.extend_from_slice(&1u16.to_be_bytes());
+    option.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
+    writer.write_u64(IHAVEOPT).await?;
+    writer.write_u32(OPT_GO).await?;
+    writer.write_u32(option.len() as u32).await?;
+    writer.write_all(&option).await?;
+    writer.flush().await?;
+    let (mut size_bytes, mut flags, mut block_sizes) = (0, 0, None);
+    loop {
+        let (reply, data) = read_option_reply(reader).await?;
+        match reply {
+            REP_ACK => break,
+            REP_INFO
+                if data.len() >= 12 && u16::from_be_bytes([data[0], data[1]]) == INFO_EXPORT =>
+            {
+                size_bytes = u64::from_be_bytes(data[2..10].try_into().unwrap_or_default());
+                flags = u16::from_be_bytes([data[10], data[11]]);
+            }
+            REP_INFO
+                if data.len() >= 14
+                    && u16::from_be_bytes([data[0], data[1]]) == INFO_BLOCK_SIZE =>
+            {
+                let word =
+                    |at: usize| u32::from_be_bytes(data[at..at + 4].try_into().unwrap_or_default());
+                block_sizes = Some((word(2), word(6), word(10)));
+            }
+            REP_INFO => {}
+            error if error & 0x8000_0000 != 0 => {
+                let message = String::from_utf8_lossy(&data).into_owned();
+                return Err(NbdError::Handshake(format!(
+                    "export {export:?} refused: {message} (reply {error:#x})"
+                )));
+            }
+            other => {
+                return Err(NbdError::Handshake(format!(
+                    "unexpected option reply {other}"
+                )))
+            }
+        }
+    }
+    Ok(Negotiated {
+        size_bytes,
+        flags,
+        block_sizes,
+    })
 }
 
 async fn read_option_reply(
