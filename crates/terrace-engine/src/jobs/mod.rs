@@ -315,23 +315,12 @@ impl Pool {
         if !job.is_active() {
             return job.bytes_done;
         }
-        job.moves
-            .iter()
-            .map(|step| {
-                if step.done {
-                    return metadata.slab_bytes;
-                }
-                let rows = self
-                    .shared
-                    .job_runtime
-                    .watermark(&(step.space, step.extent, step.slot))
-                    .unwrap_or(step.watermark_rows);
-                let interleave = metadata
-                    .space_by_id(step.space)
-                    .map_or(0, |s| s.interleave_bytes);
-                rows * interleave
-            })
-            .sum()
+        moves_bytes(metadata, job, |step| {
+            self.shared
+                .job_runtime
+                .watermark(&(step.space, step.extent, step.slot))
+                .unwrap_or(step.watermark_rows)
+        })
     }
 
     /// Copy the run-time watermarks into a job record before it is committed.
@@ -432,4 +421,25 @@ fn check_job_disks(metadata: &PoolMetadata, kind: JobKind) -> Result<(), EngineE
         Some(job) => Err(EngineError::JobConflict { id: job.id }),
         None => Ok(()),
     }
+}
+
+/// Bytes a job's moves account for: whole slabs of the done ones, and the
+/// rows below `rows(step)` of the others.
+pub(crate) fn moves_bytes(
+    metadata: &PoolMetadata,
+    job: &JobRecord,
+    rows: impl Fn(&terrace_meta::MoveRecord) -> u64,
+) -> u64 {
+    job.moves
+        .iter()
+        .map(|step| {
+            if step.done {
+                return metadata.slab_bytes;
+            }
+            let interleave = metadata
+                .space_by_id(step.space)
+                .map_or(0, |space| space.interleave_bytes);
+            rows(step) * interleave
+        })
+        .sum()
 }

@@ -653,17 +653,5 @@ fn placement_key(metadata: &PoolMetadata) -> u64 {
 /// Bytes a job record accounts for: whole slabs of its done moves, and the
 /// rows below the recorded watermark of the others.
 fn recorded_bytes_done(metadata: &PoolMetadata, job: &JobRecord) -> u64 {
-    job.moves
-        .iter()
-        .map(|step| {
-            if step.done {
-                return metadata.slab_bytes;
-            }
-            let interleave = metadata
-                .space_by_id(step.space)
-                .map_or(0, |space| space.interleave_bytes);
-            step.watermark_rows * interleave
-        })
-        .sum::<u64>()
-        .min(job.bytes_total)
+    super::moves_bytes(metadata, job, |step| step.watermark_rows).min(job.bytes_total)
 }
