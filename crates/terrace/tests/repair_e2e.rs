@@ -18,10 +18,11 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{
-    command, random_bytes, run, run_ok, run_with, sha256_file, skip_without, Daemon, MIB,
+    assert_reads_back, command, delete_and_wait, disks_of, extent_disks, random_bytes, run, run_ok,
+    run_with, skip_without, wait_until, Daemon, MIB,
 };
 use serde_json::Value;
 
@@ -29,50 +30,8 @@ const DISK_BYTES: u64 = 256 * MIB;
 const SLAB: &str = "8M";
 const SLAB_BYTES: u64 = 8 * MIB;
 
-/// How long any awaited state change may take before the test fails.
-const PATIENCE: Duration = Duration::from_secs(90);
-
-/// Poll `ready` until it answers `None` (done); `Some(state)` says what
-/// it saw, for the failure message.
-#[track_caller]
-fn wait_until(daemon: &Daemon, what: &str, mut ready: impl FnMut() -> Option<String>) {
-    let started = Instant::now();
-    let mut last = String::new();
-    while started.elapsed() < PATIENCE {
-        match ready() {
-            None => return,
-            Some(state) => last = state,
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    panic!("{what} did not happen: {last}\n{}", daemon.log_tail());
-}
-
 fn space_view(daemon: &Daemon, name: &str) -> Value {
     daemon.cli_json(&["space", "show", name])["space"].clone()
-}
-
-/// The disk index of every slot of every extent of a space.
-fn extent_disks(daemon: &Daemon, name: &str) -> Vec<Vec<usize>> {
-    let detail = daemon.cli_json(&["space", "show", name]);
-    detail["extent_map"]
-        .as_array()
-        .expect("extent map")
-        .iter()
-        .map(|extent| {
-            extent["slots"]
-                .as_array()
-                .expect("slots")
-                .iter()
-                .map(|slot| slot["disk"].as_u64().expect("disk") as usize)
-                .collect()
-        })
-        .collect()
-}
-
-fn disks_of(daemon: &Daemon, name: &str) -> Vec<usize> {
-    let all: BTreeSet<usize> = extent_disks(daemon, name).into_iter().flatten().collect();
-    all.into_iter().collect()
 }
 
 fn disk_view(daemon: &Daemon, pool: &str, disk: usize) -> Value {
@@ -175,27 +134,6 @@ fn zero_and_wait(daemon: &Daemon, pool: &str, files: &[PathBuf], disk: usize) {
 }
 
 /// Delete a disk file and wait until the pool calls the disk missing.
-fn delete_and_wait(daemon: &Daemon, pool: &str, files: &[PathBuf], disk: usize) {
-    std::fs::remove_file(&files[disk]).expect("remove a disk file");
-    wait_until(daemon, "the deleted disk going missing", || {
-        let view = disk_view(daemon, pool, disk);
-        (view["state"] != "MISSING").then(|| view.to_string())
-    });
-}
-
-/// Read the whole space through NBD and compare its first bytes with `source`.
-#[track_caller]
-fn assert_reads_back(daemon: &Daemon, name: &str, source: &Path, when: &str) {
-    let length = std::fs::metadata(source).expect("source").len();
-    let copy = daemon.temp().join(format!("{name}.back"));
-    run_ok(command("nbdcopy").arg(daemon.uri(name)).arg(&copy));
-    assert_eq!(
-        sha256_file(&copy, Some(length)),
-        sha256_file(source, None),
-        "{name}: data {when}"
-    );
-}
-
 fn write_source(daemon: &Daemon, name: &str, seed: u64, length: u64) -> PathBuf {
     let source = daemon.temp().join(format!("{name}.in"));
     std::fs::write(&source, random_bytes(seed, length as usize)).expect("source");

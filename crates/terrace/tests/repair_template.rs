@@ -7,10 +7,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
-
-use common::{command, random_bytes, run, run_ok, sha256_file, skip_without, Daemon, MIB};
+use common::{
+    assert_reads_back, command, delete_and_wait, disks_of, random_bytes, run, run_ok, skip_without,
+    wait_until, Daemon, MIB,
+};
 use serde_json::Value;
 
 const DISK_BYTES: u64 = 512 * MIB;
@@ -47,58 +47,6 @@ fn space(daemon: &Daemon, pool: &str, name: &str) -> Value {
         .unwrap_or_else(|| panic!("space {name} missing: {status}"))
 }
 
-/// Disk indexes holding the space's slabs.
-fn disks_of(daemon: &Daemon, name: &str) -> Vec<usize> {
-    let detail = daemon.cli_json(&["space", "show", name]);
-    let mut disks: Vec<usize> = detail["extent_map"]
-        .as_array()
-        .expect("extent map")
-        .iter()
-        .flat_map(|extent| extent["slots"].as_array().cloned().unwrap_or_default())
-        .map(|slot| slot["disk"].as_u64().expect("disk") as usize)
-        .collect();
-    disks.sort_unstable();
-    disks.dedup();
-    disks
-}
-
-fn wait_for(what: &str, mut ready: impl FnMut() -> Option<String>) {
-    let started = Instant::now();
-    let mut last = String::new();
-    while started.elapsed() < Duration::from_secs(90) {
-        match ready() {
-            None => return,
-            Some(state) => last = state,
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    panic!("{what} did not happen: {last}");
-}
-
-fn lose(daemon: &Daemon, pool: &str, files: &[PathBuf], disk: usize) {
-    std::fs::remove_file(&files[disk]).expect("remove a disk file");
-    wait_for("the disk going missing", || {
-        let status = daemon.pool_status(pool);
-        let state = status["disks"][disk]["state"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        state
-            .eq_ignore_ascii_case("online")
-            .then(|| status.to_string())
-    });
-}
-
-fn read_back(daemon: &Daemon, name: &str, source: &Path, when: &str) {
-    let copy = daemon.temp().join(format!("{name}.back"));
-    run_ok(command("nbdcopy").arg(daemon.uri(name)).arg(&copy));
-    assert_eq!(
-        sha256_file(&copy, Some(32 * MIB)),
-        sha256_file(source, None),
-        "{name}: data {when}"
-    );
-}
-
 #[test]
 fn every_redundant_layout_survives_its_tolerance_repairs_and_another_loss() {
     if skip_without("the redundancy template", &["nbdcopy"]) {
@@ -118,20 +66,20 @@ fn every_redundant_layout_survives_its_tolerance_repairs_and_another_loss() {
 
         let used = disks_of(&daemon, name);
         for &disk in &used[..*tolerance] {
-            lose(&daemon, &pool, &files, disk);
+            delete_and_wait(&daemon, &pool, &files, disk);
         }
-        read_back(&daemon, name, &source, "with the tolerated disks lost");
+        assert_reads_back(&daemon, name, &source, "with the tolerated disks lost");
         assert_ne!(space(&daemon, &pool, name)["health"], "offline");
 
         daemon.cli_json(&["pool", "set", &pool, "--retire-missing", "always"]);
-        wait_for("the repair", || {
+        wait_until(&daemon, "the repair", || {
             let view = space(&daemon, &pool, name);
             (view["health"] != "healthy").then(|| view.to_string())
         });
         let check = daemon.cli_json(&["space", "verify", name]);
         assert_eq!(check["mismatched_rows"], 0, "{name}: {check}");
         assert_eq!(check["skipped_rows"], 0, "{name}: {check}");
-        read_back(&daemon, name, &source, "after the repair");
+        assert_reads_back(&daemon, name, &source, "after the repair");
 
         let now_used = disks_of(&daemon, name);
         let next = *now_used
@@ -139,8 +87,8 @@ fn every_redundant_layout_survives_its_tolerance_repairs_and_another_loss() {
             .find(|disk| files[**disk].exists())
             .expect("a disk left to lose");
         daemon.cli_json(&["pool", "set", &pool, "--retire-missing", "never"]);
-        lose(&daemon, &pool, &files, next);
-        read_back(&daemon, name, &source, "after losing one more disk");
+        delete_and_wait(&daemon, &pool, &files, next);
+        assert_reads_back(&daemon, name, &source, "after losing one more disk");
     }
     daemon.stop();
 }
@@ -182,8 +130,8 @@ fn beyond_tolerance_the_space_is_offline_and_never_returns_wrong_data() {
     }
     run_ok(&mut writes);
     let used = disks_of(&daemon, "lost");
-    lose(&daemon, "bt", &files, used[0]);
-    lose(&daemon, "bt", &files, used[1]);
+    delete_and_wait(&daemon, "bt", &files, used[0]);
+    delete_and_wait(&daemon, "bt", &files, used[1]);
     let view = space(&daemon, "bt", "lost");
     assert_eq!(
         view["health"],
@@ -286,30 +234,30 @@ fn a_lost_target_is_replaced_and_a_second_failure_is_reported() {
     run_ok(command("nbdcopy").arg(&source).arg(daemon.uri("s")));
 
     let used = disks_of(&daemon, "s");
-    lose(&daemon, "mid", &files, used[0]);
+    delete_and_wait(&daemon, "mid", &files, used[0]);
     let before = slabs_used(&daemon, "mid");
     daemon.cli_json(&["pool", "set", "mid", "--retire-missing", "always"]);
     let mut target = None;
-    wait_for("a repair target", || {
+    wait_until(&daemon, "a repair target", || {
         let now = slabs_used(&daemon, "mid");
         target = (5..now.len()).find(|&d| now[d] > before[d] && files[d].exists());
         target.is_none().then(|| format!("{before:?} -> {now:?}"))
     });
-    lose(&daemon, "mid", &files, target.expect("target"));
-    wait_for("the repair onto another disk", || {
+    delete_and_wait(&daemon, "mid", &files, target.expect("target"));
+    wait_until(&daemon, "the repair onto another disk", || {
         let view = space(&daemon, "mid", "s");
         (view["health"] != "healthy").then(|| format!("{view} {:?}", repair_jobs(&daemon)))
     });
     let check = daemon.cli_json(&["space", "verify", "s"]);
     assert_eq!(check["mismatched_rows"], 0, "{check}");
-    read_back(&daemon, "s", &source, "after the target was replaced");
+    assert_reads_back(&daemon, "s", &source, "after the target was replaced");
 
     // A new repair, and a second failure in the middle of it.
     let used = disks_of(&daemon, "s");
     daemon.cli_json(&["pool", "set", "mid", "--retire-missing", "never"]);
-    lose(&daemon, "mid", &files, used[0]);
+    delete_and_wait(&daemon, "mid", &files, used[0]);
     daemon.cli_json(&["pool", "set", "mid", "--retire-missing", "always"]);
-    wait_for("the second repair to start", || {
+    wait_until(&daemon, "the second repair to start", || {
         let running = repair_jobs(&daemon)
             .iter()
             .any(|job| job["state"] == "running");
@@ -319,8 +267,8 @@ fn a_lost_target_is_replaced_and_a_second_failure_is_reported() {
         .iter()
         .find(|&&d| files[d].exists())
         .expect("another disk of the space");
-    lose(&daemon, "mid", &files, second);
-    wait_for("the repair to give up", || {
+    delete_and_wait(&daemon, "mid", &files, second);
+    wait_until(&daemon, "the repair to give up", || {
         let failed = repair_jobs(&daemon).iter().any(|job| {
             job["state"] == "failed" && !job["reason"].as_str().unwrap_or("").is_empty()
         });

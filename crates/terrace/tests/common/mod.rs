@@ -12,7 +12,7 @@
 
 pub mod nbd;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::FileExt;
@@ -908,5 +908,69 @@ pub fn assert_same_tree(
         "{when}: {} differences:\n{}",
         problems.len(),
         problems.join("\n")
+    );
+}
+
+// Disks, extents and data of spaces, for the failure and repair tests.
+
+/// Poll `ready` until it answers `None` (done); `Some(state)` says what
+/// it saw, for the failure message.
+#[track_caller]
+pub fn wait_until(daemon: &Daemon, what: &str, mut ready: impl FnMut() -> Option<String>) {
+    let started = Instant::now();
+    let mut last = String::new();
+    while started.elapsed() < Duration::from_secs(90) {
+        match ready() {
+            None => return,
+            Some(state) => last = state,
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    panic!("{what} did not happen: {last}\n{}", daemon.log_tail());
+}
+
+/// The disk index of every slot of every extent of a space.
+pub fn extent_disks(daemon: &Daemon, name: &str) -> Vec<Vec<usize>> {
+    let detail = daemon.cli_json(&["space", "show", name]);
+    detail["extent_map"]
+        .as_array()
+        .expect("extent map")
+        .iter()
+        .map(|extent| {
+            extent["slots"]
+                .as_array()
+                .expect("slots")
+                .iter()
+                .map(|slot| slot["disk"].as_u64().expect("disk") as usize)
+                .collect()
+        })
+        .collect()
+}
+
+/// Disk indexes holding the space's slabs.
+pub fn disks_of(daemon: &Daemon, name: &str) -> Vec<usize> {
+    let all: BTreeSet<usize> = extent_disks(daemon, name).into_iter().flatten().collect();
+    all.into_iter().collect()
+}
+
+/// Delete a disk's backing file and wait until its pool says it is missing.
+pub fn delete_and_wait(daemon: &Daemon, pool: &str, files: &[PathBuf], disk: usize) {
+    std::fs::remove_file(&files[disk]).expect("remove a disk file");
+    wait_until(daemon, "the deleted disk going missing", || {
+        let view = daemon.pool_status(pool)["disks"][disk].clone();
+        (view["state"] != "MISSING").then(|| view.to_string())
+    });
+}
+
+/// Read the whole space through NBD and compare its first bytes with `source`.
+#[track_caller]
+pub fn assert_reads_back(daemon: &Daemon, name: &str, source: &Path, when: &str) {
+    let length = std::fs::metadata(source).expect("source").len();
+    let copy = daemon.temp().join(format!("{name}.back"));
+    run_ok(command("nbdcopy").arg(daemon.uri(name)).arg(&copy));
+    assert_eq!(
+        sha256_file(&copy, Some(length)),
+        sha256_file(source, None),
+        "{name}: data {when}"
     );
 }
