@@ -8,34 +8,14 @@
 #
 #   bench/jbod.sh [seconds-per-point] [depths]
 #
-# Binds only Unix sockets. The binary is built and taken from
-# $CARGO_TARGET_DIR (default target/).
+# Binds only Unix sockets; see bench/lib.sh for the binary and the daemon.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 seconds="${1:-3}"
 depths="${2:-1,8,32,64,128}"
-work="$(mktemp -d /var/tmp/terrace-jbod.XXXXXX)"
-pids=()
-cleanup() {
-    set +e
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
-    rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-cargo build --release -q -p terrace
-target_dir="${CARGO_TARGET_DIR:-target}"
-case "$target_dir" in /*) ;; *) target_dir="$(pwd)/$target_dir" ;; esac
-terrace="$target_dir/release/terrace"
-ctl=(--control "$work/ctl.sock")
-
-"$terrace" daemon --state-dir "$work/state" --control "$work/ctl.sock" \
-    --nbd-socket "$work/nbd.sock" --no-tcp 2>"$work/daemon.log" &
-pids+=($!)
-for _ in $(seq 100); do "$terrace" "${ctl[@]}" status >/dev/null 2>&1 && break; sleep 0.1; done
+. bench/lib.sh
+bench_daemon jbod
 
 make_pool() {
     local name="$1" count="$2" disks=()
@@ -52,8 +32,8 @@ make_pool eight 8
 
 "$terrace" "${ctl[@]}" bench --profile streaming --profile restore --depths "$depths" \
     --warmup 1s --duration "${seconds}s" --size 4G --no-progress --json-file "$work/jbod.json" \
-    "one=nbd+unix:///one?socket=$work/nbd.sock" \
-    "eight=nbd+unix:///eight?socket=$work/nbd.sock" >/dev/null
+    "one=nbd+unix:///one?socket=$nbd" \
+    "eight=nbd+unix:///eight?socket=$nbd" >/dev/null
 python3 - "$work/jbod.json" <<'PY'
 import json, sys
 report = json.load(open(sys.argv[1]))

@@ -15,35 +15,15 @@
 #
 #   bench/rebuild.sh [space-size] [disk-size]
 #
-# Prints a markdown table. Binds only Unix sockets. The binary is built and
-# taken from $CARGO_TARGET_DIR (default target/).
+# Prints a markdown table. Binds only Unix sockets; see bench/lib.sh for the
+# binary and the daemon.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 space_size="${1:-24G}"
 disk_size="${2:-16G}"
-work="$(mktemp -d /var/tmp/terrace-rebuild.XXXXXX)"
-pids=()
-cleanup() {
-    set +e
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
-    [ -n "${KEEP:-}" ] || rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-cargo build --release -q -p terrace
-target_dir="${CARGO_TARGET_DIR:-target}"
-case "$target_dir" in /*) ;; *) target_dir="$(pwd)/$target_dir" ;; esac
-terrace="$target_dir/release/terrace"
-ctl=(--control "$work/ctl.sock")
-nbd="$work/nbd.sock"
-
-"$terrace" daemon --state-dir "$work/state" --control "$work/ctl.sock" \
-    --nbd-socket "$nbd" --no-tcp 2>"$work/daemon.log" &
-pids+=($!)
-for _ in $(seq 100); do "$terrace" "${ctl[@]}" status >/dev/null 2>&1 && break; sleep 0.1; done
+. bench/lib.sh
+bench_daemon rebuild
 
 json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
 

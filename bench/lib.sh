@@ -1,0 +1,32 @@
+# Shared by bench scripts (source it): a scratch folder under /var/tmp, the
+# release binary, and one daemon serving on Unix sockets in that folder; the
+# daemon is stopped and the folder removed on exit (KEEP=1 keeps the folder).
+#
+#   bench_daemon NAME    sets work, terrace, ctl (control arguments), nbd
+#                        (the NBD socket) and starts the daemon
+#
+# The binary is built and taken from $CARGO_TARGET_DIR (default target/).
+
+bench_cleanup() {
+    set +e
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
+    [ -n "${KEEP:-}" ] || rm -rf "$work"
+}
+
+bench_daemon() {
+    work="$(mktemp -d "/var/tmp/terrace-$1.XXXXXX")"
+    pids=()
+    trap bench_cleanup EXIT
+    trap 'exit 130' INT
+    trap 'exit 143' TERM
+    cargo build --release -q -p terrace
+    local target_dir="${CARGO_TARGET_DIR:-target}"
+    case "$target_dir" in /*) ;; *) target_dir="$(pwd)/$target_dir" ;; esac
+    terrace="$target_dir/release/terrace"
+    ctl=(--control "$work/ctl.sock")
+    nbd="$work/nbd.sock"
+    "$terrace" daemon --state-dir "$work/state" --control "$work/ctl.sock" \
+        --nbd-socket "$nbd" --no-tcp 2>"$work/daemon.log" &
+    pids+=($!)
+    for _ in $(seq 100); do "$terrace" "${ctl[@]}" status >/dev/null 2>&1 && break; sleep 0.1; done
+}
