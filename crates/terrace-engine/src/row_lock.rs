@@ -95,6 +95,31 @@ impl RowLocks {
         self.acquire(key, Mode::Range(range)).await
     }
 
+    /// Give something up on `key` (`change`), then wake everyone waiting
+    /// there: a range that overlapped, an exclusive holder once the row is
+    /// free, or those an exclusive waiter held back. Woken waiters poll
+    /// again and put the row back if they still want it; an idle entry
+    /// goes, so ones that gave up leave nothing behind.
+    /// False if `key` has no entry.
+    fn release(&self, key: RowKey, change: impl FnOnce(&mut Entry)) -> bool {
+        let waiters = {
+            let mut table = self.table();
+            let Some(entry) = table.get_mut(&key) else {
+                return false;
+            };
+            change(entry);
+            let waiters = std::mem::take(&mut entry.waiters);
+            if entry.idle() {
+                table.remove(&key);
+            }
+            waiters
+        };
+        for waker in waiters {
+            waker.wake();
+        }
+        true
+    }
+
     fn table(&self) -> MutexGuard<'_, HashMap<RowKey, Entry>> {
         self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -185,57 +210,30 @@ impl Drop for Acquire<'_> {
             return;
         }
         // An exclusive waiter gives up: others it held back may go now.
-        let waiters = {
-            let mut table = self.locks.table();
-            let Some(entry) = table.get_mut(&self.key) else {
-                return;
-            };
-            entry.exclusive_waiting -= 1;
-            let waiters = std::mem::take(&mut entry.waiters);
-            if entry.idle() {
-                table.remove(&self.key);
-            }
-            waiters
-        };
-        for waker in waiters {
-            waker.wake();
-        }
+        self.locks
+            .release(self.key, |entry| entry.exclusive_waiting -= 1);
     }
 }
 
 impl Drop for RowGuard<'_> {
     fn drop(&mut self) {
-        let waiters = {
-            let mut table = self.locks.table();
-            let entry = table.get_mut(&self.key).expect("a held row has an entry");
-            match self.mode {
-                Mode::Exclusive => {
-                    debug_assert!(entry.held);
-                    entry.held = false;
-                }
-                Mode::Shared => entry.shared -= 1,
-                Mode::Range(range) => {
-                    let position = entry
-                        .ranges
-                        .iter()
-                        .position(|&held| held == range)
-                        .expect("a held range is listed");
-                    entry.ranges.swap_remove(position);
-                }
+        let mode = self.mode;
+        let held = self.locks.release(self.key, |entry| match mode {
+            Mode::Exclusive => {
+                debug_assert!(entry.held);
+                entry.held = false;
             }
-            // Anyone waiting may be able to go now: a range that overlapped
-            // this one, or an exclusive holder once the row is free.
-            let waiters = std::mem::take(&mut entry.waiters);
-            if entry.idle() {
-                // Woken waiters poll again and put the row back if they
-                // still want it; ones that gave up leave nothing behind.
-                table.remove(&self.key);
+            Mode::Shared => entry.shared -= 1,
+            Mode::Range(range) => {
+                let position = entry
+                    .ranges
+                    .iter()
+                    .position(|&held| held == range)
+                    .expect("a held range is listed");
+                entry.ranges.swap_remove(position);
             }
-            waiters
-        };
-        for waker in waiters {
-            waker.wake();
-        }
+        });
+        assert!(held, "a held row has an entry");
     }
 }
 
