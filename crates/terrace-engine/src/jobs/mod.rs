@@ -176,17 +176,6 @@ impl Pool {
         self.start_job(JobKind::Evacuate { disk }).await
     }
 
-    /// Move every slab of `old` onto `new` (already in the pool), then
-    /// release `old`. To bring the new disk in with the job, see
-    /// [`Pool::replace_disk`].
-    pub async fn start_replacement(
-        &self,
-        old: DiskIndex,
-        new: DiskIndex,
-    ) -> Result<u64, EngineError> {
-        self.start_job(JobKind::Replace { old, new }).await
-    }
-
     /// Plan, record and install a job. Fails, changing nothing, when a job
     /// already involves one of its disks or the moves cannot be placed.
     pub async fn start_job(&self, kind: JobKind) -> Result<u64, EngineError> {
