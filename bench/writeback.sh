@@ -11,7 +11,9 @@
 # run's dirty data is destaged first), as separate measurements would; a
 # run shows what the log absorbs plus what destaging manages meanwhile.
 # Prints markdown tables (IO/s and MB/s per space and profile, and the
-# ratios the write-back issue aims at). Needs root (loop devices, mount),
+# ratios the write-back issue aims at). PROFILES, SPACES and PARTS narrow a
+# run (e.g. PROFILES="restore random-write" SPACES="p2-log p2" PARTS=model);
+# ratios whose operands were not measured are left out. Needs root (loop devices, mount),
 # fio, btrfs-progs. The binary is built and taken from $CARGO_TARGET_DIR
 # (default target/).
 set -euo pipefail
@@ -52,10 +54,13 @@ run_fio() {
     local out="$work/fio.json"
     fio --name=bench $target --rw="$rw" --bs="$bs" --rwmixread="$mix" --iodepth="$depth" \
         --size="$size" --time_based --runtime="$seconds" --ramp_time=2 \
-        --output-format=json --output="$out" >/dev/null 2>&1
+        --output-format=json --output="$out" >"$work/fio.log" 2>&1 ||
+        { echo "fio failed on $target:" >&2; cat "$work/fio.log" >&2; echo "0 0"; return; }
     python3 - "$out" <<'PY'
 import json, sys
-job = json.load(open(sys.argv[1]))["jobs"][0]
+text = open(sys.argv[1]).read()
+# fio may print notes before its JSON document.
+job = json.loads(text[text.index("{"):])["jobs"][0]
 iops = job["read"]["iops"] + job["write"]["iops"]
 mbs = (job["read"]["bw_bytes"] + job["write"]["bw_bytes"]) / 1e6
 print(f"{iops:.0f} {mbs:.1f}")
@@ -113,22 +118,31 @@ make_pool() {
     "$terrace" "${ctl[@]}" space create wb m2 --layout mirror --copies 2 --size 8G --cache 0 >/dev/null
 }
 
+wanted() { # wanted LIST ITEM: ITEM is in LIST, or LIST is empty
+    [ -z "$1" ] || [[ " $1 " == *" $2 "* ]]
+}
+
 results="$work/results.txt"
 : >"$results"
 
+if wanted "${PARTS:-}" model; then
 echo "== with drive models (8 × hdd-10k, 3 × ssd-sata journal disks)" >&2
 start_daemon "$work/model"
 make_pool "$work/model" model
 for profile in "${profiles[@]}"; do
     read -r name rw bs mix <<<"$profile"
+    wanted "${PROFILES:-}" "$name" || continue
     for space in p2-log p2 p1-log p1 m2; do
+        wanted "${SPACES:-}" "$space" || continue
         uri="nbd+unix:///$space?socket=$work/model/nbd.sock"
         echo "model $name $space $(run_fio "--ioengine=nbd --uri=$uri" "$rw" "$bs" "$mix" 8G)" >>"$results"
         tail -1 "$results" >&2
         drain "$work/model" "$space"
     done
 done
+fi
 
+if wanted "${PARTS:-}" raw; then
 echo "== raw files, terrace vs btrfs raid5/raid6 on loop devices" >&2
 start_daemon "$work/raw"
 make_pool "$work/raw" raw
@@ -145,6 +159,7 @@ for level in raid5 raid6; do
     mount "${devs[0]}" "$work/btrfs"
     for profile in "${profiles[@]}"; do
         read -r name rw bs mix <<<"$profile"
+        wanted "${PROFILES:-}" "$name" || continue
         echo "raw $name btrfs-$level $(run_fio "--ioengine=libaio --direct=1 --filename=$work/btrfs/file" "$rw" "$bs" "$mix" 8G)" >>"$results"
         tail -1 "$results" >&2
     done
@@ -155,13 +170,16 @@ for level in raid5 raid6; do
 done
 for profile in "${profiles[@]}"; do
     read -r name rw bs mix <<<"$profile"
+    wanted "${PROFILES:-}" "$name" || continue
     for space in p2-log p1-log; do
+        wanted "${SPACES:-}" "$space" || continue
         uri="nbd+unix:///$space?socket=$work/raw/nbd.sock"
         echo "raw $name $space $(run_fio "--ioengine=nbd --uri=$uri" "$rw" "$bs" "$mix" 8G)" >>"$results"
         tail -1 "$results" >&2
         drain "$work/raw" "$space"
     done
 done
+fi
 
 python3 - "$results" "$depth" <<'PY'
 import sys, collections
@@ -174,12 +192,15 @@ print(f"With drive models, {depth} outstanding I/Os: IO/s (MB/s)\n")
 spaces = ["p2-log", "p2", "p1-log", "p1", "m2"]
 print("| profile | " + " | ".join(spaces) + " | p2-log / m2 | p2-log / p2 | p1-log / p1 |")
 print("|---|" + "---|" * (len(spaces) + 3))
+def cell(by, t):
+    return f"{by[t][0]:.0f} ({by[t][1]:.1f})" if t in by else "–"
+def ratio(by, a, b):
+    return f"{by[a][0] / max(by[b][0], 1e-9):.2f}" if a in by and b in by else "–"
 for (kind, profile), by in rows.items():
     if kind != "model":
         continue
-    cells = [f"{by[s][0]:.0f} ({by[s][1]:.1f})" for s in spaces]
-    r = lambda a, b: f"{by[a][0] / max(by[b][0], 1e-9):.2f}"
-    print(f"| {profile} | " + " | ".join(cells) + f" | {r('p2-log','m2')} | {r('p2-log','p2')} | {r('p1-log','p1')} |")
+    cells = [cell(by, s) for s in spaces]
+    print(f"| {profile} | " + " | ".join(cells) + f" | {ratio(by, 'p2-log', 'm2')} | {ratio(by, 'p2-log', 'p2')} | {ratio(by, 'p1-log', 'p1')} |")
 print(f"\nRaw files (no models), {depth} outstanding I/Os: IO/s (MB/s)\n")
 targets = ["p2-log", "btrfs-raid6", "p1-log", "btrfs-raid5"]
 print("| profile | " + " | ".join(targets) + " | p2-log / raid6 | p1-log / raid5 |")
@@ -187,7 +208,6 @@ print("|---|" + "---|" * (len(targets) + 2))
 for (kind, profile), by in rows.items():
     if kind != "raw":
         continue
-    cells = [f"{by[t][0]:.0f} ({by[t][1]:.1f})" for t in targets]
-    r = lambda a, b: f"{by[a][0] / max(by[b][0], 1e-9):.2f}"
-    print(f"| {profile} | " + " | ".join(cells) + f" | {r('p2-log','btrfs-raid6')} | {r('p1-log','btrfs-raid5')} |")
+    cells = [cell(by, t) for t in targets]
+    print(f"| {profile} | " + " | ".join(cells) + f" | {ratio(by, 'p2-log', 'btrfs-raid6')} | {ratio(by, 'p1-log', 'btrfs-raid5')} |")
 PY

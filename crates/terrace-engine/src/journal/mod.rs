@@ -146,6 +146,25 @@ struct State {
     failed: Option<String>,
 }
 
+impl State {
+    /// The record with `sequence`, if it is still listed. Records are listed
+    /// in sequence order without gaps (they are pushed as their sequences
+    /// are handed out and leave only from the front), so this is an index,
+    /// not a search: a ring holds tens of thousands of records.
+    fn record_mut(&mut self, sequence: u64) -> Option<&mut Record> {
+        let first = self.records.front()?.sequence;
+        let index = usize::try_from(sequence.checked_sub(first)?).ok()?;
+        self.records.get_mut(index)
+    }
+
+    /// Records from `sequence` on, in order.
+    fn records_from(&mut self, sequence: u64) -> impl Iterator<Item = &mut Record> {
+        let first = self.records.front().map_or(sequence, |r| r.sequence);
+        let skip = usize::try_from(sequence.saturating_sub(first)).unwrap_or(usize::MAX);
+        self.records.iter_mut().skip(skip)
+    }
+}
+
 /// Counters for status views.
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -535,8 +554,7 @@ impl Journal {
         let Some(sequence) = sequence else {
             return;
         };
-        let mut state = self.state();
-        if let Some(record) = state.records.iter_mut().find(|r| r.sequence == sequence) {
+        if let Some(record) = self.state().record_mut(sequence) {
             record.pinned = false;
         }
     }
@@ -603,7 +621,7 @@ impl Journal {
         {
             let mut state = self.state();
             for done in wrap.map(|(_, s)| s).into_iter().chain([sequence]) {
-                if let Some(record) = state.records.iter_mut().find(|r| r.sequence == done) {
+                if let Some(record) = state.record_mut(done) {
                     record.written = true;
                 }
             }
@@ -652,10 +670,7 @@ impl Journal {
                     });
                 }
                 let mut end = state.durable_below;
-                for record in &state.records {
-                    if record.sequence < end {
-                        continue;
-                    }
+                for record in state.records_from(end) {
                     if record.sequence == end && record.written {
                         end += 1;
                     } else {
@@ -686,8 +701,12 @@ impl Journal {
                     let mut state = self.state();
                     state.syncing = false;
                     if result.is_ok() {
-                        for record in state.records.iter_mut() {
-                            if record.sequence < end && record.written {
+                        let from = state.durable_below;
+                        for record in state.records_from(from) {
+                            if record.sequence >= end {
+                                break;
+                            }
+                            if record.written {
                                 record.durable = true;
                                 // A wrap record holds no data: done once
                                 // durable (not before, or the tail could
@@ -775,8 +794,8 @@ impl Journal {
                     }
                 }
             }
-            for record in state.records.iter_mut() {
-                if sequences.contains(&record.sequence) {
+            for &sequence in sequences {
+                if let Some(record) = state.record_mut(sequence) {
                     record.written = true;
                     record.durable = true;
                     record.destaged = true;
@@ -1323,10 +1342,7 @@ fn advance_durable(state: &mut State) {
     let mut below = state.durable_below;
     // Records leave `records` only once destaged, which needs durability,
     // so every sequence from `durable_below` on is still listed.
-    for record in &state.records {
-        if record.sequence < below {
-            continue;
-        }
+    for record in state.records_from(below) {
         if record.sequence == below && record.durable {
             below += 1;
         } else {
