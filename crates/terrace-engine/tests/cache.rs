@@ -369,3 +369,102 @@ fn live_resize_up_and_down_under_load() {
         assert_eq!(metadata.space("s").unwrap().cache.unwrap().bytes, 48 << 20);
     });
 }
+
+/// A stream of partial-row writes in flight together is gathered into
+/// whole rows that go straight to the disks; a piece whose stream stops is
+/// logged after a short wait; a whole-row write over a gathering row
+/// completes it and lands last. Everything reads back, before and after
+/// destaging, and parity matches.
+#[test]
+fn streams_of_partial_rows_go_to_the_disks_as_whole_rows() {
+    block_on(async {
+        let memory: Vec<Arc<dyn BlockDevice>> = sizes()
+            .into_iter()
+            .enumerate()
+            .map(|(i, size)| {
+                Arc::new(MemoryDevice::new(format!("gather{i}"), size)) as Arc<dyn BlockDevice>
+            })
+            .collect();
+        let pool = Pool::create(env(), small_config("tank"), journal_pool_disks(&memory))
+            .await
+            .unwrap();
+        let layout = Layout::Parity { redundancy: 2 };
+        let space = pool
+            .create_space(cached("stream", layout, 1 << 20))
+            .await
+            .unwrap()
+            .space;
+        let journal = space.journal().expect("a cache");
+        assert!(journal.gathering());
+        let row = space.natural_write_bytes();
+        let piece = row / 4;
+        let mut model = Model::new(space.size_bytes());
+        let mut rng = Rng(7);
+
+        // Rows 0..8 as a stream of quarter rows, all in flight at once. Row
+        // 0's first piece continues nothing, so row 0 is logged; the later
+        // rows are gathered.
+        let pieces: Vec<(u64, Vec<u8>)> = (0..32)
+            .map(|i| (i * piece, rng.bytes(piece as usize)))
+            .collect();
+        join_all(
+            pieces
+                .iter()
+                .map(|(offset, data)| space.write(*offset, bytes(data.clone()), false)),
+        )
+        .await
+        .into_iter()
+        .collect::<Result<Vec<()>, _>>()
+        .unwrap();
+        for (offset, data) in &pieces {
+            model.write(*offset, data);
+        }
+        let status = journal.status();
+        assert!(status.bypassed_bytes >= 7 * row, "{status:?}");
+        assert_eq!(status.bypassed_writes, 28, "{status:?}");
+        check_all(&space, &model).await;
+
+        // The stream stops after one piece of row 8: it waits, then goes to
+        // the log.
+        let absorbed = status.absorbed_writes;
+        let data = rng.bytes(piece as usize);
+        space
+            .write(8 * row, bytes(data.clone()), false)
+            .await
+            .unwrap();
+        model.write(8 * row, &data);
+        assert_eq!(journal.status().absorbed_writes, absorbed + 1);
+        check_all(&space, &model).await;
+
+        // A piece opening row 10 (it continues a write ending there), and a
+        // whole-row write over row 10 sent after it: the row is written
+        // once, the later write's bytes over the earlier's.
+        let lead = rng.bytes(piece as usize);
+        let nine = rng.bytes(row as usize);
+        space
+            .write(9 * row, bytes(nine.clone()), false)
+            .await
+            .unwrap();
+        model.write(9 * row, &nine);
+        let whole = rng.bytes(row as usize);
+        let (first, second) = futures::join!(
+            space.write(10 * row, bytes(lead.clone()), false),
+            space.write(10 * row, bytes(whole.clone()), false)
+        );
+        first.unwrap();
+        second.unwrap();
+        let read = space.read(10 * row, row).await.unwrap();
+        assert!(read[..] == whole[..], "the later write did not land last");
+        model.write(10 * row, &whole);
+
+        journal.drain(&space).await.unwrap();
+        check_all(&space, &model).await;
+        let report = verify_space(&space).await.unwrap();
+        assert!(
+            report.mismatched_rows.is_empty(),
+            "{:?}",
+            report.mismatched_rows
+        );
+        pool.close().await.unwrap();
+    });
+}

@@ -49,6 +49,11 @@ pub struct Plan {
     pub losses: usize,
     /// Write-back ring size, if the space has a log.
     pub cache_bytes: Option<u64>,
+    /// The log gathers streams' partial rows into whole rows (and writes
+    /// the whole rows of a mixed write straight to the disks). Without it
+    /// every write that is not whole rows is logged, so durable when
+    /// acknowledged, which the model then checks too.
+    pub gather: bool,
 }
 
 /// Journal disks of runs with a log, and their slabs (a 2 MiB ring needs 32).
@@ -95,6 +100,7 @@ impl Plan {
             losses: random.below(tolerance as u64 + 1) as usize,
             cache_bytes: (tolerance > 0 && random.chance(1, 2))
                 .then(|| (1 << 20) << random.below(2)),
+            gather: random.chance(1, 2),
         }
     }
 }
@@ -343,6 +349,9 @@ async fn client_task(
     plan: Plan,
     client: usize,
 ) {
+    if let Some(journal) = space.journal() {
+        journal.set_gathering(plan.gather);
+    }
     {
         let blocks = model.borrow().blocks();
         let chunks = blocks.div_ceil(plan.chunk_blocks);
@@ -393,10 +402,10 @@ async fn write(
     let (pending, data) = model.borrow_mut().issue_write(start, count, zero);
     let offset = start * BLOCK_BYTES;
     let length = count * BLOCK_BYTES;
-    // With a log, a write that is not whole rows is always logged, and a
-    // logged write is durable when acknowledged.
+    // With a log that does not gather, a write that is not whole rows is
+    // always logged, and a logged write is durable when acknowledged.
     let row = space.natural_write_bytes();
-    let logged = space.journal().is_some()
+    let logged = space.journal().is_some_and(|journal| !journal.gathering())
         && !zero
         && !(offset.is_multiple_of(row) && length.is_multiple_of(row));
     let result = if zero {

@@ -41,6 +41,7 @@
 //! from the log and destaging never read the log back; only recovery does.
 
 pub mod format;
+mod gather;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -206,6 +207,10 @@ pub struct Journal {
     destaging: futures::lock::Mutex<()>,
     /// Serialises read-merge-write of partial blocks.
     edges: crate::row_lock::RowLocks,
+    /// Partial-row writes of sequential streams waiting for their rows.
+    gathers: Mutex<gather::Gathers>,
+    /// Whether streams are gathered (see [`gather`]); on unless turned off.
+    gathering: std::sync::atomic::AtomicBool,
     pub counters: Counters,
 }
 
@@ -248,6 +253,8 @@ impl Journal {
             }),
             destaging: futures::lock::Mutex::new(()),
             edges: Default::default(),
+            gathers: Mutex::default(),
+            gathering: std::sync::atomic::AtomicBool::new(true),
             counters: Counters::default(),
         }
     }
@@ -369,45 +376,149 @@ impl Journal {
             offset.is_multiple_of(BLOCK_BYTES) && (data.len() as u64).is_multiple_of(BLOCK_BYTES)
         );
         let length = data.len() as u64;
-        let (first, end) = (offset / BLOCK_BYTES, (offset + length) / BLOCK_BYTES);
-        let natural = home.natural_write_bytes();
-        let bypass = {
-            let state = self.state();
-            if state.failed.is_some() {
-                None
-            } else {
-                let whole_rows =
-                    offset.is_multiple_of(natural) && length.is_multiple_of(natural) && length > 0;
-                (whole_rows
-                    && !Self::overlaps_index(&state, first, end)
-                    && home.healthy_for(offset, length))
-                .then(|| state.recent.range(first..end).next().is_some())
-            }
-        };
-        let failed = self.state().failed.is_some();
-        if failed {
+        if self.state().failed.is_some() {
             // Write-through: wait out a destage that empties the log.
             let _ = self.destaging.lock().await;
             return home.write_home(offset, data, fua).await;
         }
-        if let Some(invalidate) = bypass {
-            let intent = self.begin_direct(home, offset, length).await?;
-            let written = home.write_home(offset, data, fua).await;
-            self.end_direct(intent);
-            written?;
-            self.image_rows_gone_degraded(home, offset, length, &BTreeSet::new())
-                .await?;
-            self.counters
-                .bypassed_writes
-                .fetch_add(1, Ordering::Relaxed);
-            self.counters
-                .bypassed_bytes
-                .fetch_add(length, Ordering::Relaxed);
-            if invalidate {
-                self.invalidate(home, first, end).await?;
+        let natural = home.natural_write_bytes();
+        let end = offset + length;
+        let whole_rows = offset.is_multiple_of(natural) && end.is_multiple_of(natural);
+        let gathered_under = {
+            let mut gathers = self.gathers();
+            if !whole_rows {
+                gathers.note_end(end);
             }
-            return Ok(());
+            gathers.overlaps(offset, end, natural)
+        };
+        if natural <= BLOCK_BYTES || (!gathered_under && (whole_rows || !self.gathering())) {
+            return self.write_rows_or_log(home, offset, data, fua).await;
         }
+        let part =
+            |from: u64, to: u64| data.slice((from - offset) as usize..(to - offset) as usize);
+        if gathered_under {
+            // Row by row, so that each row joins or waits for its gather.
+            let parts = (offset / natural..end.div_ceil(natural)).map(|row| {
+                let from = offset.max(row * natural);
+                let to = end.min((row + 1) * natural);
+                self.write_part(home, from, part(from, to), fua, from != offset)
+            });
+            return join_all(parts).await.into_iter().collect();
+        }
+        // A partial row at either end may be gathered; whole rows in
+        // between go straight to the disks.
+        let head_end = end.min((offset / natural + 1) * natural);
+        let tail_start = (end / natural * natural).max(head_end);
+        let head = self.write_part(home, offset, part(offset, head_end), fua, false);
+        let middle = async {
+            if tail_start > head_end {
+                let rows = part(head_end, tail_start);
+                self.write_rows_or_log(home, head_end, rows, fua).await
+            } else {
+                Ok(())
+            }
+        };
+        let tail = async {
+            if end > tail_start {
+                let piece = part(tail_start, end);
+                self.write_part(home, tail_start, piece, fua, true).await
+            } else {
+                Ok(())
+            }
+        };
+        let (head, middle, tail) = futures::join!(head, middle, tail);
+        head.and(middle).and(tail)
+    }
+
+    /// Turn gathering of streams into whole rows on or off. Off, every
+    /// write that is not whole rows is logged, so it is durable when it is
+    /// acknowledged; on, whole rows (sent whole, or gathered from a stream)
+    /// go straight to the disks and are durable after a flush or with FUA.
+    pub fn set_gathering(&self, on: bool) {
+        self.gathering.store(on, Ordering::Relaxed);
+    }
+
+    pub fn gathering(&self) -> bool {
+        self.gathering.load(Ordering::Relaxed)
+    }
+
+    fn gathers(&self) -> MutexGuard<'_, gather::Gathers> {
+        self.gathers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Write whole rows straight to the disks where nothing logged lies
+    /// under them, anything else through the log.
+    async fn write_rows_or_log(
+        &self,
+        home: &Space,
+        offset: u64,
+        data: Bytes,
+        fua: bool,
+    ) -> Result<(), EngineError> {
+        let length = data.len() as u64;
+        let natural = home.natural_write_bytes();
+        let whole_rows = offset.is_multiple_of(natural) && length.is_multiple_of(natural);
+        if whole_rows && length > 0 {
+            if let Some(invalidate) = self.direct_allowed(home, offset, length) {
+                self.write_direct(home, offset, data, fua, invalidate)
+                    .await?;
+                self.counters
+                    .bypassed_writes
+                    .fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .bypassed_bytes
+                    .fetch_add(length, Ordering::Relaxed);
+                return Ok(());
+            }
+        }
+        self.write_logged(home, offset, data).await
+    }
+
+    /// Whether `[offset, offset + length)` may go straight to the disks:
+    /// the log works, holds nothing dirty there, and the rows are healthy.
+    /// `Some(true)` if older records mention the range (the direct write
+    /// must invalidate them).
+    fn direct_allowed(&self, home: &Space, offset: u64, length: u64) -> Option<bool> {
+        let (first, end) = (offset / BLOCK_BYTES, (offset + length) / BLOCK_BYTES);
+        let state = self.state();
+        (state.failed.is_none()
+            && !Self::overlaps_index(&state, first, end)
+            && home.healthy_for(offset, length))
+        .then(|| state.recent.range(first..end).next().is_some())
+    }
+
+    /// Whole rows straight to the disks, with a dirty-range record around
+    /// the write and invalidation of older records after it.
+    async fn write_direct(
+        &self,
+        home: &Space,
+        offset: u64,
+        data: Bytes,
+        fua: bool,
+        invalidate: bool,
+    ) -> Result<(), EngineError> {
+        let length = data.len() as u64;
+        let intent = self.begin_direct(home, offset, length).await?;
+        let written = home.write_home(offset, data, fua).await;
+        self.end_direct(intent);
+        written?;
+        self.image_rows_gone_degraded(home, offset, length, &BTreeSet::new())
+            .await?;
+        if invalidate {
+            self.invalidate(home, offset / BLOCK_BYTES, (offset + length) / BLOCK_BYTES)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Append block-aligned `data` to the log, a record at a time.
+    async fn write_logged(
+        &self,
+        home: &Space,
+        offset: u64,
+        data: Bytes,
+    ) -> Result<(), EngineError> {
+        let length = data.len() as u64;
         let chunk = self.record_payload_max().max(BLOCK_BYTES);
         let mut done = 0;
         while done < length {
@@ -423,6 +534,149 @@ impl Journal {
             .absorbed_bytes
             .fetch_add(length, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// A write within one row: gathered with the rest of its row if a
+    /// stream is writing it, joined to the row's gather if one is open,
+    /// else written as usual (see [`gather`]). `continued`: the part is the
+    /// later part of a write that crosses into this row.
+    async fn write_part(
+        &self,
+        home: &Space,
+        offset: u64,
+        data: Bytes,
+        fua: bool,
+        continued: bool,
+    ) -> Result<(), EngineError> {
+        let natural = home.natural_write_bytes();
+        let row_offset = offset / natural * natural;
+        let length = data.len() as u64;
+        let env = &home.pool.env;
+        let mut receiver = loop {
+            let (done, receiver) = oneshot::channel();
+            let piece = gather::Piece {
+                offset,
+                data: data.clone(),
+                fua,
+                done,
+            };
+            let now = env.now_ns();
+            let start = offset == row_offset
+                && length < natural
+                && self.gathering()
+                && {
+                    let gathers = self.gathers();
+                    !gathers.is_open(row_offset)
+                        && gathers.may_start(now)
+                        && (continued || gathers.continues(offset))
+                }
+                && self.direct_allowed(home, row_offset, natural).is_some();
+            let offer = self.gathers().offer(now, row_offset, natural, piece, start);
+            match offer {
+                gather::Offer::Declined => {
+                    return self.write_rows_or_log(home, offset, data, fua).await;
+                }
+                gather::Offer::Busy(ready) => {
+                    let _ = ready.await;
+                }
+                gather::Offer::Waiting => break receiver,
+                gather::Offer::Full(pieces) => {
+                    self.write_gathered(home, row_offset, pieces).await;
+                    break receiver;
+                }
+            }
+        };
+        let outcome = loop {
+            let timer = env.sleep(gather::WINDOW_NS);
+            match futures::future::select(&mut receiver, timer).await {
+                futures::future::Either::Left((outcome, _)) => break outcome,
+                futures::future::Either::Right(((), _)) => {
+                    let released = self.gathers().expire(env.now_ns(), row_offset);
+                    if let Some(pieces) = released {
+                        self.log_gathered(home, row_offset, pieces).await;
+                    }
+                }
+            }
+        };
+        let reason = match outcome {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(reason)) => reason,
+            Err(oneshot::Canceled) => "its row's write was abandoned".to_string(),
+        };
+        Err(EngineError::Unavailable {
+            space: home.name().to_string(),
+            offset,
+            length,
+            reason,
+        })
+    }
+
+    /// Write a row whose pieces a gather collected straight to the disks,
+    /// or log them if it may no longer go there (logged data arrived under
+    /// it, a disk failed); then tell each piece how it went.
+    async fn write_gathered(&self, home: &Space, row_offset: u64, pieces: Vec<gather::Piece>) {
+        let natural = home.natural_write_bytes();
+        let Some(invalidate) = self.direct_allowed(home, row_offset, natural) else {
+            return self.log_gathered(home, row_offset, pieces).await;
+        };
+        // Every block is covered, so every byte of the buffer is written;
+        // later pieces land over earlier ones, in the order they came.
+        let mut row = aligned_buffer(natural as usize);
+        for piece in &pieces {
+            let at = (piece.offset - row_offset) as usize;
+            row[at..at + piece.data.len()].copy_from_slice(&piece.data);
+        }
+        let fua = pieces.iter().any(|piece| piece.fua);
+        let result = self
+            .write_direct(home, row_offset, row.freeze(), fua, invalidate)
+            .await;
+        if result.is_ok() {
+            self.counters
+                .bypassed_writes
+                .fetch_add(pieces.len() as u64, Ordering::Relaxed);
+            self.counters
+                .bypassed_bytes
+                .fetch_add(natural, Ordering::Relaxed);
+        }
+        self.gathers().finish(home.pool.env.now_ns(), row_offset);
+        let result = result.map_err(|error| error.to_string());
+        for piece in pieces {
+            piece.tell(result.clone());
+        }
+    }
+
+    /// Log a gather's pieces after all (its stream stalled, or the row may
+    /// not go straight to the disks): their blocks merged in the order the
+    /// pieces came, in runs; then tell each piece how it went.
+    async fn log_gathered(&self, home: &Space, row_offset: u64, pieces: Vec<gather::Piece>) {
+        let mut blocks = BTreeMap::new();
+        for piece in &pieces {
+            let first = piece.offset / BLOCK_BYTES;
+            for (i, chunk) in piece.data.chunks(BLOCK_BYTES as usize).enumerate() {
+                let at = i * BLOCK_BYTES as usize;
+                blocks.insert(first + i as u64, piece.data.slice(at..at + chunk.len()));
+            }
+        }
+        let mut result = Ok(());
+        let numbers: Vec<u64> = blocks.keys().copied().collect();
+        for (first, count) in ranges(&numbers) {
+            let mut run = aligned_buffer((count * BLOCK_BYTES) as usize);
+            for (i, block) in (first..first + count).enumerate() {
+                let at = i * BLOCK_BYTES as usize;
+                run[at..at + BLOCK_BYTES as usize].copy_from_slice(&blocks[&block]);
+            }
+            result = self
+                .write_logged(home, first * BLOCK_BYTES, run.freeze())
+                .await;
+            if result.is_err() {
+                break;
+            }
+        }
+        self.gathers().finish(home.pool.env.now_ns(), row_offset);
+        let result = result.map_err(|error| error.to_string());
+        for piece in pieces {
+            piece.tell(result.clone());
+        }
     }
 
     /// Lock the partial blocks of a sub-block write while it reads, merges

@@ -1,0 +1,320 @@
+//! Gathering a sequential stream's partial-row writes into whole rows.
+//!
+//! A write smaller than a row of a parity space would go through the log:
+//! every byte is written to every log copy and later destaged. A stream of
+//! such writes (a restore, a copy, 64 KiB at a time) usually has a whole
+//! row's worth in flight at once, so instead its pieces wait here, briefly
+//! and unacknowledged, until the row is covered; the row then goes straight
+//! to the disks as one full-row write (parity computed, nothing read) and
+//! every piece is acknowledged with it. Nothing is promised for a piece
+//! before that, so a crash in between loses nothing acknowledged.
+//!
+//! A gather starts only where a stream is evident: a piece that begins a
+//! row and either continues a write that ended there or is the later part
+//! of a write that crosses into the row. Other partial writes join an open
+//! gather of their row and otherwise go to the log as before.
+//!
+//! Issue order is kept for overlapping writes: a row stays claimed from its
+//! first piece until its pieces are written or logged; a later write over
+//! it joins it while it gathers (a whole-row write completes it, its bytes
+//! applied last) and waits while it is being written or logged.
+//!
+//! Pieces wait while the stream moves: while pieces keep arriving within
+//! [`WINDOW_NS`] of each other, or a gathered row is being written (its
+//! acknowledgements let the client send more). When the stream stalls the
+//! row's pieces are released to the log. A stream that cannot fill a row
+//! (fewer bytes in flight than a row) would pay the window on every row, so
+//! after [`MISSES_OFF`] released rows in a row no gather starts for
+//! [`OFF_NS`].
+
+use std::collections::{HashMap, VecDeque};
+
+use futures::channel::oneshot;
+use terrace_io::Bytes;
+use terrace_layout::BLOCK_BYTES;
+
+/// How long a stream may pause before its partial rows go to the log.
+pub(crate) const WINDOW_NS: u64 = 2_000_000;
+/// Released rows in a row after which gathering pauses.
+pub(crate) const MISSES_OFF: u32 = 2;
+/// How long gathering pauses.
+pub(crate) const OFF_NS: u64 = 1_000_000_000;
+/// Ends of recent writes remembered to recognise a stream.
+const ENDS: usize = 32;
+
+/// What became of a gathered piece: its row was written straight to the
+/// disks, or the pieces were logged after all (or it failed, with this
+/// reason).
+pub(crate) type Outcome = Result<(), String>;
+
+/// A partial-row write waiting for its row.
+pub(crate) struct Piece {
+    pub offset: u64,
+    pub data: Bytes,
+    pub fua: bool,
+    pub done: oneshot::Sender<Outcome>,
+}
+
+impl Piece {
+    pub(crate) fn tell(self, outcome: Outcome) {
+        // The writer may have gone (a dropped request): nothing to tell.
+        let _ = self.done.send(outcome);
+    }
+}
+
+struct Row {
+    /// Blocks of the row covered so far, one bit each.
+    covered: Vec<u64>,
+    covered_count: u64,
+    pieces: Vec<Piece>,
+    /// Its pieces are being written or logged: later writes wait.
+    busy: bool,
+    /// Writes waiting for it to be done.
+    waiters: Vec<oneshot::Sender<()>>,
+}
+
+/// Open gathers of one space, keyed by row offset.
+#[derive(Default)]
+pub(crate) struct Gathers {
+    rows: HashMap<u64, Row>,
+    ends: VecDeque<u64>,
+    /// Released rows since the last row that filled.
+    misses: u32,
+    off_until_ns: u64,
+    /// Last time a piece arrived or a gathered row was written.
+    last_progress_ns: u64,
+    /// Rows whose pieces are being written or logged now.
+    busy: usize,
+}
+
+/// Where [`Gathers::offer`] put a piece.
+pub(crate) enum Offer {
+    /// Not gathered, and nothing gathered under it: write it as usual.
+    Declined,
+    /// Waiting for its row.
+    Waiting,
+    /// It completed its row: the caller writes these pieces (in order) and
+    /// then calls [`Gathers::finish`].
+    Full(Vec<Piece>),
+    /// The row's pieces are being written or logged: try again once this
+    /// fires.
+    Busy(oneshot::Receiver<()>),
+}
+
+impl Gathers {
+    /// A write ending at `end` arrived.
+    pub(crate) fn note_end(&mut self, end: u64) {
+        if self.ends.len() == ENDS {
+            self.ends.pop_front();
+        }
+        self.ends.push_back(end);
+    }
+
+    /// Whether a write ended at `offset` recently.
+    pub(crate) fn continues(&self, offset: u64) -> bool {
+        self.ends.contains(&offset)
+    }
+
+    /// Whether a gather of the row at `row_offset` is open or busy.
+    pub(crate) fn is_open(&self, row_offset: u64) -> bool {
+        self.rows.contains_key(&row_offset)
+    }
+
+    /// Whether any row in `[offset, end)` is gathered (or busy).
+    pub(crate) fn overlaps(&self, offset: u64, end: u64, row_bytes: u64) -> bool {
+        !self.rows.is_empty()
+            && (offset / row_bytes * row_bytes..end)
+                .step_by(row_bytes as usize)
+                .any(|row| self.rows.contains_key(&row))
+    }
+
+    /// Whether a new gather may start now.
+    pub(crate) fn may_start(&self, now_ns: u64) -> bool {
+        now_ns >= self.off_until_ns
+    }
+
+    /// Offer `piece` (block-aligned, within the row of `row_bytes` at
+    /// `row_offset`): it joins the row's gather, or starts one if `start`.
+    pub(crate) fn offer(
+        &mut self,
+        now_ns: u64,
+        row_offset: u64,
+        row_bytes: u64,
+        piece: Piece,
+        start: bool,
+    ) -> Offer {
+        debug_assert!(piece.offset >= row_offset);
+        debug_assert!(piece.offset + piece.data.len() as u64 <= row_offset + row_bytes);
+        let blocks = row_bytes / BLOCK_BYTES;
+        let row = match self.rows.get_mut(&row_offset) {
+            Some(row) if row.busy => {
+                let (sender, receiver) = oneshot::channel();
+                row.waiters.push(sender);
+                return Offer::Busy(receiver);
+            }
+            Some(row) => row,
+            None if start => self.rows.entry(row_offset).or_insert_with(|| Row {
+                covered: vec![0; blocks.div_ceil(64) as usize],
+                covered_count: 0,
+                pieces: Vec::new(),
+                busy: false,
+                waiters: Vec::new(),
+            }),
+            None => return Offer::Declined,
+        };
+        self.last_progress_ns = now_ns;
+        let first = (piece.offset - row_offset) / BLOCK_BYTES;
+        for block in first..first + piece.data.len() as u64 / BLOCK_BYTES {
+            let (word, bit) = ((block / 64) as usize, 1u64 << (block % 64));
+            if row.covered[word] & bit == 0 {
+                row.covered[word] |= bit;
+                row.covered_count += 1;
+            }
+        }
+        row.pieces.push(piece);
+        if row.covered_count < blocks {
+            return Offer::Waiting;
+        }
+        row.busy = true;
+        self.busy += 1;
+        self.misses = 0;
+        Offer::Full(std::mem::take(&mut row.pieces))
+    }
+
+    /// A waiter's window ran out: if the stream has stalled (nothing
+    /// arrived for a window, no gathered row being written), the row's
+    /// pieces go to the log; the caller logs them (in order) and then calls
+    /// [`Gathers::finish`].
+    pub(crate) fn expire(&mut self, now_ns: u64, row_offset: u64) -> Option<Vec<Piece>> {
+        if self.busy > 0 || now_ns < self.last_progress_ns + WINDOW_NS {
+            return None;
+        }
+        let row = self.rows.get_mut(&row_offset).filter(|row| !row.busy)?;
+        row.busy = true;
+        self.busy += 1;
+        self.misses += 1;
+        if self.misses >= MISSES_OFF {
+            self.misses = 0;
+            self.off_until_ns = now_ns + OFF_NS;
+        }
+        Some(std::mem::take(&mut row.pieces))
+    }
+
+    /// The pieces of a busy row are written or logged: later writes to the
+    /// row may go on.
+    pub(crate) fn finish(&mut self, now_ns: u64, row_offset: u64) {
+        let row = self.rows.remove(&row_offset).expect("busy row");
+        debug_assert!(row.busy);
+        self.busy -= 1;
+        self.last_progress_ns = now_ns;
+        for waiter in row.waiters {
+            let _ = waiter.send(());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ROW: u64 = 4 * BLOCK_BYTES;
+
+    fn piece(offset: u64, blocks: u64) -> (Piece, oneshot::Receiver<Outcome>) {
+        let (done, receiver) = oneshot::channel();
+        let data = Bytes::from(vec![offset as u8; (blocks * BLOCK_BYTES) as usize]);
+        (
+            Piece {
+                offset,
+                data,
+                fua: false,
+                done,
+            },
+            receiver,
+        )
+    }
+
+    #[test]
+    fn pieces_that_cover_a_row_come_back_together() {
+        let mut gathers = Gathers::default();
+        let (a, _) = piece(ROW, 2);
+        assert!(matches!(
+            gathers.offer(0, ROW, ROW, a, true),
+            Offer::Waiting
+        ));
+        assert!(gathers.overlaps(ROW + BLOCK_BYTES, ROW + 2 * BLOCK_BYTES, ROW));
+        assert!(!gathers.overlaps(0, ROW, ROW));
+        // Overlap counts once.
+        let (b, _) = piece(ROW + BLOCK_BYTES, 1);
+        assert!(matches!(
+            gathers.offer(1, ROW, ROW, b, false),
+            Offer::Waiting
+        ));
+        let (c, _) = piece(ROW + 2 * BLOCK_BYTES, 2);
+        match gathers.offer(2, ROW, ROW, c, false) {
+            Offer::Full(pieces) => {
+                let offsets: Vec<u64> = pieces.iter().map(|p| p.offset).collect();
+                assert_eq!(offsets, [ROW, ROW + BLOCK_BYTES, ROW + 2 * BLOCK_BYTES]);
+            }
+            _ => panic!("row not full"),
+        }
+        // While it is written, later writes to it wait.
+        let (late, _) = piece(ROW, 1);
+        let Offer::Busy(mut ready) = gathers.offer(3, ROW, ROW, late, true) else {
+            panic!("a busy row took a piece");
+        };
+        // Nothing expires while a row is being written.
+        let (d, _) = piece(2 * ROW, 1);
+        assert!(matches!(
+            gathers.offer(3, 2 * ROW, ROW, d, true),
+            Offer::Waiting
+        ));
+        assert!(gathers.expire(3 + WINDOW_NS, 2 * ROW).is_none());
+        gathers.finish(3 + WINDOW_NS, ROW);
+        assert_eq!(ready.try_recv(), Ok(Some(())));
+        assert!(!gathers.is_open(ROW));
+        assert!(gathers.expire(2 + 2 * WINDOW_NS, 2 * ROW).is_none());
+        assert_eq!(
+            gathers.expire(3 + 2 * WINDOW_NS, 2 * ROW).map(|p| p.len()),
+            Some(1)
+        );
+        // Released pieces keep the row busy until they are logged.
+        let (e, _) = piece(2 * ROW, 1);
+        assert!(matches!(
+            gathers.offer(4, 2 * ROW, ROW, e, false),
+            Offer::Busy(..)
+        ));
+        gathers.finish(5, 2 * ROW);
+        let (f, _) = piece(2 * ROW + BLOCK_BYTES, 1);
+        assert!(matches!(
+            gathers.offer(6, 2 * ROW, ROW, f, false),
+            Offer::Declined
+        ));
+    }
+
+    #[test]
+    fn only_a_start_opens_a_row_and_stalled_streams_pause_gathering() {
+        let mut gathers = Gathers::default();
+        let (a, _) = piece(BLOCK_BYTES, 1);
+        assert!(matches!(
+            gathers.offer(0, 0, ROW, a, false),
+            Offer::Declined
+        ));
+        gathers.note_end(ROW);
+        assert!(gathers.continues(ROW) && !gathers.continues(2 * ROW));
+        let mut now = 0;
+        for miss in 0..MISSES_OFF {
+            assert!(gathers.may_start(now), "miss {miss}");
+            let (p, _) = piece(ROW, 1);
+            assert!(matches!(
+                gathers.offer(now, ROW, ROW, p, true),
+                Offer::Waiting
+            ));
+            assert!(gathers.expire(now + WINDOW_NS - 1, ROW).is_none());
+            now += WINDOW_NS;
+            assert!(gathers.expire(now, ROW).is_some());
+            gathers.finish(now, ROW);
+        }
+        assert!(!gathers.may_start(now));
+        assert!(gathers.may_start(now + OFF_NS));
+    }
+}
