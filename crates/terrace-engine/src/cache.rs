@@ -231,8 +231,66 @@ impl Pool {
         self.shared
             .update_cache_record(space.id(), |cache| cache.bytes = bytes)
             .await?;
+        if bytes > log.size_bytes() {
+            // Log slabs were released after an earlier shrink meanwhile.
+            self.grow_log(&log, bytes).await?;
+        }
         journal.set_size(bytes);
         Ok(bytes)
+    }
+
+    /// Give back the log extents a shrunk cache no longer uses, once its
+    /// ring has moved into the smaller lap (see
+    /// [`Journal::log_bytes_in_use`]); extents a job is moving wait for it.
+    /// Returns whether slabs were released.
+    pub async fn release_log_slabs(&self, space: &Space) -> Result<bool, EngineError> {
+        let Some(journal) = space.journal() else {
+            return Ok(false);
+        };
+        let log = journal.log().clone();
+        let geometry = *log.geometry();
+        let fewer = |in_use: u64| geometry.extents_for(in_use) < log.map().extents.len() as u64;
+        if !journal.log_bytes_in_use().is_some_and(fewer) {
+            return Ok(false);
+        }
+        let mut control = self.shared.control.lock().await;
+        let Some(in_use) = journal.log_bytes_in_use() else {
+            return Ok(false);
+        };
+        let cache_bytes = control
+            .metadata
+            .spaces
+            .iter()
+            .find(|s| s.id == space.id())
+            .and_then(|s| s.cache.as_ref())
+            .map_or(0, |cache| cache.bytes);
+        let keep = geometry.extents_for(in_use.max(cache_bytes));
+        let mut next = control.metadata.clone();
+        let Some(position) = next.spaces.iter().position(|s| s.id == log.id()) else {
+            return Ok(false);
+        };
+        let have = next.spaces[position].extents.len() as u64;
+        let moving = next.jobs.iter().filter(|job| job.is_active()).any(|job| {
+            job.moves
+                .iter()
+                .any(|m| m.space == log.id() && u64::from(m.extent) >= keep)
+        });
+        if keep >= have || keep == 0 || moving {
+            return Ok(false);
+        }
+        let record = &mut next.spaces[position];
+        record.extents.truncate(keep as usize);
+        record.size_bytes = keep * geometry.extent_data_bytes();
+        let size_bytes = record.size_bytes;
+        let gone = |id: SpaceId, extent: u32| id == log.id() && u64::from(extent) >= keep;
+        for dirty in &mut next.dirty {
+            dirty.extents.retain(|&(id, extent)| !gone(id, extent));
+        }
+        next.dirty.retain(|dirty| !dirty.extents.is_empty());
+        next.intent.retain(|&(id, extent)| !gone(id, extent));
+        self.shared.commit(&mut control, next).await?;
+        log.shrink(size_bytes);
+        Ok(true)
     }
 
     async fn add_cache(&self, space: &Arc<Space>, bytes: u64) -> Result<u64, EngineError> {
@@ -301,6 +359,8 @@ impl Pool {
                     if let Ok(true) = journal.destage(&space, false).await {
                         progressed = true;
                     }
+                    // A failed release is tried again next round.
+                    let _ = self.release_log_slabs(&space).await;
                 }
             }
             if !progressed {

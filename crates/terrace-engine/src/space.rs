@@ -209,6 +209,18 @@ impl Space {
         });
     }
 
+    /// Drop the extents past `size_bytes` (a log giving back slabs its ring
+    /// no longer reaches).
+    pub(crate) fn shrink(&self, size_bytes: u64) {
+        let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+        let keep = self.geometry.extents_for(size_bytes) as usize;
+        assert!(size_bytes <= map.size_bytes && keep <= map.extents.len());
+        *map = Arc::new(SpaceMap {
+            size_bytes,
+            extents: map.extents[..keep].to_vec(),
+        });
+    }
+
     /// Change where the slots of one extent live (moves starting or ending).
     pub(crate) fn update_extent(&self, extent: u64, change: impl FnOnce(&mut Vec<Target>)) {
         let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());

@@ -468,3 +468,74 @@ fn streams_of_partial_rows_go_to_the_disks_as_whole_rows() {
         pool.close().await.unwrap();
     });
 }
+
+/// Shrinking a live cache gives its log slabs back once the ring has moved
+/// into the smaller lap; data written before and after reads back, across a
+/// restart too.
+#[test]
+fn a_shrunk_cache_gives_back_its_log_slabs() {
+    block_on(async {
+        let memory: Vec<Arc<dyn BlockDevice>> = sizes()
+            .into_iter()
+            .enumerate()
+            .map(|(i, size)| {
+                Arc::new(MemoryDevice::new(format!("shrink{i}"), size)) as Arc<dyn BlockDevice>
+            })
+            .collect();
+        let pool = Pool::create(env(), small_config("tank"), journal_pool_disks(&memory))
+            .await
+            .unwrap();
+        let mut config = cached("p1", Layout::Parity { redundancy: 1 }, 1 << 20);
+        config.cache_bytes = Some(40 << 20);
+        let space = pool.create_space(config).await.unwrap().space;
+        let journal = space.journal().expect("a cache");
+        let log_bytes = |journal: &terrace_engine::journal::Journal| journal.log().size_bytes();
+        assert!(log_bytes(&journal) >= 40 << 20);
+        let row = space.natural_write_bytes();
+        let mut model = Model::new(space.size_bytes());
+        let mut rng = Rng(11);
+        // Partial rows, so everything is logged.
+        let mut write_logged = async |model: &mut Model, bytes_total: u64| {
+            let piece = row - (4 << 10);
+            for _ in 0..bytes_total / piece {
+                let offset = rng.below(space.size_bytes() / row) * row + (4 << 10);
+                let data = rng.bytes(piece as usize);
+                space
+                    .write(offset, bytes(data.clone()), false)
+                    .await
+                    .unwrap();
+                model.write(offset, &data);
+            }
+        };
+        write_logged(&mut model, 30 << 20).await;
+        assert!(
+            !pool.release_log_slabs(&space).await.unwrap(),
+            "nothing to give back yet"
+        );
+        pool.set_cache_size("p1", 32 << 20).await.unwrap();
+        // Still in the first, larger lap: the slabs stay.
+        assert!(!pool.release_log_slabs(&space).await.unwrap());
+        write_logged(&mut model, 16 << 20).await;
+        journal.drain(&space).await.unwrap();
+        assert!(pool.release_log_slabs(&space).await.unwrap());
+        assert_eq!(log_bytes(&journal), 32 << 20);
+        check_all(&space, &model).await;
+        // The smaller ring keeps working and wrapping.
+        write_logged(&mut model, 40 << 20).await;
+        check_all(&space, &model).await;
+        pool.close().await.unwrap();
+        let reopened = Pool::import(env(), memory.clone(), ImportOptions::default())
+            .await
+            .unwrap();
+        let space = reopened.space("p1").unwrap();
+        assert_eq!(log_bytes(&space.journal().unwrap()), 32 << 20);
+        check_all(&space, &model).await;
+        let report = verify_space(&space).await.unwrap();
+        assert!(
+            report.mismatched_rows.is_empty(),
+            "{:?}",
+            report.mismatched_rows
+        );
+        reopened.close().await.unwrap();
+    });
+}

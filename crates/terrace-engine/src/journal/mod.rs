@@ -314,6 +314,15 @@ impl Journal {
         self.state().next_lap_bytes = bytes;
     }
 
+    /// Bytes of its log space the ring may still use, when it needs less
+    /// than the log holds for good: after a shrink, once the ring has
+    /// wrapped into the smaller lap and the committed tail has followed it
+    /// there, nothing before a crash or after it reads past this.
+    pub(crate) fn log_bytes_in_use(&self) -> Option<u64> {
+        let state = self.state();
+        (state.tail.lap == state.head.lap).then(|| state.lap_bytes.max(state.next_lap_bytes))
+    }
+
     /// Whether the ring holds any dirty data.
     pub fn is_clean(&self) -> bool {
         self.state().index.is_empty()
