@@ -133,7 +133,7 @@ impl Pool {
         let space = build_space(&self.shared, &next, &record)?;
         zero_slabs(&space, &space.map().extents, geometry.slab_bytes()).await?;
         if let Some((log, _)) = &log {
-            zero_slabs(log, &log.map().extents, geometry.slab_bytes()).await?;
+            preallocate_slabs(log, &log.map().extents, geometry.slab_bytes()).await?;
         }
         self.shared.commit(&mut control, next).await?;
         drop(control);
@@ -435,6 +435,48 @@ impl Pool {
         space.grow(requested, added_targets);
         Ok(requested)
     }
+}
+
+/// Write zeroes over every slab of a log's new extents with ordinary writes,
+/// and make them durable. A device's own zeroing punches holes in a file,
+/// and a log on a sparse file would then allocate blocks on its first lap,
+/// making every group commit's flush write file-system metadata too;
+/// written once, the log's blocks are plain overwrites from then on.
+pub(crate) async fn preallocate_slabs(
+    space: &Space,
+    extents: &[Arc<[Target]>],
+    slab_bytes: u64,
+) -> Result<(), EngineError> {
+    const CHUNK_BYTES: u64 = 1 << 20;
+    let mut zeroes = terrace_io::aligned_buffer(CHUNK_BYTES.min(slab_bytes) as usize);
+    zeroes.fill(0);
+    let zeroes = zeroes.freeze();
+    for targets in extents {
+        let writes = targets.iter().map(|target| {
+            let zeroes = zeroes.clone();
+            async move {
+                let home = target.home();
+                let mut done = 0;
+                while done < slab_bytes {
+                    let length = (zeroes.len() as u64).min(slab_bytes - done);
+                    home.disk
+                        .write(home.base + done, zeroes.slice(..length as usize), false)
+                        .await?;
+                    done += length;
+                }
+                Ok::<(), String>(())
+            }
+        });
+        for result in join_all(writes).await {
+            result.map_err(|reason| EngineError::Unavailable {
+                space: space.name.clone(),
+                offset: 0,
+                length: 0,
+                reason: format!("could not write a new log slab: {reason}"),
+            })?;
+        }
+    }
+    space.pool.flush_disks().await
 }
 
 /// Zero every slab of new extents and make it durable: slabs may hold a

@@ -34,7 +34,7 @@ use terrace_io::Bytes;
 use terrace_layout::BLOCK_BYTES;
 
 /// How long a stream may pause before its partial rows go to the log.
-pub(crate) const WINDOW_NS: u64 = 2_000_000;
+pub(crate) const WINDOW_NS: u64 = 5_000_000;
 /// Released rows in a row after which gathering pauses.
 pub(crate) const MISSES_OFF: u32 = 2;
 /// How long gathering pauses.
