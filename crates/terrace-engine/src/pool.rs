@@ -598,16 +598,21 @@ async fn open(
     }
     if !was_clean && pool.shared.read_only.is_none() {
         for space in pool.spaces() {
-            if accounted.contains(space.name()) {
-                continue;
-            }
-            let whole = (space.id(), crate::control::INTENT_WHOLE_SPACE);
-            if space.uses_intent() && !metadata.intent.contains(&whole) {
-                // Only the extents its write intent names can have been
-                // cut mid-write.
+            let named: Vec<u32> = metadata
+                .intent
+                .iter()
+                .filter(|(id, _)| *id == space.id())
+                .map(|&(_, extent)| extent)
+                .collect();
+            let whole = named.contains(&crate::control::INTENT_WHOLE_SPACE);
+            // A log accounts for what was written through it; what was
+            // written while it had failed (write-through) is named in the
+            // write intent, so those extents are resynced too.
+            if !whole && (accounted.contains(space.name()) || space.uses_intent()) {
+                // Only the extents named can have been cut mid-write.
                 let extent_bytes = space.geometry().extent_data_bytes();
-                for (_, extent) in metadata.intent.iter().filter(|(id, _)| *id == space.id()) {
-                    let offset = u64::from(*extent) * extent_bytes;
+                for extent in named {
+                    let offset = u64::from(extent) * extent_bytes;
                     if offset < space.size_bytes() {
                         crate::resync::resync_range(&space, offset, extent_bytes).await?;
                     }

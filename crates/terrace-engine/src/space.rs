@@ -99,11 +99,16 @@ impl Space {
     }
 
     /// Whether writes record their extents in the pool's write intent: a
-    /// redundant space without a write-back log (a log accounts for its
-    /// space's writes itself, and log spaces recover from their records).
+    /// redundant space without a working write-back log (a log accounts
+    /// for its space's writes itself, and log spaces recover from their
+    /// records). A space whose log failed writes straight to the disks,
+    /// and the log names none of those writes: should its disks be back by
+    /// the next import, only the write intent says what to resync.
     pub(crate) fn uses_intent(&self) -> bool {
         self.geometry.layout().failures_tolerated() > 0
-            && self.journal().is_none()
+            && self
+                .journal()
+                .is_none_or(|journal| journal.is_write_through())
             && !self.disjoint_writes()
     }
 

@@ -12,6 +12,7 @@ use futures::executor::block_on;
 use futures::future::{select, Either};
 use terrace_engine::layout::Layout;
 use terrace_engine::meta::format::{data_offset, METADATA_SLOT_MIN_BYTES};
+use terrace_engine::meta::Usage;
 use terrace_engine::{verify_space, ImportOptions, Pool, Space, SpaceConfig, SpaceSize};
 
 const DISK_BYTES: u64 = 8 << 20;
@@ -38,11 +39,12 @@ async fn mirror(disks: &Disks) -> (Pool, std::sync::Arc<Space>) {
     (pool, space)
 }
 
-/// Make the two copies of `extent` differ, as a write cut by a power loss
-/// would leave them: new bytes on the first copy only.
-async fn tear(disks: &Disks, pool: &Pool, extent: usize) {
+/// Make the copies (or data and parity) of `extent` of space `name`
+/// differ, as a write cut by a power loss would leave them: new bytes on
+/// the first slab only.
+async fn tear(disks: &Disks, pool: &Pool, name: &str, extent: usize) {
     let metadata = pool.metadata().await;
-    let slabs = metadata.space("m").unwrap().extents[extent]
+    let slabs = metadata.space(name).unwrap().extents[extent]
         .slabs
         .clone()
         .unwrap();
@@ -93,8 +95,8 @@ fn after_a_crash_a_mirror_resyncs_only_the_extents_it_was_writing() {
         assert_eq!(pool.metadata().await.intent, vec![(id, 3)]);
         // Torn: its copies differ; extent 7, not written since the last
         // clean point, differs too (damage no crash explains).
-        tear(&disks, &pool, 3).await;
-        tear(&disks, &pool, 7).await;
+        tear(&disks, &pool, "m", 3).await;
+        tear(&disks, &pool, "m", 7).await;
         drop(space);
         drop(pool);
 
@@ -152,5 +154,72 @@ fn write_intent_is_cleared_once_extents_are_idle_and_flushed() {
         assert_eq!(pool.metadata().await.intent, vec![(id, 5)]);
         let report = verify_space(&space).await.unwrap();
         assert!(report.mismatched_rows.is_empty());
+    });
+}
+
+/// A parity space whose log failed writes straight to the disks; its log
+/// names none of those writes, so the write intent does. Here the log's
+/// disks are recorded failed, so the log cannot account for the space at
+/// the next import and the whole space is resynced; where a log does
+/// recover whole, the named extents are resynced beside what it names.
+#[test]
+fn writes_made_while_a_log_had_failed_are_resynced_after_a_crash() {
+    block_on(async {
+        // Six capacity disks and three journal disks for the log.
+        let disks = Disks::new(9, 64 << 20);
+        let mut new_disks = disks.new_disks();
+        for disk in &mut new_disks[6..] {
+            disk.usage = Usage::Journal;
+        }
+        let pool = Pool::create(env(), small_config("tank"), new_disks)
+            .await
+            .unwrap();
+        let mut config = SpaceConfig::new(
+            "p",
+            Layout::Parity { redundancy: 1 },
+            SpaceSize::Bytes(SPACE_BYTES),
+        );
+        config.columns = Some(3);
+        config.interleave_bytes = Some(4096);
+        config.cache_bytes = Some(32 << 20);
+        let space = pool.create_space(config).await.unwrap().space;
+        let journal = space.journal().expect("a log");
+        let extent_bytes = space.geometry().extent_data_bytes();
+        space
+            .write(0, bytes(Rng(6).bytes(SPACE_BYTES as usize)), true)
+            .await
+            .unwrap();
+        space.flush().await.unwrap();
+        assert!(pool.metadata().await.intent.is_empty(), "the log accounts");
+
+        for fault in &disks.faults[6..] {
+            fault.lose();
+        }
+        space
+            .write(3 * extent_bytes + 8192, bytes(Rng(7).bytes(8192)), false)
+            .await
+            .unwrap();
+        assert!(journal.status().write_through.is_some());
+        let id = space.id();
+        assert_eq!(pool.metadata().await.intent, vec![(id, 3)]);
+        // The power goes: extent 3 torn mid-write.
+        tear(&disks, &pool, "p", 3).await;
+        drop((journal, space));
+        drop(pool);
+        for fault in &disks.faults[6..] {
+            fault.restore();
+        }
+
+        let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
+            .await
+            .unwrap();
+        let space = pool.space("p").unwrap();
+        let report = verify_space(&space).await.unwrap();
+        assert!(
+            report.mismatched_rows.is_empty(),
+            "extent 3 was resynchronised: {:?}",
+            report.mismatched_rows
+        );
+        assert!(pool.metadata().await.intent.is_empty());
     });
 }

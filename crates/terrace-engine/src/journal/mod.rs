@@ -259,6 +259,11 @@ impl Journal {
         }
     }
 
+    /// Whether the log has failed and writes go straight to the disks.
+    pub(crate) fn is_write_through(&self) -> bool {
+        self.state().failed.is_some()
+    }
+
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
