@@ -514,7 +514,7 @@ impl Space {
             }
         }
         let intent = match &journal {
-            Some(journal) => journal.begin_direct(self, offset, length).await?,
+            Some(journal) => journal.begin_direct(self, offset, length, 0).await?,
             None => None,
         };
         let result = self
@@ -544,7 +544,7 @@ impl Space {
             }
         }
         let intent = match &journal {
-            Some(journal) => journal.begin_direct(self, offset, length).await?,
+            Some(journal) => journal.begin_direct(self, offset, length, 0).await?,
             None => None,
         };
         let result = self

@@ -70,9 +70,24 @@ pub const CACHE_DEFAULT_BYTES: u64 = 1 << 30;
 /// parity space has a write hole.
 pub const CACHE_SMALL_BYTES: u64 = 32 << 20;
 /// Destaging starts when this share of the ring is dirty (per mille) and
-/// runs flat out from [`DESTAGE_URGENT_PER_MILLE`].
+/// runs flat out from [`DESTAGE_URGENT_PER_MILLE`]. Below it, dirty data
+/// waits in the log while writes keep arriving: destaging then would take
+/// the capacity disks from the client's reads while the log has room, and
+/// data that waits is more often overwritten or joined into whole rows.
 pub const DESTAGE_START_PER_MILLE: u64 = 250;
+/// Below the start threshold, a log destages once no write has been
+/// absorbed for this long: a quiet space empties its log soon after its
+/// writers stop, and a busy one is not interrupted between two writes.
+pub const DESTAGE_QUIET_NS: u64 = 500_000_000;
 pub const DESTAGE_URGENT_PER_MILLE: u64 = 750;
+/// How far past a direct write of whole rows its dirty-range record
+/// reaches. The rows after it are likely the stream's next writes, and
+/// they reuse the record while it is in use instead of logging their own,
+/// so a stream pays one log commit per this many bytes, not one per row;
+/// a crash costs the resync of at most this much more.
+const DIRECT_AHEAD_BYTES: u64 = 16 << 20;
+/// Recent dirty-range records a direct write looks through for one to reuse.
+const LEASES_MAX: usize = 16;
 /// Bytes of records one destage round takes.
 const DESTAGE_ROUND_BYTES: u64 = 16 << 20;
 /// Writes home in flight at once during a destage round.
@@ -106,9 +121,11 @@ struct Record {
     destaged: bool,
     /// A wrap record (no data: done once durable).
     wrap: bool,
-    /// A dirty-range record whose write to the disks has not finished: the
-    /// tail must not pass it.
-    pinned: bool,
+    /// Direct writes under this dirty-range record that have not finished:
+    /// the tail must not pass it while any are.
+    pins: u32,
+    /// A destage round took it: no direct write may pin it again.
+    picked: bool,
 }
 
 /// The newest logged data of one block.
@@ -142,6 +159,8 @@ struct State {
     syncing: bool,
     sync_waiters: Vec<oneshot::Sender<()>>,
     space_waiters: Vec<oneshot::Sender<()>>,
+    /// Recent dirty-range records: range start, end, sequence.
+    leases: VecDeque<(u64, u64, u64)>,
     dirty_bytes: u64,
     /// Why the space runs write-through, if it does.
     failed: Option<String>,
@@ -178,6 +197,8 @@ pub struct Counters {
     /// Rate of the last destage round (bytes per second) and when it ended.
     pub destage_rate: AtomicU64,
     pub destage_ended_ns: AtomicU64,
+    /// When the log last took in a write (see [`DESTAGE_QUIET_NS`]).
+    pub absorbed_last_ns: AtomicU64,
 }
 
 /// What a status view shows of a cache.
@@ -248,6 +269,7 @@ impl Journal {
                 syncing: false,
                 sync_waiters: Vec::new(),
                 space_waiters: Vec::new(),
+                leases: VecDeque::new(),
                 dirty_bytes: 0,
                 failed: None,
             }),
@@ -333,14 +355,21 @@ impl Journal {
         self.state().index.is_empty()
     }
 
-    /// How urgently destaging should run: `None` below the start threshold,
-    /// else the fill in per mille.
+    /// How urgently destaging should run: `None` below the start threshold
+    /// while writes keep arriving, else the fill in per mille.
     pub fn destage_pressure(&self) -> Option<u64> {
+        let quiet = self
+            .log
+            .pool
+            .env
+            .now_ns()
+            .saturating_sub(self.counters.absorbed_last_ns.load(Ordering::Relaxed))
+            >= DESTAGE_QUIET_NS;
         let state = self.state();
         let fill = (state.head.position - state.tail.position) * 1000 / state.lap_bytes.max(1);
         let waiting = !state.space_waiters.is_empty();
-        (fill >= DESTAGE_START_PER_MILLE || waiting || (state.dirty_bytes > 0 && fill > 0))
-            .then_some(fill)
+        let leftover = fill > 0 && state.dirty_bytes > 0;
+        (fill >= DESTAGE_START_PER_MILLE || waiting || (leftover && quiet)).then_some(fill)
     }
 
     /// Copy logged data over `buffer`, which holds the home data of blocks
@@ -474,7 +503,7 @@ impl Journal {
         let whole_rows = offset.is_multiple_of(natural) && length.is_multiple_of(natural);
         if whole_rows && length > 0 {
             if let Some(invalidate) = self.direct_allowed(home, offset, length) {
-                self.write_direct(home, offset, data, fua, invalidate)
+                self.write_direct(home, offset, data, fua, invalidate, DIRECT_AHEAD_BYTES)
                     .await?;
                 self.counters
                     .bypassed_writes
@@ -510,9 +539,10 @@ impl Journal {
         data: Bytes,
         fua: bool,
         invalidate: bool,
+        ahead: u64,
     ) -> Result<(), EngineError> {
         let length = data.len() as u64;
-        let intent = self.begin_direct(home, offset, length).await?;
+        let intent = self.begin_direct(home, offset, length, ahead).await?;
         let written = home.write_home(offset, data, fua).await;
         self.end_direct(intent);
         written?;
@@ -533,6 +563,9 @@ impl Journal {
         data: Bytes,
     ) -> Result<(), EngineError> {
         let length = data.len() as u64;
+        self.counters
+            .absorbed_last_ns
+            .store(home.pool.env.now_ns(), Ordering::Relaxed);
         let chunk = self.record_payload_max().max(BLOCK_BYTES);
         let mut done = 0;
         while done < length {
@@ -642,7 +675,14 @@ impl Journal {
         }
         let fua = pieces.iter().any(|piece| piece.fua);
         let result = self
-            .write_direct(home, row_offset, row.freeze(), fua, invalidate)
+            .write_direct(
+                home,
+                row_offset,
+                row.freeze(),
+                fua,
+                invalidate,
+                DIRECT_AHEAD_BYTES,
+            )
             .await;
         if result.is_ok() {
             self.counters
@@ -789,28 +829,50 @@ impl Journal {
 
     /// Before writing `[offset, offset + length)` straight to the disks:
     /// log the range as dirty (durably), so that recovery resynchronises
-    /// its redundancy if a power cut tears the write. The record holds the
-    /// tail until [`Journal::end_direct`]. `None` when write-through.
+    /// its redundancy if a power cut tears the write. The record names
+    /// `ahead` bytes more, so that the writes after it can reuse it while
+    /// it is in use; it holds the tail until every write under it has
+    /// called [`Journal::end_direct`]. `None` when write-through.
     pub(crate) async fn begin_direct(
         &self,
         home: &Space,
         offset: u64,
         length: u64,
+        ahead: u64,
     ) -> Result<Option<u64>, EngineError> {
-        if self.state().failed.is_some() || length == 0 {
+        if length == 0 {
             return Ok(None);
         }
+        {
+            let mut state = self.state();
+            if state.failed.is_some() {
+                return Ok(None);
+            }
+            if let Some(sequence) = reuse_lease(&mut state, offset, offset + length) {
+                return Ok(Some(sequence));
+            }
+        }
+        let end = (offset + length + ahead)
+            .min(home.size_bytes())
+            .max(offset + length);
         match self
             .append(
                 home,
                 Kind::Dirty,
-                vec![[offset, length, 0]],
+                vec![[offset, end - offset, 0]],
                 Vec::new(),
                 Vec::new(),
             )
             .await
         {
-            Ok(sequence) => Ok(Some(sequence)),
+            Ok(sequence) => {
+                let mut state = self.state();
+                if state.leases.len() == LEASES_MAX {
+                    state.leases.pop_front();
+                }
+                state.leases.push_back((offset, end, sequence));
+                Ok(Some(sequence))
+            }
             Err(_) if self.state().failed.is_some() => Ok(None),
             Err(error) => Err(error),
         }
@@ -823,7 +885,7 @@ impl Journal {
             return;
         };
         if let Some(record) = self.state().record_mut(sequence) {
-            record.pinned = false;
+            record.pins = record.pins.saturating_sub(1);
         }
     }
 
@@ -1129,7 +1191,7 @@ impl Journal {
         let failed = self.state().failed.is_some();
         let started_ns = home.pool.env.now_ns();
         let (picked, work) = {
-            let state = self.state();
+            let mut state = self.state();
             if failed {
                 // Write-through: everything committed goes home, whatever
                 // became of the records.
@@ -1146,7 +1208,7 @@ impl Journal {
                 let mut work: BTreeMap<u64, (u64, Bytes)> = BTreeMap::new();
                 for record in state.records.iter().filter(|r| !r.destaged) {
                     if !record.durable
-                        || record.pinned
+                        || record.pins > 0
                         || (taken > 0 && taken + record.bytes > budget)
                     {
                         break;
@@ -1163,6 +1225,12 @@ impl Journal {
                                 work.insert(*block, (*sequence, data.clone()));
                             }
                         }
+                    }
+                }
+                // No direct write may pin them from now on.
+                for &sequence in &picked {
+                    if let Some(record) = state.record_mut(sequence) {
+                        record.picked = true;
                     }
                 }
                 (picked, work)
@@ -1602,8 +1670,29 @@ fn push_record(
         durable: false,
         destaged: false,
         wrap,
-        pinned,
+        pins: u32::from(pinned),
+        picked: false,
     });
+}
+
+/// Pin a dirty-range record that covers `[start, end)` and may still be
+/// pinned: durable with everything before it (a recovery scan reaches it),
+/// and not yet taken by a destage round (which would let the tail pass it
+/// while the new write is in flight). Its sequence, if one was found.
+fn reuse_lease(state: &mut State, start: u64, end: u64) -> Option<u64> {
+    let durable_below = state.durable_below;
+    let sequence = state
+        .leases
+        .iter()
+        .rev()
+        .find(|&&(from, to, sequence)| from <= start && end <= to && sequence < durable_below)
+        .map(|&(_, _, sequence)| sequence)?;
+    let record = state.record_mut(sequence)?;
+    if record.picked || record.destaged {
+        return None;
+    }
+    record.pins += 1;
+    Some(sequence)
 }
 
 fn advance_durable(state: &mut State) {
@@ -1863,6 +1952,7 @@ mod tests {
             syncing: false,
             sync_waiters: Vec::new(),
             space_waiters: Vec::new(),
+            leases: VecDeque::new(),
             dirty_bytes: 0,
             failed: None,
         }
