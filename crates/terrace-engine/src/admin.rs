@@ -131,9 +131,21 @@ impl Pool {
             None => None,
         };
         let space = build_space(&self.shared, &next, &record)?;
-        zero_slabs(&space, &space.map().extents, geometry.slab_bytes()).await?;
+        zero_slabs(
+            &space,
+            &space.map().extents,
+            geometry.slab_bytes(),
+            Zeroing::Device,
+        )
+        .await?;
         if let Some((log, _)) = &log {
-            preallocate_slabs(log, &log.map().extents, geometry.slab_bytes()).await?;
+            zero_slabs(
+                log,
+                &log.map().extents,
+                geometry.slab_bytes(),
+                Zeroing::Allocate,
+            )
+            .await?;
         }
         self.shared.commit(&mut control, next).await?;
         drop(control);
@@ -427,7 +439,13 @@ impl Pool {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let added_targets = targets(&self.shared, &next, &added)?;
-        zero_slabs(&space, &added_targets, geometry.slab_bytes()).await?;
+        zero_slabs(
+            &space,
+            &added_targets,
+            geometry.slab_bytes(),
+            Zeroing::Device,
+        )
+        .await?;
         let record = &mut next.spaces[position];
         record.size_bytes = requested;
         record.extents.extend(added);
@@ -437,46 +455,17 @@ impl Pool {
     }
 }
 
-/// Write zeroes over every slab of a log's new extents with ordinary writes,
-/// and make them durable. A device's own zeroing punches holes in a file,
-/// and a log on a sparse file would then allocate blocks on its first lap,
-/// making every group commit's flush write file-system metadata too;
-/// written once, the log's blocks are plain overwrites from then on.
-pub(crate) async fn preallocate_slabs(
-    space: &Space,
-    extents: &[Arc<[Target]>],
-    slab_bytes: u64,
-) -> Result<(), EngineError> {
-    const CHUNK_BYTES: u64 = 1 << 20;
-    let mut zeroes = terrace_io::aligned_buffer(CHUNK_BYTES.min(slab_bytes) as usize);
-    zeroes.fill(0);
-    let zeroes = zeroes.freeze();
-    for targets in extents {
-        let writes = targets.iter().map(|target| {
-            let zeroes = zeroes.clone();
-            async move {
-                let home = target.home();
-                let mut done = 0;
-                while done < slab_bytes {
-                    let length = (zeroes.len() as u64).min(slab_bytes - done);
-                    home.disk
-                        .write(home.base + done, zeroes.slice(..length as usize), false)
-                        .await?;
-                    done += length;
-                }
-                Ok::<(), String>(())
-            }
-        });
-        for result in join_all(writes).await {
-            result.map_err(|reason| EngineError::Unavailable {
-                space: space.name.clone(),
-                offset: 0,
-                length: 0,
-                reason: format!("could not write a new log slab: {reason}"),
-            })?;
-        }
-    }
-    space.pool.flush_disks().await
+/// How new slabs are zeroed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Zeroing {
+    /// The device's own zeroing (a hole punched in a file, a zero-out on a
+    /// block device): cheap, and a file stays sparse.
+    Device,
+    /// Ordinary writes of zeroes, for a log's slabs: a log on a sparse file
+    /// would otherwise allocate blocks on its first lap, making every group
+    /// commit's flush write file-system metadata too; written once, its
+    /// blocks are plain overwrites from then on.
+    Allocate,
 }
 
 /// Zero every slab of new extents and make it durable: slabs may hold a
@@ -486,15 +475,35 @@ pub(crate) async fn zero_slabs(
     space: &Space,
     extents: &[Arc<[Target]>],
     slab_bytes: u64,
+    zeroing: Zeroing,
 ) -> Result<(), EngineError> {
+    const CHUNK_BYTES: u64 = 1 << 20;
+    let mut zeroes = terrace_io::aligned_buffer(match zeroing {
+        Zeroing::Device => 0,
+        Zeroing::Allocate => CHUNK_BYTES.min(slab_bytes) as usize,
+    });
+    zeroes.fill(0);
+    let zeroes = zeroes.freeze();
     for targets in extents {
-        let zeroes = targets.iter().map(|target| {
-            target
-                .home()
-                .disk
-                .write_zeroes(target.home().base, slab_bytes, false)
+        let writes = targets.iter().map(|target| {
+            let zeroes = zeroes.clone();
+            async move {
+                let home = target.home();
+                if zeroing == Zeroing::Device {
+                    return home.disk.write_zeroes(home.base, slab_bytes, false).await;
+                }
+                let mut done = 0;
+                while done < slab_bytes {
+                    let length = (zeroes.len() as u64).min(slab_bytes - done);
+                    home.disk
+                        .write(home.base + done, zeroes.slice(..length as usize), false)
+                        .await?;
+                    done += length;
+                }
+                Ok(())
+            }
         });
-        for result in join_all(zeroes).await {
+        for result in join_all(writes).await {
             result.map_err(|reason| EngineError::Unavailable {
                 space: space.name.clone(),
                 offset: 0,

@@ -18,7 +18,7 @@ use terrace_meta::{
     SpaceRole, Usage,
 };
 
-use crate::admin::{build_space, plan_space, preallocate_slabs, SpaceConfig, SpaceSize};
+use crate::admin::{build_space, plan_space, zero_slabs, SpaceConfig, SpaceSize, Zeroing};
 use crate::control::PoolShared;
 use crate::error::EngineError;
 use crate::journal::{
@@ -297,7 +297,7 @@ impl Pool {
         let mut control = self.shared.control.lock().await;
         let mut next = control.metadata.clone();
         let (log, cache) = plan_log(&self.shared, &mut next, space.id(), bytes)?;
-        preallocate_slabs(&log, &log.map().extents, next.slab_bytes).await?;
+        zero_slabs(&log, &log.map().extents, next.slab_bytes, Zeroing::Allocate).await?;
         self.shared.commit(&mut control, next).await?;
         drop(control);
         self.attach_cache(space, Arc::new(log), &cache);
@@ -338,7 +338,13 @@ impl Pool {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let added_targets = crate::admin::targets(&self.shared, &next, &added)?;
-        preallocate_slabs(log, &added_targets, geometry.slab_bytes()).await?;
+        zero_slabs(
+            log,
+            &added_targets,
+            geometry.slab_bytes(),
+            Zeroing::Allocate,
+        )
+        .await?;
         let record = &mut next.spaces[position];
         record.size_bytes = requested;
         record.extents.extend(added);

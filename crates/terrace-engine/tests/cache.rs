@@ -77,6 +77,51 @@ async fn write_randomly(
     }
 }
 
+/// The pool's disks on memory behind crash wrappers: the wrappers, and the
+/// same as plain devices.
+fn crash_devices(name: &str) -> (Vec<Arc<CrashDevice>>, Vec<Arc<dyn BlockDevice>>) {
+    let crash: Vec<Arc<CrashDevice>> = sizes()
+        .into_iter()
+        .enumerate()
+        .map(|(i, size)| {
+            let memory: Arc<dyn BlockDevice> =
+                Arc::new(MemoryDevice::new(format!("{name}-{i}"), size));
+            Arc::new(CrashDevice::new(memory))
+        })
+        .collect();
+    let devices = crash
+        .iter()
+        .map(|c| c.clone() as Arc<dyn BlockDevice>)
+        .collect();
+    (crash, devices)
+}
+
+/// Cut the power (writes not yet flushed dropped or torn, as `seed` says)
+/// and import the pool again.
+async fn cut_and_import(
+    crash: &[Arc<CrashDevice>],
+    devices: &[Arc<dyn BlockDevice>],
+    seed: u64,
+) -> Pool {
+    let mut rng = Rng(seed);
+    for device in crash {
+        device.crash(&mut || rng.next()).unwrap();
+    }
+    Pool::import(env(), devices.to_vec(), ImportOptions::default())
+        .await
+        .unwrap()
+}
+
+/// Every copy and every parity of the space agrees with its data.
+async fn assert_consistent(space: &terrace_engine::Space, seed: u64) {
+    let report = verify_space(space).await.unwrap();
+    assert!(
+        report.mismatched_rows.is_empty(),
+        "seed {seed}: {:?}",
+        report.mismatched_rows
+    );
+}
+
 async fn check_all(space: &terrace_engine::Space, model: &Model) {
     let size = space.size_bytes();
     let step = 256 << 10;
@@ -163,19 +208,7 @@ fn logged_writes_read_back_before_and_after_destage_and_across_a_restart() {
 fn power_cuts_lose_no_acknowledged_write_and_leave_parity_consistent() {
     for seed in 0..12u64 {
         block_on(async {
-            let crash: Vec<Arc<CrashDevice>> = sizes()
-                .into_iter()
-                .enumerate()
-                .map(|(i, size)| {
-                    let memory: Arc<dyn BlockDevice> =
-                        Arc::new(MemoryDevice::new(format!("cut{seed}-{i}"), size));
-                    Arc::new(CrashDevice::new(memory))
-                })
-                .collect();
-            let devices: Vec<Arc<dyn BlockDevice>> = crash
-                .iter()
-                .map(|c| c.clone() as Arc<dyn BlockDevice>)
-                .collect();
+            let (crash, devices) = crash_devices(&format!("cut{seed}"));
             let layout = if seed % 2 == 0 {
                 Layout::Parity { redundancy: 2 }
             } else {
@@ -205,21 +238,10 @@ fn power_cuts_lose_no_acknowledged_write_and_leave_parity_consistent() {
                     write_randomly(&space, &mut model, &mut rng, 20).await;
                 }
             }
-            let mut rng = Rng(seed ^ 0xdead);
-            for device in &crash {
-                device.crash(&mut || rng.next()).unwrap();
-            }
-            let pool = Pool::import(env(), devices.clone(), ImportOptions::default())
-                .await
-                .unwrap();
+            let pool = cut_and_import(&crash, &devices, seed ^ 0xdead).await;
             let space = pool.space("s").unwrap();
             check_all(&space, &model).await;
-            let report = verify_space(&space).await.unwrap();
-            assert!(
-                report.mismatched_rows.is_empty(),
-                "seed {seed}: {:?}",
-                report.mismatched_rows
-            );
+            assert_consistent(&space, seed).await;
             pool.close().await.unwrap();
         });
     }
@@ -548,19 +570,7 @@ fn a_shrunk_cache_gives_back_its_log_slabs() {
 fn a_stream_of_whole_rows_shares_one_dirty_range_and_survives_a_cut() {
     for seed in 0..6u64 {
         block_on(async {
-            let crash: Vec<Arc<CrashDevice>> = sizes()
-                .into_iter()
-                .enumerate()
-                .map(|(i, size)| {
-                    let memory: Arc<dyn BlockDevice> =
-                        Arc::new(MemoryDevice::new(format!("lease{seed}-{i}"), size));
-                    Arc::new(CrashDevice::new(memory))
-                })
-                .collect();
-            let devices: Vec<Arc<dyn BlockDevice>> = crash
-                .iter()
-                .map(|c| c.clone() as Arc<dyn BlockDevice>)
-                .collect();
+            let (crash, devices) = crash_devices(&format!("lease{seed}"));
             {
                 let pool = Pool::create(env(), small_config("tank"), journal_pool_disks(&devices))
                     .await
@@ -594,20 +604,8 @@ fn a_stream_of_whole_rows_shares_one_dirty_range_and_survives_a_cut() {
                 assert_eq!(journal.status().bypassed_writes, 8);
             }
             // Nothing was flushed: the cut drops or tears the rows' writes.
-            let mut rng = Rng(seed ^ 0xbeef);
-            for device in &crash {
-                device.crash(&mut || rng.next()).unwrap();
-            }
-            let pool = Pool::import(env(), devices.clone(), ImportOptions::default())
-                .await
-                .unwrap();
-            let space = pool.space("s").unwrap();
-            let report = verify_space(&space).await.unwrap();
-            assert!(
-                report.mismatched_rows.is_empty(),
-                "seed {seed}: {:?}",
-                report.mismatched_rows
-            );
+            let pool = cut_and_import(&crash, &devices, seed ^ 0xbeef).await;
+            assert_consistent(&pool.space("s").unwrap(), seed).await;
             pool.close().await.unwrap();
         });
     }

@@ -70,7 +70,7 @@ fn a_pool_of_sparse_files_survives_close_and_import_byte_for_byte() {
         }
         let status = pool.status().await;
         assert_eq!(status.spaces.len(), 5);
-        // Logs are written whole when they are made (see preallocate_slabs).
+        // Logs are written whole when they are made (see `Zeroing::Allocate`).
         for (_, name) in layouts() {
             if let Some(journal) = pool.space(name).unwrap().journal() {
                 let log = journal.log();
