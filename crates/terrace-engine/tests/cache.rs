@@ -610,3 +610,52 @@ fn a_stream_of_whole_rows_shares_one_dirty_range_and_survives_a_cut() {
         });
     }
 }
+
+/// The background destage task empties a log soon after its writers stop,
+/// however little the log holds (a few blocks of a large ring).
+#[test]
+fn a_quiet_log_is_emptied_by_the_destage_task() {
+    block_on(async {
+        let memory: Vec<Arc<dyn BlockDevice>> = sizes()
+            .into_iter()
+            .enumerate()
+            .map(|(i, size)| {
+                Arc::new(MemoryDevice::new(format!("quiet{i}"), size)) as Arc<dyn BlockDevice>
+            })
+            .collect();
+        let pool = Pool::create(env(), small_config("tank"), journal_pool_disks(&memory))
+            .await
+            .unwrap();
+        let layout = Layout::Parity { redundancy: 1 };
+        let space = pool
+            .create_space(cached("quiet", layout, 1 << 20))
+            .await
+            .unwrap()
+            .space;
+        let journal = space.journal().unwrap();
+        let data = Rng(11).bytes(4096);
+        space
+            .write(3 * 4096, bytes(data.clone()), false)
+            .await
+            .unwrap();
+        assert_eq!(journal.status().dirty_bytes, 4096, "the write was logged");
+        let emptied = async {
+            for _ in 0..100 {
+                if journal.status().dirty_bytes == 0 {
+                    return true;
+                }
+                env().sleep(100_000_000).await;
+            }
+            false
+        };
+        let emptied =
+            match futures::future::select(Box::pin(pool.run_cache()), Box::pin(emptied)).await {
+                futures::future::Either::Left(_) => panic!("the destage task stopped on its own"),
+                futures::future::Either::Right((emptied, _)) => emptied,
+            };
+        assert!(emptied, "still dirty: {:?}", journal.status());
+        assert!(journal.status().destaged_bytes >= 4096);
+        assert!(space.read(3 * 4096, 4096).await.unwrap()[..] == data[..]);
+        pool.close().await.unwrap();
+    });
+}

@@ -368,7 +368,8 @@ impl Journal {
         let state = self.state();
         let fill = (state.head.position - state.tail.position) * 1000 / state.lap_bytes.max(1);
         let waiting = !state.space_waiters.is_empty();
-        let leftover = fill > 0 && state.dirty_bytes > 0;
+        // Not `fill > 0`: a few blocks of a large ring are 0 per mille.
+        let leftover = state.dirty_bytes > 0;
         (fill >= DESTAGE_START_PER_MILLE || waiting || (leftover && quiet)).then_some(fill)
     }
 
