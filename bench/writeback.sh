@@ -11,8 +11,12 @@
 # run's dirty data is destaged first), as separate measurements would; a
 # run shows what the log absorbs plus what destaging manages meanwhile.
 # Prints markdown tables (IO/s and MB/s per space and profile, and the
-# ratios the write-back issue aims at). PROFILES, SPACES and PARTS narrow a
-# run (e.g. PROFILES="restore random-write" SPACES="p2-log p2" PARTS=model);
+# ratios the write-back issue aims at). A third part puts btrfs raid5/raid6
+# on the same modelled drives: eight one-disk pools of `hdd-10k` files, each
+# a simple space served over NBD, presented as files by nbdfuse and as
+# block devices by loop devices. PROFILES, SPACES and PARTS (model, raw,
+# btrfs-model) narrow a run (e.g. PROFILES="restore random-write"
+# SPACES="p2-log p2" PARTS=model);
 # ratios whose operands were not measured are left out. Needs root (loop devices, mount),
 # fio, btrfs-progs. The binary is built and taken from $CARGO_TARGET_DIR
 # (default target/).
@@ -24,16 +28,18 @@ depth="${2:-32}"
 work="$(mktemp -d /var/tmp/terrace-writeback.XXXXXX)"
 pids=()
 loops=()
+fuses=()
 cleanup() {
     set +e
     mountpoint -q "$work/btrfs" && umount "$work/btrfs"
     for loop in "${loops[@]}"; do losetup -d "$loop"; done
+    for fuse in "${fuses[@]}"; do fusermount3 -u "$fuse"; done
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
     rm -rf "$work"
 }
 trap cleanup EXIT
 
-for tool in fio mkfs.btrfs; do
+for tool in fio mkfs.btrfs nbdfuse fusermount3; do
     command -v "$tool" >/dev/null || { echo "needs $tool" >&2; exit 1; }
 done
 cargo build --release -q -p terrace
@@ -122,6 +128,23 @@ wanted() { # wanted LIST ITEM: ITEM is in LIST, or LIST is empty
     [ -z "$1" ] || [[ " $1 " == *" $2 "* ]]
 }
 
+# btrfs data raidN (metadata raid1c3) on the given devices, every profile;
+# results as "KIND PROFILE btrfs-LEVEL IO/s MB/s".
+run_btrfs() {
+    local kind="$1" level="$2"
+    shift 2
+    mkdir -p "$work/btrfs"
+    mkfs.btrfs -q -f -d "$level" -m raid1c3 "$@" >/dev/null
+    mount "$1" "$work/btrfs"
+    for profile in "${profiles[@]}"; do
+        read -r name rw bs mix <<<"$profile"
+        wanted "${PROFILES:-}" "$name" || continue
+        echo "$kind $name btrfs-$level $(run_fio "--ioengine=libaio --direct=1 --filename=$work/btrfs/file" "$rw" "$bs" "$mix" 8G)" >>"$results"
+        tail -1 "$results" >&2
+    done
+    umount "$work/btrfs"
+}
+
 results="$work/results.txt"
 : >"$results"
 
@@ -155,15 +178,7 @@ for level in raid5 raid6; do
         loops+=("$loop")
         devs+=("$loop")
     done
-    mkfs.btrfs -q -f -d "$level" -m raid1c3 "${devs[@]}" >/dev/null
-    mount "${devs[0]}" "$work/btrfs"
-    for profile in "${profiles[@]}"; do
-        read -r name rw bs mix <<<"$profile"
-        wanted "${PROFILES:-}" "$name" || continue
-        echo "raw $name btrfs-$level $(run_fio "--ioengine=libaio --direct=1 --filename=$work/btrfs/file" "$rw" "$bs" "$mix" 8G)" >>"$results"
-        tail -1 "$results" >&2
-    done
-    umount "$work/btrfs"
+    run_btrfs raw "$level" "${devs[@]}"
     for loop in "${devs[@]}"; do losetup -d "$loop"; done
     loops=()
     rm -rf "$work/$level"
@@ -181,6 +196,38 @@ for profile in "${profiles[@]}"; do
 done
 fi
 
+if wanted "${PARTS:-}" btrfs-model; then
+echo "== btrfs raid5/raid6 on the same modelled drives (one-disk pools over NBD, nbdfuse, loop)" >&2
+dir="$work/bm"
+start_daemon "$dir"
+mkdir -p "$dir/disks"
+for level in raid5 raid6; do
+    devs=()
+    for i in $(seq 0 7); do
+        # A fresh drive for each level: the previous file system's blocks
+        # would otherwise be read and written again.
+        disk="$dir/disks/$level-hdd$i.img"
+        truncate -s 24G "$disk"
+        "$terrace" --control "$dir/ctl.sock" pool create "$level$i" "$disk,model=hdd-10k,media=hdd" --slab 256M >/dev/null
+        "$terrace" --control "$dir/ctl.sock" space create "$level$i" "$level-d$i" --layout simple --size 4G >/dev/null
+        mkdir -p "$dir/fuse-$level$i"
+        nbdfuse -P "$dir/fuse-$level$i.pid" "$dir/fuse-$level$i/disk" "nbd+unix:///$level-d$i?socket=$dir/nbd.sock" \
+            </dev/null >"$dir/fuse-$level$i.log" 2>&1 &
+        pids+=($!)
+        fuses+=("$dir/fuse-$level$i")
+        for _ in $(seq 100); do [ -s "$dir/fuse-$level$i.pid" ] && break; sleep 0.1; done
+        loop=$(losetup --find --show --direct-io=on "$dir/fuse-$level$i/disk")
+        loops+=("$loop")
+        devs+=("$loop")
+    done
+    run_btrfs model "$level" "${devs[@]}"
+    for loop in "${devs[@]}"; do losetup -d "$loop"; done
+    loops=()
+    for fuse in "${fuses[@]}"; do fusermount3 -u "$fuse"; done
+    fuses=()
+done
+fi
+
 python3 - "$results" "$depth" <<'PY'
 import sys, collections
 rows = collections.defaultdict(dict)
@@ -189,9 +236,9 @@ for line in open(sys.argv[1]):
     rows[(kind, profile)][target] = (float(iops), float(mbs))
 depth = sys.argv[2]
 print(f"With drive models, {depth} outstanding I/Os: IO/s (MB/s)\n")
-spaces = ["p2-log", "p2", "p1-log", "p1", "m2"]
-print("| profile | " + " | ".join(spaces) + " | p2-log / m2 | p2-log / p2 | p1-log / p1 |")
-print("|---|" + "---|" * (len(spaces) + 3))
+spaces = ["p2-log", "p2", "p1-log", "p1", "m2", "btrfs-raid6", "btrfs-raid5"]
+print("| profile | " + " | ".join(spaces) + " | p2-log / m2 | p2-log / p2 | p1-log / p1 | p2-log / raid6 | p1-log / raid5 |")
+print("|---|" + "---|" * (len(spaces) + 5))
 def cell(by, t):
     return f"{by[t][0]:.0f} ({by[t][1]:.1f})" if t in by else "–"
 def ratio(by, a, b):
@@ -200,7 +247,8 @@ for (kind, profile), by in rows.items():
     if kind != "model":
         continue
     cells = [cell(by, s) for s in spaces]
-    print(f"| {profile} | " + " | ".join(cells) + f" | {ratio(by, 'p2-log', 'm2')} | {ratio(by, 'p2-log', 'p2')} | {ratio(by, 'p1-log', 'p1')} |")
+    print(f"| {profile} | " + " | ".join(cells) + f" | {ratio(by, 'p2-log', 'm2')} | {ratio(by, 'p2-log', 'p2')} | {ratio(by, 'p1-log', 'p1')}"
+          f" | {ratio(by, 'p2-log', 'btrfs-raid6')} | {ratio(by, 'p1-log', 'btrfs-raid5')} |")
 print(f"\nRaw files (no models), {depth} outstanding I/Os: IO/s (MB/s)\n")
 targets = ["p2-log", "btrfs-raid6", "p1-log", "btrfs-raid5"]
 print("| profile | " + " | ".join(targets) + " | p2-log / raid6 | p1-log / raid5 |")
