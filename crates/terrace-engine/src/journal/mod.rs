@@ -88,6 +88,11 @@ pub const DESTAGE_URGENT_PER_MILLE: u64 = 750;
 const DIRECT_AHEAD_BYTES: u64 = 16 << 20;
 /// Recent dirty-range records a direct write looks through for one to reuse.
 const LEASES_MAX: usize = 16;
+/// How long after it was logged a dirty-range record may be reused. While
+/// writes keep one pinned, destaging cannot pass it; without a bound, a
+/// region rewritten without pause would hold every later record in the
+/// log. A stream crosses 16 MiB in far less.
+const LEASE_NS: u64 = 1_000_000_000;
 /// Bytes of records one destage round takes.
 const DESTAGE_ROUND_BYTES: u64 = 16 << 20;
 /// Writes home in flight at once during a destage round.
@@ -159,8 +164,8 @@ struct State {
     syncing: bool,
     sync_waiters: Vec<oneshot::Sender<()>>,
     space_waiters: Vec<oneshot::Sender<()>>,
-    /// Recent dirty-range records: range start, end, sequence.
-    leases: VecDeque<(u64, u64, u64)>,
+    /// Recent dirty-range records: range start, end, sequence, when logged.
+    leases: VecDeque<Lease>,
     dirty_bytes: u64,
     /// Why the space runs write-through, if it does.
     failed: Option<String>,
@@ -849,7 +854,8 @@ impl Journal {
             if state.failed.is_some() {
                 return Ok(None);
             }
-            if let Some(sequence) = reuse_lease(&mut state, offset, offset + length) {
+            let now_ns = home.pool.env.now_ns();
+            if let Some(sequence) = reuse_lease(&mut state, offset, offset + length, now_ns) {
                 return Ok(Some(sequence));
             }
         }
@@ -871,7 +877,12 @@ impl Journal {
                 if state.leases.len() == LEASES_MAX {
                     state.leases.pop_front();
                 }
-                state.leases.push_back((offset, end, sequence));
+                state.leases.push_back(Lease {
+                    start: offset,
+                    end,
+                    sequence,
+                    logged_ns: home.pool.env.now_ns(),
+                });
                 Ok(Some(sequence))
             }
             Err(_) if self.state().failed.is_some() => Ok(None),
@@ -1676,18 +1687,36 @@ fn push_record(
     });
 }
 
+/// A dirty-range record that later direct writes may reuse.
+struct Lease {
+    start: u64,
+    end: u64,
+    sequence: u64,
+    logged_ns: u64,
+}
+
 /// Pin a dirty-range record that covers `[start, end)` and may still be
 /// pinned: durable with everything before it (a recovery scan reaches it),
 /// and not yet taken by a destage round (which would let the tail pass it
-/// while the new write is in flight). Its sequence, if one was found.
-fn reuse_lease(state: &mut State, start: u64, end: u64) -> Option<u64> {
+/// while the new write is in flight). Not while writers wait for ring
+/// space, nor past [`LEASE_NS`]: then the record is let go, so destaging
+/// can pass it. Its sequence, if one was found.
+fn reuse_lease(state: &mut State, start: u64, end: u64, now_ns: u64) -> Option<u64> {
+    if !state.space_waiters.is_empty() {
+        return None;
+    }
     let durable_below = state.durable_below;
     let sequence = state
         .leases
         .iter()
         .rev()
-        .find(|&&(from, to, sequence)| from <= start && end <= to && sequence < durable_below)
-        .map(|&(_, _, sequence)| sequence)?;
+        .find(|lease| {
+            lease.start <= start
+                && end <= lease.end
+                && lease.sequence < durable_below
+                && now_ns.saturating_sub(lease.logged_ns) < LEASE_NS
+        })
+        .map(|lease| lease.sequence)?;
     let record = state.record_mut(sequence)?;
     if record.picked || record.destaged {
         return None;
