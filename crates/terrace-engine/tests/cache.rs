@@ -659,3 +659,44 @@ fn a_quiet_log_is_emptied_by_the_destage_task() {
         pool.close().await.unwrap();
     });
 }
+
+/// A dirty-range record is shared only for a while after it was logged:
+/// a whole row written later logs its own, so a region rewritten without
+/// pause cannot hold the record (and every later one) in the log.
+#[test]
+fn a_dirty_range_is_shared_only_for_a_while() {
+    block_on(async {
+        let memory: Vec<Arc<dyn BlockDevice>> = sizes()
+            .into_iter()
+            .enumerate()
+            .map(|(i, size)| {
+                Arc::new(MemoryDevice::new(format!("lease-time{i}"), size)) as Arc<dyn BlockDevice>
+            })
+            .collect();
+        let pool = Pool::create(env(), small_config("tank"), journal_pool_disks(&memory))
+            .await
+            .unwrap();
+        let layout = Layout::Parity { redundancy: 1 };
+        let space = pool
+            .create_space(cached("rows", layout, 1 << 20))
+            .await
+            .unwrap()
+            .space;
+        let journal = space.journal().unwrap();
+        let row = space.natural_write_bytes();
+        let logged = || journal.counters.log_bytes_written.load(Ordering::Relaxed);
+        let mut rng = Rng(5);
+        let mut write_row = |index: u64| {
+            let data = rng.bytes(row as usize);
+            space.write(index * row, bytes(data), false)
+        };
+        write_row(0).await.unwrap();
+        let first = logged();
+        write_row(1).await.unwrap();
+        assert_eq!(logged(), first, "row 1 shares row 0's record");
+        env().sleep(1_100_000_000).await;
+        write_row(2).await.unwrap();
+        assert!(logged() > first, "row 2, a second later, logs its own");
+        pool.close().await.unwrap();
+    });
+}
