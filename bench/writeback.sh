@@ -122,6 +122,9 @@ make_pool() {
     "$terrace" "${ctl[@]}" space create wb p1-log --layout parity --redundancy 1 --size 8G --cache 1G >/dev/null
     "$terrace" "${ctl[@]}" space create wb p1 --layout parity --redundancy 1 --size 8G --cache 0 >/dev/null
     "$terrace" "${ctl[@]}" space create wb m2 --layout mirror --copies 2 --size 8G --cache 0 >/dev/null
+    # The drives' aggregate bandwidth, measured the same way: a simple
+    # space striped over all eight (restore only).
+    "$terrace" "${ctl[@]}" space create wb s8 --layout simple --columns 8 --size 8G --cache 0 >/dev/null
 }
 
 wanted() { # wanted LIST ITEM: ITEM is in LIST, or LIST is empty
@@ -155,8 +158,9 @@ make_pool "$work/model" model
 for profile in "${profiles[@]}"; do
     read -r name rw bs mix <<<"$profile"
     wanted "${PROFILES:-}" "$name" || continue
-    for space in p2-log p2 p1-log p1 m2; do
+    for space in p2-log p2 p1-log p1 m2 s8; do
         wanted "${SPACES:-}" "$space" || continue
+        [ "$space" = s8 ] && [ "$name" != restore ] && continue
         uri="nbd+unix:///$space?socket=$work/model/nbd.sock"
         echo "model $name $space $(run_fio "--ioengine=nbd --uri=$uri" "$rw" "$bs" "$mix" 8G)" >>"$results"
         tail -1 "$results" >&2
@@ -249,6 +253,14 @@ for (kind, profile), by in rows.items():
     cells = [cell(by, s) for s in spaces]
     print(f"| {profile} | " + " | ".join(cells) + f" | {ratio(by, 'p2-log', 'm2')} | {ratio(by, 'p2-log', 'p2')} | {ratio(by, 'p1-log', 'p1')}"
           f" | {ratio(by, 'p2-log', 'btrfs-raid6')} | {ratio(by, 'p1-log', 'btrfs-raid5')} |")
+restore = rows.get(("model", "restore"), {})
+if "s8" in restore:
+    limit = restore["s8"][1]
+    print(f"\nRestore against the drives' aggregate bandwidth (s8: simple over all 8, {limit:.1f} MB/s):")
+    for space, data, columns in (("p2-log", 6, 8), ("p1-log", 7, 8)):
+        if space in restore:
+            print(f"- {space}: {restore[space][1]:.1f} MB/s = {restore[space][1] / (limit * data / columns):.2f}"
+                  f" of the full-stripe limit ({data}/{columns} × {limit:.1f})")
 print(f"\nRaw files (no models), {depth} outstanding I/Os: IO/s (MB/s)\n")
 targets = ["p2-log", "btrfs-raid6", "p1-log", "btrfs-raid5"]
 print("| profile | " + " | ".join(targets) + " | p2-log / raid6 | p1-log / raid5 |")
