@@ -37,6 +37,24 @@ fn journal_pool_disks(devices: &[Arc<dyn BlockDevice>]) -> Vec<NewDisk> {
         .collect()
 }
 
+/// The pool's disks on memory, names starting with `name`.
+fn memory_devices(name: &str) -> Vec<Arc<dyn BlockDevice>> {
+    sizes()
+        .into_iter()
+        .enumerate()
+        .map(|(i, size)| {
+            Arc::new(MemoryDevice::new(format!("{name}{i}"), size)) as Arc<dyn BlockDevice>
+        })
+        .collect()
+}
+
+/// A pool of six capacity and three journal disks on `devices`.
+async fn journal_pool(devices: &[Arc<dyn BlockDevice>]) -> Pool {
+    Pool::create(env(), small_config("tank"), journal_pool_disks(devices))
+        .await
+        .unwrap()
+}
+
 fn sizes() -> Vec<u64> {
     let mut sizes = vec![CAPACITY_BYTES; 6];
     sizes.extend([JOURNAL_BYTES; 3]);
@@ -139,16 +157,8 @@ async fn check_all(space: &terrace_engine::Space, model: &Model) {
 #[test]
 fn logged_writes_read_back_before_and_after_destage_and_across_a_restart() {
     block_on(async {
-        let memory: Vec<Arc<dyn BlockDevice>> = sizes()
-            .into_iter()
-            .enumerate()
-            .map(|(i, size)| {
-                Arc::new(MemoryDevice::new(format!("cache-a{i}"), size)) as Arc<dyn BlockDevice>
-            })
-            .collect();
-        let pool = Pool::create(env(), small_config("tank"), journal_pool_disks(&memory))
-            .await
-            .unwrap();
+        let memory = memory_devices("cache-a");
+        let pool = journal_pool(&memory).await;
         let mut rng = Rng(1);
         let mut models = Vec::new();
         for (layout, name) in [
@@ -324,18 +334,8 @@ fn journal_disks_failing_cost_no_data() {
 #[test]
 fn live_resize_up_and_down_under_load() {
     block_on(async {
-        let memory: Vec<Arc<dyn BlockDevice>> = sizes()
-            .into_iter()
-            .enumerate()
-            .map(|(i, size)| {
-                Arc::new(MemoryDevice::new(format!("resize-{i}"), size)) as Arc<dyn BlockDevice>
-            })
-            .collect();
-        let pool = Arc::new(
-            Pool::create(env(), small_config("tank"), journal_pool_disks(&memory))
-                .await
-                .unwrap(),
-        );
+        let memory = memory_devices("resize-");
+        let pool = Arc::new(journal_pool(&memory).await);
         let space = pool
             .create_space(cached("s", Layout::Parity { redundancy: 2 }, 2 << 20))
             .await
@@ -400,16 +400,8 @@ fn live_resize_up_and_down_under_load() {
 #[test]
 fn streams_of_partial_rows_go_to_the_disks_as_whole_rows() {
     block_on(async {
-        let memory: Vec<Arc<dyn BlockDevice>> = sizes()
-            .into_iter()
-            .enumerate()
-            .map(|(i, size)| {
-                Arc::new(MemoryDevice::new(format!("gather{i}"), size)) as Arc<dyn BlockDevice>
-            })
-            .collect();
-        let pool = Pool::create(env(), small_config("tank"), journal_pool_disks(&memory))
-            .await
-            .unwrap();
+        let memory = memory_devices("gather");
+        let pool = journal_pool(&memory).await;
         let layout = Layout::Parity { redundancy: 2 };
         let space = pool
             .create_space(cached("stream", layout, 1 << 20))
@@ -497,16 +489,8 @@ fn streams_of_partial_rows_go_to_the_disks_as_whole_rows() {
 #[test]
 fn a_shrunk_cache_gives_back_its_log_slabs() {
     block_on(async {
-        let memory: Vec<Arc<dyn BlockDevice>> = sizes()
-            .into_iter()
-            .enumerate()
-            .map(|(i, size)| {
-                Arc::new(MemoryDevice::new(format!("shrink{i}"), size)) as Arc<dyn BlockDevice>
-            })
-            .collect();
-        let pool = Pool::create(env(), small_config("tank"), journal_pool_disks(&memory))
-            .await
-            .unwrap();
+        let memory = memory_devices("shrink");
+        let pool = journal_pool(&memory).await;
         let mut config = cached("p1", Layout::Parity { redundancy: 1 }, 1 << 20);
         config.cache_bytes = Some(40 << 20);
         let space = pool.create_space(config).await.unwrap().space;
@@ -616,16 +600,8 @@ fn a_stream_of_whole_rows_shares_one_dirty_range_and_survives_a_cut() {
 #[test]
 fn a_quiet_log_is_emptied_by_the_destage_task() {
     block_on(async {
-        let memory: Vec<Arc<dyn BlockDevice>> = sizes()
-            .into_iter()
-            .enumerate()
-            .map(|(i, size)| {
-                Arc::new(MemoryDevice::new(format!("quiet{i}"), size)) as Arc<dyn BlockDevice>
-            })
-            .collect();
-        let pool = Pool::create(env(), small_config("tank"), journal_pool_disks(&memory))
-            .await
-            .unwrap();
+        let memory = memory_devices("quiet");
+        let pool = journal_pool(&memory).await;
         let layout = Layout::Parity { redundancy: 1 };
         let space = pool
             .create_space(cached("quiet", layout, 1 << 20))
@@ -666,16 +642,8 @@ fn a_quiet_log_is_emptied_by_the_destage_task() {
 #[test]
 fn a_dirty_range_is_shared_only_for_a_while() {
     block_on(async {
-        let memory: Vec<Arc<dyn BlockDevice>> = sizes()
-            .into_iter()
-            .enumerate()
-            .map(|(i, size)| {
-                Arc::new(MemoryDevice::new(format!("lease-time{i}"), size)) as Arc<dyn BlockDevice>
-            })
-            .collect();
-        let pool = Pool::create(env(), small_config("tank"), journal_pool_disks(&memory))
-            .await
-            .unwrap();
+        let memory = memory_devices("lease-time");
+        let pool = journal_pool(&memory).await;
         let layout = Layout::Parity { redundancy: 1 };
         let space = pool
             .create_space(cached("rows", layout, 1 << 20))
