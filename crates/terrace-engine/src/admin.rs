@@ -477,31 +477,27 @@ pub(crate) async fn zero_slabs(
     slab_bytes: u64,
     zeroing: Zeroing,
 ) -> Result<(), EngineError> {
+    /// One buffer of zeroes shared by every write: large enough that a
+    /// slab takes few writes, small enough to hold once.
     const CHUNK_BYTES: u64 = 1 << 20;
-    let mut zeroes = terrace_io::aligned_buffer(match zeroing {
-        Zeroing::Device => 0,
-        Zeroing::Allocate => CHUNK_BYTES.min(slab_bytes) as usize,
-    });
-    zeroes.fill(0);
-    let zeroes = zeroes.freeze();
+    // None for device zeroing.
+    let chunk = (zeroing == Zeroing::Allocate)
+        .then(|| terrace_io::aligned_buffer(CHUNK_BYTES.min(slab_bytes) as usize).freeze());
     for targets in extents {
-        let writes = targets.iter().map(|target| {
-            let zeroes = zeroes.clone();
-            async move {
-                let home = target.home();
-                if zeroing == Zeroing::Device {
-                    return home.disk.write_zeroes(home.base, slab_bytes, false).await;
-                }
-                let mut done = 0;
-                while done < slab_bytes {
-                    let length = (zeroes.len() as u64).min(slab_bytes - done);
-                    home.disk
-                        .write(home.base + done, zeroes.slice(..length as usize), false)
-                        .await?;
-                    done += length;
-                }
-                Ok(())
+        let writes = targets.iter().map(|target| async {
+            let home = target.home();
+            let Some(chunk) = &chunk else {
+                return home.disk.write_zeroes(home.base, slab_bytes, false).await;
+            };
+            let mut done = 0;
+            while done < slab_bytes {
+                let length = (chunk.len() as u64).min(slab_bytes - done);
+                home.disk
+                    .write(home.base + done, chunk.slice(..length as usize), false)
+                    .await?;
+                done += length;
             }
+            Ok(())
         });
         for result in join_all(writes).await {
             result.map_err(|reason| EngineError::Unavailable {

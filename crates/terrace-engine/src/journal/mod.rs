@@ -509,7 +509,7 @@ impl Journal {
         let whole_rows = offset.is_multiple_of(natural) && length.is_multiple_of(natural);
         if whole_rows && length > 0 {
             if let Some(invalidate) = self.direct_allowed(home, offset, length) {
-                self.write_direct(home, offset, data, fua, invalidate, DIRECT_AHEAD_BYTES)
+                self.write_direct(home, offset, data, fua, invalidate)
                     .await?;
                 self.counters
                     .bypassed_writes
@@ -545,10 +545,11 @@ impl Journal {
         data: Bytes,
         fua: bool,
         invalidate: bool,
-        ahead: u64,
     ) -> Result<(), EngineError> {
         let length = data.len() as u64;
-        let intent = self.begin_direct(home, offset, length, ahead).await?;
+        let intent = self
+            .begin_direct(home, offset, length, DIRECT_AHEAD_BYTES)
+            .await?;
         let written = home.write_home(offset, data, fua).await;
         self.end_direct(intent);
         written?;
@@ -681,14 +682,7 @@ impl Journal {
         }
         let fua = pieces.iter().any(|piece| piece.fua);
         let result = self
-            .write_direct(
-                home,
-                row_offset,
-                row.freeze(),
-                fua,
-                invalidate,
-                DIRECT_AHEAD_BYTES,
-            )
+            .write_direct(home, row_offset, row.freeze(), fua, invalidate)
             .await;
         if result.is_ok() {
             self.counters

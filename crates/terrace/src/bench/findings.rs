@@ -792,9 +792,10 @@ fn caveats(out: &mut String, report: &Report) {
         "## What differs from the paper's setup\n\n\
          - The drives are models: their service times follow datasheet figures \
            (docs/DRIVE_MODELS.md); the real I/O of the sparse backing files on this machine's \
-           disk runs during the modelled time, and a request ends when both are done. Seeks are short because the spaces sit at the outer edge of 900 GB \
-           modelled drives, as the paper's 32 GB file did; spaces smaller than 32 GB make \
-           them a little shorter still.\n\
+           disk runs during the modelled time, and a request ends when both are done. Seeks \
+           are short because the spaces sit at the outer edge of 900 GB modelled drives, as \
+           the paper's 32 GB file did; spaces smaller than 32 GB make them a little shorter \
+           still.\n\
          - The paper measured through NTFS with Iometer; here the generator writes and reads \
            the block device itself over NBD ({} requests), so no filesystem is in between.\n\
          - Points run back to back per space after one prefill with random data; the paper's \
