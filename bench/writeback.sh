@@ -131,6 +131,29 @@ wanted() { # wanted LIST ITEM: ITEM is in LIST, or LIST is empty
     [ -z "$1" ] || [[ " $1 " == *" $2 "* ]]
 }
 
+# One profile on a space of the daemon in DIR: "KIND PROFILE SPACE IO/s
+# MB/s" into the results, then the space's log drained.
+run_space() {
+    local kind="$1" dir="$2" name="$3" rw="$4" bs="$5" mix="$6" space="$7"
+    local uri="nbd+unix:///$space?socket=$dir/nbd.sock"
+    echo "$kind $name $space $(run_fio "--ioengine=nbd --uri=$uri" "$rw" "$bs" "$mix" 8G)" >>"$results"
+    tail -1 "$results" >&2
+    drain "$dir" "$space"
+}
+
+# A loop device (direct I/O) on FILE, added to `devs` and to `loops` (which
+# cleanup detaches); detach_loops lets them all go.
+attach_loop() {
+    local loop
+    loop=$(losetup --find --show --direct-io=on "$1")
+    loops+=("$loop")
+    devs+=("$loop")
+}
+detach_loops() {
+    for loop in "${loops[@]}"; do losetup -d "$loop"; done
+    loops=()
+}
+
 # btrfs data raidN (metadata raid1c3) on the given devices, every profile;
 # results as "KIND PROFILE btrfs-LEVEL IO/s MB/s".
 run_btrfs() {
@@ -161,10 +184,7 @@ for profile in "${profiles[@]}"; do
     for space in p2-log p2 p1-log p1 m2 s8; do
         wanted "${SPACES:-}" "$space" || continue
         [ "$space" = s8 ] && [ "$name" != restore ] && continue
-        uri="nbd+unix:///$space?socket=$work/model/nbd.sock"
-        echo "model $name $space $(run_fio "--ioengine=nbd --uri=$uri" "$rw" "$bs" "$mix" 8G)" >>"$results"
-        tail -1 "$results" >&2
-        drain "$work/model" "$space"
+        run_space model "$work/model" "$name" "$rw" "$bs" "$mix" "$space"
     done
 done
 fi
@@ -178,13 +198,10 @@ for level in raid5 raid6; do
     devs=()
     for i in $(seq 0 7); do
         truncate -s 24G "$work/$level/d$i.img"
-        loop=$(losetup --find --show --direct-io=on "$work/$level/d$i.img")
-        loops+=("$loop")
-        devs+=("$loop")
+        attach_loop "$work/$level/d$i.img"
     done
     run_btrfs raw "$level" "${devs[@]}"
-    for loop in "${devs[@]}"; do losetup -d "$loop"; done
-    loops=()
+    detach_loops
     rm -rf "$work/$level"
 done
 for profile in "${profiles[@]}"; do
@@ -192,10 +209,7 @@ for profile in "${profiles[@]}"; do
     wanted "${PROFILES:-}" "$name" || continue
     for space in p2-log p1-log; do
         wanted "${SPACES:-}" "$space" || continue
-        uri="nbd+unix:///$space?socket=$work/raw/nbd.sock"
-        echo "raw $name $space $(run_fio "--ioengine=nbd --uri=$uri" "$rw" "$bs" "$mix" 8G)" >>"$results"
-        tail -1 "$results" >&2
-        drain "$work/raw" "$space"
+        run_space raw "$work/raw" "$name" "$rw" "$bs" "$mix" "$space"
     done
 done
 fi
@@ -220,13 +234,10 @@ for level in raid5 raid6; do
         pids+=($!)
         fuses+=("$dir/fuse-$level$i")
         for _ in $(seq 100); do [ -s "$dir/fuse-$level$i.pid" ] && break; sleep 0.1; done
-        loop=$(losetup --find --show --direct-io=on "$dir/fuse-$level$i/disk")
-        loops+=("$loop")
-        devs+=("$loop")
+        attach_loop "$dir/fuse-$level$i/disk"
     done
     run_btrfs model "$level" "${devs[@]}"
-    for loop in "${devs[@]}"; do losetup -d "$loop"; done
-    loops=()
+    detach_loops
     for fuse in "${fuses[@]}"; do fusermount3 -u "$fuse"; done
     fuses=()
 done

@@ -55,6 +55,14 @@ async fn journal_pool(devices: &[Arc<dyn BlockDevice>]) -> Pool {
         .unwrap()
 }
 
+/// A 1 MiB space with a cache, of `layout`, in `pool`.
+async fn cached_space(pool: &Pool, name: &str, layout: Layout) -> Arc<terrace_engine::Space> {
+    pool.create_space(cached(name, layout, 1 << 20))
+        .await
+        .unwrap()
+        .space
+}
+
 fn sizes() -> Vec<u64> {
     let mut sizes = vec![CAPACITY_BYTES; 6];
     sizes.extend([JOURNAL_BYTES; 3]);
@@ -226,9 +234,7 @@ fn power_cuts_lose_no_acknowledged_write_and_leave_parity_consistent() {
             };
             let mut model;
             {
-                let pool = Pool::create(env(), small_config("tank"), journal_pool_disks(&devices))
-                    .await
-                    .unwrap();
+                let pool = journal_pool(&devices).await;
                 let space = pool
                     .create_space(cached("s", layout, 2 << 20))
                     .await
@@ -403,11 +409,7 @@ fn streams_of_partial_rows_go_to_the_disks_as_whole_rows() {
         let memory = memory_devices("gather");
         let pool = journal_pool(&memory).await;
         let layout = Layout::Parity { redundancy: 2 };
-        let space = pool
-            .create_space(cached("stream", layout, 1 << 20))
-            .await
-            .unwrap()
-            .space;
+        let space = cached_space(&pool, "stream", layout).await;
         let journal = space.journal().expect("a cache");
         assert!(journal.gathering());
         let row = space.natural_write_bytes();
@@ -556,17 +558,11 @@ fn a_stream_of_whole_rows_shares_one_dirty_range_and_survives_a_cut() {
         block_on(async {
             let (crash, devices) = crash_devices(&format!("lease{seed}"));
             {
-                let pool = Pool::create(env(), small_config("tank"), journal_pool_disks(&devices))
-                    .await
-                    .unwrap();
+                let pool = journal_pool(&devices).await;
                 let layout = Layout::Parity {
                     redundancy: 1 + (seed % 2) as u32,
                 };
-                let space = pool
-                    .create_space(cached("s", layout, 1 << 20))
-                    .await
-                    .unwrap()
-                    .space;
+                let space = cached_space(&pool, "s", layout).await;
                 let journal = space.journal().unwrap();
                 let row = space.natural_write_bytes();
                 let logged = || journal.counters.log_bytes_written.load(Ordering::Relaxed);
@@ -603,11 +599,7 @@ fn a_quiet_log_is_emptied_by_the_destage_task() {
         let memory = memory_devices("quiet");
         let pool = journal_pool(&memory).await;
         let layout = Layout::Parity { redundancy: 1 };
-        let space = pool
-            .create_space(cached("quiet", layout, 1 << 20))
-            .await
-            .unwrap()
-            .space;
+        let space = cached_space(&pool, "quiet", layout).await;
         let journal = space.journal().unwrap();
         let data = Rng(11).bytes(4096);
         space
@@ -645,11 +637,7 @@ fn a_dirty_range_is_shared_only_for_a_while() {
         let memory = memory_devices("lease-time");
         let pool = journal_pool(&memory).await;
         let layout = Layout::Parity { redundancy: 1 };
-        let space = pool
-            .create_space(cached("rows", layout, 1 << 20))
-            .await
-            .unwrap()
-            .space;
+        let space = cached_space(&pool, "rows", layout).await;
         let journal = space.journal().unwrap();
         let row = space.natural_write_bytes();
         let logged = || journal.counters.log_bytes_written.load(Ordering::Relaxed);
