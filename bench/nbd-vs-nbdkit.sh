@@ -5,6 +5,9 @@
 #
 #   bench/nbd-vs-nbdkit.sh [seconds-per-job] [rounds]
 #
+# Environment: NBD_THREADS (the daemon's --nbd-threads, default 0: its
+# default), JOBS (a subset of the jobs, `;`-separated, see below).
+#
 # The binary is built and taken from $CARGO_TARGET_DIR (default target/).
 #
 # Every job runs `rounds` times per target, targets interleaved, and the
@@ -57,7 +60,8 @@ declare -A uris=(
     [nbdkit-memory]="nbd+unix:///?socket=$work/nbdkit-memory.sock"
 )
 targets=(terrace-simple nbdkit-file nbdkit-memory)
-jobs=("randread 4k 32" "randwrite 4k 32" "read 1m 8" "write 1m 8")
+# JOBS: a subset, e.g. JOBS="read 1m 8;write 1m 8" (default all four).
+IFS=';' read -r -a jobs <<<"${JOBS:-randread 4k 32;randwrite 4k 32;read 1m 8;write 1m 8}"
 
 # Prefill every target once so reads touch written data.
 for target in "${targets[@]}"; do

@@ -51,6 +51,7 @@
 use std::future::Future;
 use std::io::{self, IoSlice, Read, Write};
 use std::net::Shutdown;
+use std::os::fd::AsRawFd;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
@@ -111,6 +112,27 @@ impl BlockingSocket {
             BlockingSocket::Tcp(socket) => (&*socket).read(buffer),
             BlockingSocket::Unix(socket) => (&*socket).read(buffer),
         }
+    }
+
+    /// One `read(2)` of at most `limit` bytes into the spare capacity of
+    /// `data`, which grows by what was read: nothing is zeroed first.
+    fn read_spare(&self, data: &mut BytesMut, limit: usize) -> io::Result<usize> {
+        let fd = match self {
+            BlockingSocket::Tcp(socket) => socket.as_raw_fd(),
+            BlockingSocket::Unix(socket) => socket.as_raw_fd(),
+        };
+        let spare = data.spare_capacity_mut();
+        let count = limit.min(spare.len());
+        // SAFETY: `spare` is valid for writes of `count` bytes and read(2)
+        // writes no more than that; it is borrowed mutably for the call.
+        let read = unsafe { libc::read(fd, spare.as_mut_ptr().cast(), count) };
+        let Ok(read) = usize::try_from(read) else {
+            return Err(io::Error::last_os_error());
+        };
+        // SAFETY: read(2) initialised the first `read` bytes of the spare
+        // capacity, which directly follow the initialised part.
+        unsafe { data.set_len(data.len() + read) };
+        Ok(read)
     }
 
     fn write_vectored(&self, parts: &[IoSlice<'_>]) -> io::Result<usize> {
@@ -446,30 +468,36 @@ impl Connection {
         Ok(Incoming { header, payload })
     }
 
-    /// A write payload, in memory aligned for direct-I/O backends.
+    /// A write payload, in memory aligned for direct-I/O backends. Read
+    /// into uninitialised capacity: zeroing up to 32 MiB first would be one
+    /// more pass over memory than the copy itself. A part as large as the
+    /// socket buffer is read straight into the payload.
     fn read_payload(
         &self,
         reader: &mut ReadBuffer,
         length: usize,
     ) -> Result<BytesMut, ConnectionError> {
         let mut data = aligned_capacity(length);
-        data.resize(length, 0);
-        self.read_exact(reader, &mut data)?;
+        reader.take_onto(&mut data, length);
+        while data.len() < length {
+            let rest = length - data.len();
+            if rest >= READ_BUFFER_BYTES {
+                self.read_more(|| self.socket.read_spare(&mut data, rest))?;
+            } else {
+                self.read_more(|| reader.fill(&self.socket))?;
+                reader.take_onto(&mut data, rest);
+            }
+        }
         Ok(data)
     }
 
-    /// Fills `out` from the buffer, refilling it as needed; a part as large
-    /// as the buffer is read straight into `out`, without the extra copy.
+    /// Fills `out` (a request header) from the buffer, refilling it as
+    /// needed.
     fn read_exact(&self, reader: &mut ReadBuffer, out: &mut [u8]) -> Result<(), ConnectionError> {
         let mut filled = reader.take_into(out);
         while filled < out.len() {
-            let rest = &mut out[filled..];
-            if rest.len() >= READ_BUFFER_BYTES {
-                filled += self.read_more(|| self.socket.read(rest))?;
-            } else {
-                self.read_more(|| reader.fill(&self.socket))?;
-                filled += reader.take_into(rest);
-            }
+            self.read_more(|| reader.fill(&self.socket))?;
+            filled += reader.take_into(&mut out[filled..]);
         }
         Ok(())
     }
@@ -688,6 +716,13 @@ impl ReadBuffer {
         out[..count].copy_from_slice(&self.bytes[self.start..self.start + count]);
         self.start += count;
         count
+    }
+
+    /// Appends as much as is buffered (up to `limit` bytes) to `out`.
+    fn take_onto(&mut self, out: &mut BytesMut, limit: usize) {
+        let count = limit.min(self.end - self.start);
+        out.extend_from_slice(&self.bytes[self.start..self.start + count]);
+        self.start += count;
     }
 
     /// Drops up to `length` buffered bytes; returns how many.
