@@ -144,10 +144,16 @@ async fn serve(
         threads_per_connection: daemon.config.nbd_threads,
         ..ServerOptions::default()
     };
-    let server = Arc::new(Server::new(
-        Arc::new(SpaceCatalog::new(daemon.registry.clone())),
-        options,
-    ));
+    // Requests of 64 KiB and more run on this multi-thread runtime: their
+    // cost is copying bytes, which then overlaps the connection thread's
+    // socket copies on another core.
+    let server = Arc::new(
+        Server::new(
+            Arc::new(SpaceCatalog::new(daemon.registry.clone())),
+            options,
+        )
+        .with_offload(tokio::runtime::Handle::current()),
+    );
     let mut servers = Vec::new();
     if let Some(listener) = tcp {
         let (server, stop) = (server.clone(), daemon.shutdown.subscribe());

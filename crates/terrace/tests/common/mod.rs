@@ -818,10 +818,58 @@ impl Mount {
         }
     }
 
+    /// Unmounts, retrying for a while if the kernel says the filesystem is
+    /// busy: a process started by a test running beside this one can hold
+    /// a copy of this test's descriptors for a moment (between its fork
+    /// and its exec). If it stays busy, the panic names the holders.
     pub fn unmount(mut self) {
         self.mounted = false;
-        run_ok(command("umount").arg(&self.dir));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let answer = run(command("umount").arg(&self.dir));
+            if answer.success() {
+                return;
+            }
+            if !answer.stderr.contains("busy") || Instant::now() > deadline {
+                panic!(
+                    "command failed\n{}\nholders: {:?}",
+                    answer.describe(),
+                    holders(&self.dir)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
+}
+
+/// Processes with a descriptor, working folder or root under `dir`, as
+/// "pid command: path".
+fn holders(dir: &Path) -> Vec<String> {
+    let mut found = Vec::new();
+    let Ok(processes) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for process in processes.flatten() {
+        let proc_dir = process.path();
+        let name = std::fs::read_to_string(proc_dir.join("comm")).unwrap_or_default();
+        let mut links: Vec<PathBuf> = vec![proc_dir.join("cwd"), proc_dir.join("root")];
+        if let Ok(fds) = std::fs::read_dir(proc_dir.join("fd")) {
+            links.extend(fds.flatten().map(|fd| fd.path()));
+        }
+        for link in links {
+            if let Ok(target) = std::fs::read_link(&link) {
+                if target.starts_with(dir) {
+                    found.push(format!(
+                        "{} {}: {}",
+                        process.file_name().to_string_lossy(),
+                        name.trim(),
+                        target.display()
+                    ));
+                }
+            }
+        }
+    }
+    found
 }
 
 impl Drop for Mount {
