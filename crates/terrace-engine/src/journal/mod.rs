@@ -49,6 +49,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::channel::oneshot;
 use futures::future::join_all;
+use futures::stream::{FuturesUnordered, StreamExt};
 use terrace_io::{aligned_buffer, Bytes, BytesMut};
 use terrace_layout::{Layout, BLOCK_BYTES};
 use terrace_meta::{CacheRecord, SpaceId};
@@ -95,8 +96,15 @@ const LEASES_MAX: usize = 16;
 const LEASE_NS: u64 = 1_000_000_000;
 /// Bytes of records one destage round takes.
 const DESTAGE_ROUND_BYTES: u64 = 16 << 20;
-/// Writes home in flight at once during a destage round.
+/// Writes home in flight at once during a destage round that runs flat
+/// out: past the urgent threshold, with writers waiting for room, once
+/// writers are quiet, and when draining.
 const DESTAGE_PARALLEL: usize = 32;
+/// Writes home in flight at the start threshold while writers are active.
+/// Between the thresholds the count rises in proportion to the fill: a log
+/// with room takes little of the capacity disks from the client's reads,
+/// and one filling up destages harder.
+const DESTAGE_PARALLEL_START: usize = 4;
 
 /// Blocks to destage: block → (sequence of the record holding its newest
 /// data, that data).
@@ -355,6 +363,16 @@ impl Journal {
         (state.tail.lap == state.head.lap).then(|| state.lap_bytes.max(state.next_lap_bytes))
     }
 
+    /// Whether no write has been absorbed for [`DESTAGE_QUIET_NS`].
+    fn is_quiet(&self) -> bool {
+        self.log
+            .pool
+            .env
+            .now_ns()
+            .saturating_sub(self.counters.absorbed_last_ns.load(Ordering::Relaxed))
+            >= DESTAGE_QUIET_NS
+    }
+
     /// Whether the ring holds any dirty data.
     pub fn is_clean(&self) -> bool {
         self.state().index.is_empty()
@@ -363,13 +381,7 @@ impl Journal {
     /// How urgently destaging should run: `None` below the start threshold
     /// while writes keep arriving, else the fill in per mille.
     pub fn destage_pressure(&self) -> Option<u64> {
-        let quiet = self
-            .log
-            .pool
-            .env
-            .now_ns()
-            .saturating_sub(self.counters.absorbed_last_ns.load(Ordering::Relaxed))
-            >= DESTAGE_QUIET_NS;
+        let quiet = self.is_quiet();
         let state = self.state();
         let fill = (state.head.position - state.tail.position) * 1000 / state.lap_bytes.max(1);
         let waiting = !state.space_waiters.is_empty();
@@ -980,7 +992,8 @@ impl Journal {
             // The log failed: this record's data is committed in memory;
             // write it home with the rest.
             let _guard = self.destaging.lock().await;
-            self.destage_locked(home, u64::MAX).await?;
+            self.destage_locked(home, u64::MAX, DESTAGE_PARALLEL)
+                .await?;
         }
         Ok(sequence)
     }
@@ -1093,7 +1106,9 @@ impl Journal {
             };
             // Full: destage here if nobody else is, else wait for them.
             if let Some(_guard) = self.destaging.try_lock() {
-                let progressed = self.destage_locked(home, u64::MAX).await?;
+                let progressed = self
+                    .destage_locked(home, u64::MAX, DESTAGE_PARALLEL)
+                    .await?;
                 if !progressed {
                     // Nothing to destage: records still in flight hold the
                     // ring; wait for them.
@@ -1110,7 +1125,7 @@ impl Journal {
     async fn log_failed(&self, home: &Space, sequences: &[u64], blocks: &[u64], reason: String) {
         self.log_failed_locked(sequences, blocks, reason);
         let _guard = self.destaging.lock().await;
-        let _ = self.destage_locked(home, u64::MAX).await;
+        let _ = self.destage_locked(home, u64::MAX, DESTAGE_PARALLEL).await;
     }
 
     /// Mark the log failed (write-through from now on) and release what
@@ -1156,11 +1171,20 @@ impl Journal {
             return Ok(false);
         }
         let _guard = self.destaging.lock().await;
-        let budget = match self.destage_pressure() {
-            Some(fill) if fill >= DESTAGE_URGENT_PER_MILLE => 4 * DESTAGE_ROUND_BYTES,
-            _ => DESTAGE_ROUND_BYTES,
+        let (budget, parallel) = match self.destage_pressure() {
+            Some(fill) if fill >= DESTAGE_URGENT_PER_MILLE => {
+                (4 * DESTAGE_ROUND_BYTES, DESTAGE_PARALLEL)
+            }
+            Some(fill) => (DESTAGE_ROUND_BYTES, self.destage_parallel(fill)),
+            None => (DESTAGE_ROUND_BYTES, DESTAGE_PARALLEL),
         };
-        self.destage_locked(home, budget).await
+        self.destage_locked(home, budget, parallel).await
+    }
+
+    /// Writes home in flight for a destage round at `fill` (per mille).
+    fn destage_parallel(&self, fill: u64) -> usize {
+        let flat_out = self.is_quiet() || !self.state().space_waiters.is_empty();
+        destage_parallel(fill, flat_out)
     }
 
     /// Before a flush completes: in write-through mode, everything still in
@@ -1168,7 +1192,8 @@ impl Journal {
     pub(crate) async fn settle(&self, home: &Space) -> Result<(), EngineError> {
         if self.state().failed.is_some() && !self.is_clean() {
             let _guard = self.destaging.lock().await;
-            self.destage_locked(home, u64::MAX).await?;
+            self.destage_locked(home, u64::MAX, DESTAGE_PARALLEL)
+                .await?;
         }
         Ok(())
     }
@@ -1180,7 +1205,10 @@ impl Journal {
             let state = self.state();
             state.tail != state.head
         } {
-            if !self.destage_locked(home, u64::MAX).await? {
+            if !self
+                .destage_locked(home, u64::MAX, DESTAGE_PARALLEL)
+                .await?
+            {
                 if self.is_clean() {
                     self.commit_tail(true).await?;
                     break;
@@ -1191,7 +1219,12 @@ impl Journal {
         Ok(())
     }
 
-    async fn destage_locked(&self, home: &Space, budget: u64) -> Result<bool, EngineError> {
+    async fn destage_locked(
+        &self,
+        home: &Space,
+        budget: u64,
+        parallel: usize,
+    ) -> Result<bool, EngineError> {
         // The oldest durable records within the budget, and their blocks
         // whose newest data they still hold.
         let failed = self.state().failed.is_some();
@@ -1299,20 +1332,7 @@ impl Journal {
                 }
             }
         }
-        let runs = coalesce(&plain);
-        let mut pending = runs.iter();
-        loop {
-            let batch: Vec<_> = pending.by_ref().take(DESTAGE_PARALLEL).collect();
-            if batch.is_empty() {
-                break;
-            }
-            let writes = batch
-                .iter()
-                .map(|(offset, data)| home.write_home(*offset, data.clone(), false));
-            for result in join_all(writes).await {
-                result?;
-            }
-        }
+        write_runs_home(home, &coalesce(&plain), parallel).await?;
         if let (Some((first, _)), Some((last, _))) =
             (plain.first_key_value(), plain.last_key_value())
         {
@@ -1909,19 +1929,53 @@ pub(crate) fn block_runs(blocks: &BTreeMap<u64, Bytes>) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// Writes home in flight for a destage round at `fill` (per mille):
+/// [`DESTAGE_PARALLEL_START`] at the start threshold, rising linearly to
+/// [`DESTAGE_PARALLEL`] at the urgent one; `flat_out` (writers wait for room
+/// or have gone quiet) means [`DESTAGE_PARALLEL`] at any fill.
+fn destage_parallel(fill: u64, flat_out: bool) -> usize {
+    if flat_out {
+        return DESTAGE_PARALLEL;
+    }
+    let above = fill.saturating_sub(DESTAGE_START_PER_MILLE);
+    let span = DESTAGE_URGENT_PER_MILLE - DESTAGE_START_PER_MILLE;
+    let extra = (DESTAGE_PARALLEL - DESTAGE_PARALLEL_START) as u64 * above.min(span) / span;
+    DESTAGE_PARALLEL_START + extra as usize
+}
+
+/// Write coalesced runs home, `parallel` at a time (the next starts as soon
+/// as one ends). After an error none starts, and every write running ends
+/// before the first error is returned: none is left unawaited beside later
+/// writes to its rows.
+async fn write_runs_home(
+    home: &Space,
+    runs: &[(u64, Bytes)],
+    parallel: usize,
+) -> Result<(), EngineError> {
+    let mut pending = runs.iter();
+    let mut running = FuturesUnordered::new();
+    let mut outcome = Ok(());
+    loop {
+        // After an error no new write starts; those running end first.
+        while outcome.is_ok() && running.len() < parallel.max(1) {
+            let Some((offset, data)) = pending.next() else {
+                break;
+            };
+            running.push(home.write_home(*offset, data.clone(), false));
+        }
+        match running.next().await {
+            Some(Err(error)) if outcome.is_ok() => outcome = Err(error),
+            Some(_) => {}
+            None => return outcome,
+        }
+    }
+}
+
 /// Write recovered blocks home (coalesced), then flush.
 pub(crate) async fn replay(home: &Space, blocks: &BTreeMap<u64, Bytes>) -> Result<(), EngineError> {
     let tagged: BTreeMap<u64, (u64, Bytes)> =
         blocks.iter().map(|(b, d)| (*b, (0, d.clone()))).collect();
-    let runs = coalesce(&tagged);
-    for batch in runs.chunks(DESTAGE_PARALLEL) {
-        let writes = batch
-            .iter()
-            .map(|(offset, data)| home.write_home(*offset, data.clone(), false));
-        for result in join_all(writes).await {
-            result?;
-        }
-    }
+    write_runs_home(home, &coalesce(&tagged), DESTAGE_PARALLEL).await?;
     home.pool.flush_disks().await
 }
 
@@ -1958,6 +2012,25 @@ mod tests {
         assert_eq!(runs[0].1.len() as u64, 2 * BLOCK_BYTES);
         assert_eq!(runs[0].1[BLOCK_BYTES as usize], 5);
         assert_eq!(runs[1].0, 9 * BLOCK_BYTES);
+    }
+
+    #[test]
+    fn destaging_runs_harder_as_the_log_fills() {
+        let start = DESTAGE_START_PER_MILLE;
+        let urgent = DESTAGE_URGENT_PER_MILLE;
+        assert_eq!(destage_parallel(start, false), DESTAGE_PARALLEL_START);
+        assert_eq!(destage_parallel(urgent, false), DESTAGE_PARALLEL);
+        assert_eq!(destage_parallel(1000, false), DESTAGE_PARALLEL);
+        let middle = destage_parallel((start + urgent) / 2, false);
+        assert!(DESTAGE_PARALLEL_START < middle && middle < DESTAGE_PARALLEL);
+        let ramp: Vec<usize> = (start..=urgent)
+            .map(|fill| destage_parallel(fill, false))
+            .collect();
+        assert!(ramp.windows(2).all(|pair| pair[0] <= pair[1]), "{ramp:?}");
+        // Waiting writers or a quiet log: flat out whatever the fill.
+        for fill in [0, start, middle as u64, urgent] {
+            assert_eq!(destage_parallel(fill, true), DESTAGE_PARALLEL);
+        }
     }
 
     fn state_with(lap: u64, head: Cursor, tail: Cursor) -> State {
