@@ -788,9 +788,11 @@ impl LoopDevice {
         }
     }
 
+    /// Detach now and require that it went well (if not, the drop tries
+    /// again).
     pub fn detach(mut self) {
-        self.attached = false;
         run_ok(command("losetup").arg("-d").arg(&self.device));
+        self.attached = false;
     }
 }
 
@@ -821,13 +823,14 @@ impl Mount {
     /// Unmounts, retrying for a while if the kernel says the filesystem is
     /// busy: a process started by a test running beside this one can hold
     /// a copy of this test's descriptors for a moment (between its fork
-    /// and its exec). If it stays busy, the panic names the holders.
+    /// and its exec). If it stays busy, the panic names the holders, and
+    /// the drop that follows detaches it lazily.
     pub fn unmount(mut self) {
-        self.mounted = false;
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let answer = run(command("umount").arg(&self.dir));
             if answer.success() {
+                self.mounted = false;
                 return;
             }
             if !answer.stderr.contains("busy") || Instant::now() > deadline {
