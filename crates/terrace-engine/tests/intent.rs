@@ -26,15 +26,17 @@ async fn with_jobs<T>(pool: &Pool, work: impl Future<Output = T>) -> T {
     }
 }
 
+/// A space of [`SPACE_BYTES`] over `columns` columns, interleaved by 4 KiB.
+fn small_space(name: &str, layout: Layout, columns: u32) -> SpaceConfig {
+    let mut config = SpaceConfig::new(name, layout, SpaceSize::Bytes(SPACE_BYTES));
+    config.columns = Some(columns);
+    config.interleave_bytes = Some(4096);
+    config
+}
+
 async fn mirror(disks: &Disks) -> (Pool, std::sync::Arc<Space>) {
     let pool = create_pool(disks).await;
-    let mut config = SpaceConfig::new(
-        "m",
-        Layout::Mirror { copies: 2 },
-        SpaceSize::Bytes(SPACE_BYTES),
-    );
-    config.columns = Some(1);
-    config.interleave_bytes = Some(4096);
+    let config = small_space("m", Layout::Mirror { copies: 2 }, 1);
     let space = pool.create_space(config).await.unwrap().space;
     (pool, space)
 }
@@ -174,13 +176,7 @@ fn writes_made_while_a_log_had_failed_are_resynced_after_a_crash() {
         let pool = Pool::create(env(), small_config("tank"), new_disks)
             .await
             .unwrap();
-        let mut config = SpaceConfig::new(
-            "p",
-            Layout::Parity { redundancy: 1 },
-            SpaceSize::Bytes(SPACE_BYTES),
-        );
-        config.columns = Some(3);
-        config.interleave_bytes = Some(4096);
+        let mut config = small_space("p", Layout::Parity { redundancy: 1 }, 3);
         config.cache_bytes = Some(32 << 20);
         let space = pool.create_space(config).await.unwrap().space;
         let journal = space.journal().expect("a log");

@@ -478,14 +478,14 @@ impl Connection {
         length: usize,
     ) -> Result<BytesMut, ConnectionError> {
         let mut data = aligned_capacity(length);
-        reader.take_onto(&mut data, length);
+        data.extend_from_slice(reader.take(length));
         while data.len() < length {
             let rest = length - data.len();
             if rest >= READ_BUFFER_BYTES {
                 self.read_more(|| self.socket.read_spare(&mut data, rest))?;
             } else {
                 self.read_more(|| reader.fill(&self.socket))?;
-                reader.take_onto(&mut data, rest);
+                data.extend_from_slice(reader.take(rest));
             }
         }
         Ok(data)
@@ -494,10 +494,14 @@ impl Connection {
     /// Fills `out` (a request header) from the buffer, refilling it as
     /// needed.
     fn read_exact(&self, reader: &mut ReadBuffer, out: &mut [u8]) -> Result<(), ConnectionError> {
-        let mut filled = reader.take_into(out);
+        let mut filled = 0;
         while filled < out.len() {
-            self.read_more(|| reader.fill(&self.socket))?;
-            filled += reader.take_into(&mut out[filled..]);
+            if reader.is_empty() {
+                self.read_more(|| reader.fill(&self.socket))?;
+            }
+            let part = reader.take(out.len() - filled);
+            out[filled..filled + part.len()].copy_from_slice(part);
+            filled += part.len();
         }
         Ok(())
     }
@@ -710,19 +714,11 @@ impl ReadBuffer {
         Ok(count)
     }
 
-    /// Copies as much as is buffered (up to `out.len()`) into `out`.
-    fn take_into(&mut self, out: &mut [u8]) -> usize {
-        let count = out.len().min(self.end - self.start);
-        out[..count].copy_from_slice(&self.bytes[self.start..self.start + count]);
-        self.start += count;
-        count
-    }
-
-    /// Appends as much as is buffered (up to `limit` bytes) to `out`.
-    fn take_onto(&mut self, out: &mut BytesMut, limit: usize) {
+    /// As much as is buffered, up to `limit` bytes, taken from the buffer.
+    fn take(&mut self, limit: usize) -> &[u8] {
         let count = limit.min(self.end - self.start);
-        out.extend_from_slice(&self.bytes[self.start..self.start + count]);
         self.start += count;
+        &self.bytes[self.start - count..self.start]
     }
 
     /// Drops up to `length` buffered bytes; returns how many.

@@ -379,15 +379,18 @@ impl Journal {
     }
 
     /// How urgently destaging should run: `None` below the start threshold
-    /// while writes keep arriving, else the fill in per mille.
-    pub fn destage_pressure(&self) -> Option<u64> {
+    /// while writes keep arriving.
+    fn destage_pressure(&self) -> Option<Pressure> {
         let quiet = self.is_quiet();
         let state = self.state();
         let fill = (state.head.position - state.tail.position) * 1000 / state.lap_bytes.max(1);
         let waiting = !state.space_waiters.is_empty();
         // Not `fill > 0`: a few blocks of a large ring are 0 per mille.
         let leftover = state.dirty_bytes > 0;
-        (fill >= DESTAGE_START_PER_MILLE || waiting || (leftover && quiet)).then_some(fill)
+        (fill >= DESTAGE_START_PER_MILLE || waiting || (leftover && quiet)).then_some(Pressure {
+            fill,
+            flat_out: quiet || waiting,
+        })
     }
 
     /// Copy logged data over `buffer`, which holds the home data of blocks
@@ -1172,19 +1175,14 @@ impl Journal {
         }
         let _guard = self.destaging.lock().await;
         let (budget, parallel) = match self.destage_pressure() {
-            Some(fill) if fill >= DESTAGE_URGENT_PER_MILLE => {
-                (4 * DESTAGE_ROUND_BYTES, DESTAGE_PARALLEL)
+            Some(Pressure { fill, flat_out }) => {
+                let urgent = fill >= DESTAGE_URGENT_PER_MILLE;
+                let budget = if urgent { 4 } else { 1 } * DESTAGE_ROUND_BYTES;
+                (budget, destage_parallel(fill, flat_out))
             }
-            Some(fill) => (DESTAGE_ROUND_BYTES, self.destage_parallel(fill)),
             None => (DESTAGE_ROUND_BYTES, DESTAGE_PARALLEL),
         };
         self.destage_locked(home, budget, parallel).await
-    }
-
-    /// Writes home in flight for a destage round at `fill` (per mille).
-    fn destage_parallel(&self, fill: u64) -> usize {
-        let flat_out = self.is_quiet() || !self.state().space_waiters.is_empty();
-        destage_parallel(fill, flat_out)
     }
 
     /// Before a flush completes: in write-through mode, everything still in
@@ -1699,6 +1697,15 @@ fn push_record(
         pins: u32::from(pinned),
         picked: false,
     });
+}
+
+/// Why destaging should run now.
+struct Pressure {
+    /// Share of the ring in use, per mille.
+    fill: u64,
+    /// Writers wait for ring space or have gone quiet: no reason to hold
+    /// back (see [`destage_parallel`]).
+    flat_out: bool,
 }
 
 /// A dirty-range record that later direct writes may reuse.
