@@ -12,6 +12,7 @@ use common::*;
 use futures::executor::block_on;
 use futures::future::join_all;
 use terrace_engine::io::crash::CrashDevice;
+use terrace_engine::io::delay::{DelayDevice, DelayPolicy};
 use terrace_engine::io::memory::MemoryDevice;
 use terrace_engine::io::BlockDevice;
 use terrace_engine::layout::Layout;
@@ -21,6 +22,7 @@ use terrace_engine::{verify_space, ImportOptions, NewDisk, Pool, SpaceConfig, Sp
 const CAPACITY_BYTES: u64 = 8 << 20;
 const JOURNAL_BYTES: u64 = 100 << 20;
 const CACHE: u64 = 32 << 20;
+const BLOCK: u64 = 4096;
 
 /// Six capacity disks and three journal disks, as devices.
 fn journal_pool_disks(devices: &[Arc<dyn BlockDevice>]) -> Vec<NewDisk> {
@@ -261,6 +263,80 @@ fn power_cuts_lose_no_acknowledged_write_and_leave_parity_consistent() {
             pool.close().await.unwrap();
         });
     }
+}
+
+/// Small writes in flight together share log records (one header for many),
+/// of two writes to one block in a shared record the later wins, and after
+/// a power cut every acknowledged write reads back from the records.
+#[test]
+fn concurrent_small_writes_share_records_and_survive_a_cut() {
+    block_on(async {
+        let (crash, devices) = crash_devices("share");
+        // Slow enough that writes arrive while the log's writers are busy.
+        let policy = DelayPolicy {
+            write_ns: 300_000,
+            flush_ns: 100_000,
+            ..DelayPolicy::default()
+        };
+        let delayed: Vec<Arc<dyn BlockDevice>> = devices
+            .iter()
+            .map(|device| {
+                Arc::new(DelayDevice::new(device.clone(), env(), policy)) as Arc<dyn BlockDevice>
+            })
+            .collect();
+        let mut model;
+        {
+            let pool = journal_pool(&delayed).await;
+            let space = cached_space(&pool, "s", Layout::Parity { redundancy: 1 }).await;
+            let journal = space.journal().unwrap();
+            // Every write is logged (none gathered into rows).
+            journal.set_gathering(false);
+            model = Model::new(space.size_bytes());
+            let mut rng = Rng(7);
+            let blocks = space.size_bytes() / BLOCK;
+            for _ in 0..6 {
+                let mut picks: Vec<u64> = Vec::new();
+                while picks.len() < 24 {
+                    let block = rng.below(blocks);
+                    if !picks.contains(&block) {
+                        picks.push(block);
+                    }
+                }
+                // The first four take the log's writers; the rest wait as
+                // one batch, and one of its blocks comes again, last.
+                picks.push(picks[10]);
+                let writes: Vec<(u64, Vec<u8>)> = picks
+                    .iter()
+                    .map(|&block| (block * BLOCK, rng.bytes(BLOCK as usize)))
+                    .collect();
+                let done = join_all(
+                    writes
+                        .iter()
+                        .map(|(offset, data)| space.write(*offset, bytes(data.clone()), false)),
+                )
+                .await;
+                for ((offset, data), result) in writes.iter().zip(done) {
+                    result.unwrap();
+                    model.write(*offset, data);
+                }
+            }
+            let status = journal.status();
+            assert_eq!(status.absorbed_bytes, 6 * 25 * BLOCK, "{status:?}");
+            // A record per write would take twice the data (a header each).
+            let logged = journal.counters.log_bytes_written.load(Ordering::Relaxed);
+            assert!(
+                logged < status.absorbed_bytes * 3 / 2,
+                "{logged} log bytes for {} bytes of writes",
+                status.absorbed_bytes
+            );
+            check_all(&space, &model).await;
+        }
+        let pool = cut_and_import(&crash, &devices, 11).await;
+        let space = pool.space("s").unwrap();
+        check_all(&space, &model).await;
+        assert_consistent(&space, 11).await;
+        pool.close().await.unwrap();
+    });
 }
 
 /// One journal disk lost: the log continues on its mirror. Every journal

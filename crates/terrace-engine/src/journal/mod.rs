@@ -40,6 +40,7 @@
 //! Dirty data is also kept in memory (bounded by the cache size), so reads
 //! from the log and destaging never read the log back; only recovery does.
 
+mod batch;
 pub mod format;
 mod gather;
 
@@ -177,6 +178,8 @@ struct State {
     dirty_bytes: u64,
     /// Why the space runs write-through, if it does.
     failed: Option<String>,
+    /// Client writes waiting to share a record (see [`batch`]).
+    batches: batch::Batches,
 }
 
 impl State {
@@ -285,6 +288,7 @@ impl Journal {
                 leases: VecDeque::new(),
                 dirty_bytes: 0,
                 failed: None,
+                batches: batch::Batches::default(),
             }),
             destaging: futures::lock::Mutex::new(()),
             edges: Default::default(),
@@ -814,32 +818,67 @@ impl Journal {
         Ok(())
     }
 
+    /// Log one block-aligned write, in a record of its own or shared with
+    /// writes in flight beside it (see [`batch`]); return once durable.
     async fn append_writes(
         &self,
         home: &Space,
         offset: u64,
         data: Bytes,
     ) -> Result<(), EngineError> {
-        let first = offset / BLOCK_BYTES;
-        let count = data.len() as u64 / BLOCK_BYTES;
-        let blocks: Vec<u64> = (first..first + count).collect();
-        let pieces: Vec<(u64, Bytes)> = blocks
-            .iter()
-            .enumerate()
-            .map(|(i, &block)| {
-                let at = i * BLOCK_BYTES as usize;
-                (block, data.slice(at..at + BLOCK_BYTES as usize))
-            })
-            .collect();
-        self.append(
-            home,
-            Kind::Writes,
-            vec![[offset, data.len() as u64, 0]],
-            blocks,
-            pieces,
-        )
-        .await
-        .map(|_| ())
+        let limits = batch::Limits {
+            payload_bytes: self.record_payload_max().max(BLOCK_BYTES),
+            entries: ENTRIES_MAX,
+        };
+        let length = data.len() as u64;
+        let arrived = self.state().batches.arrive(offset, data.clone(), limits);
+        let batch = match arrived {
+            None => batch::Batch::alone(offset, data),
+            Some(receiver) => {
+                let mut waiting = Waiting {
+                    journal: self,
+                    receiver,
+                };
+                let reason = match (&mut waiting.receiver).await {
+                    Ok(batch::Turn::Lead(batch)) => return self.append_batch(home, batch).await,
+                    Ok(batch::Turn::Done(Ok(()))) => return Ok(()),
+                    Ok(batch::Turn::Done(Err(reason))) => reason,
+                    Err(oneshot::Canceled) => "its log record was abandoned".to_string(),
+                };
+                return Err(EngineError::Unavailable {
+                    space: home.name().to_string(),
+                    offset,
+                    length,
+                    reason,
+                });
+            }
+        };
+        self.append_batch(home, batch).await
+    }
+
+    /// Write a batch as one record holding one of the log's writers (passed
+    /// on once the record is written), wait until it is durable and tell
+    /// the batch's other writes.
+    async fn append_batch(&self, home: &Space, batch: batch::Batch) -> Result<(), EngineError> {
+        let record = batch.record();
+        let writer = Writer(self);
+        let written = self
+            .write_record(
+                home,
+                Kind::Writes,
+                record.entries,
+                record.blocks,
+                record.pieces,
+            )
+            .await;
+        drop(writer);
+        let result = match written {
+            Ok((sequence, true)) => self.make_durable(home, sequence).await,
+            Ok((_, false)) => Ok(()),
+            Err(error) => Err(error),
+        };
+        batch.tell(result.as_ref().map(|_| ()).map_err(ToString::to_string));
+        result
     }
 
     /// Before writing `[offset, offset + length)` straight to the disks:
@@ -920,6 +959,26 @@ impl Journal {
         blocks: Vec<u64>,
         pieces: Vec<(u64, Bytes)>,
     ) -> Result<u64, EngineError> {
+        let (sequence, logged) = self
+            .write_record(home, kind, entries, blocks, pieces)
+            .await?;
+        if logged {
+            self.make_durable(home, sequence).await?;
+        }
+        Ok(sequence)
+    }
+
+    /// Write one record to the log (not yet flushed) and index its blocks;
+    /// its sequence, and whether it is in the log: `false` if the log
+    /// failed and the blocks went straight home instead.
+    async fn write_record(
+        &self,
+        home: &Space,
+        kind: Kind,
+        entries: Vec<[u64; 3]>,
+        blocks: Vec<u64>,
+        pieces: Vec<(u64, Bytes)>,
+    ) -> Result<(u64, bool), EngineError> {
         let payload_bytes = pieces.len() as u64 * BLOCK_BYTES;
         let record_bytes = HEADER_BYTES + payload_bytes;
         let (at, sequence, wrap) = self
@@ -967,7 +1026,7 @@ impl Journal {
             for (block, data) in pieces {
                 home.write_home(block * BLOCK_BYTES, data, true).await?;
             }
-            return Ok(sequence);
+            return Ok((sequence, false));
         }
         {
             let mut state = self.state();
@@ -976,9 +1035,11 @@ impl Journal {
                     record.written = true;
                 }
             }
+            // In order: of two pieces of one block in one record (writes
+            // sharing it), the later wins, as on replay.
             for (block, data) in pieces {
                 let entry = state.index.get_mut(&block).expect("reserved entry");
-                if entry.committed.as_ref().is_none_or(|(s, _)| *s < sequence) {
+                if entry.committed.as_ref().is_none_or(|(s, _)| *s <= sequence) {
                     if entry.committed.is_none() {
                         state.dirty_bytes += BLOCK_BYTES;
                     }
@@ -991,6 +1052,12 @@ impl Journal {
                 let _ = sender.send(());
             }
         }
+        Ok((sequence, true))
+    }
+
+    /// Wait until record `sequence` (written) and all before it are
+    /// durable; if the log fails first, write its data home instead.
+    async fn make_durable(&self, home: &Space, sequence: u64) -> Result<(), EngineError> {
         if self.sync_through(sequence).await.is_err() {
             // The log failed: this record's data is committed in memory;
             // write it home with the rest.
@@ -998,7 +1065,7 @@ impl Journal {
             self.destage_locked(home, u64::MAX, DESTAGE_PARALLEL)
                 .await?;
         }
-        Ok(sequence)
+        Ok(())
     }
 
     /// Group commit: return once record `sequence` and every earlier one
@@ -1699,6 +1766,32 @@ fn push_record(
     });
 }
 
+/// One of the log's writers of client records (see [`batch`]), passed on
+/// when dropped.
+struct Writer<'a>(&'a Journal);
+
+impl Drop for Writer<'_> {
+    fn drop(&mut self) {
+        self.0.state().batches.release();
+    }
+}
+
+/// A write waiting in a batch. If it goes away after being told to lead,
+/// the lead passes to the batch's next write.
+struct Waiting<'a> {
+    journal: &'a Journal,
+    receiver: oneshot::Receiver<batch::Turn>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.receiver.close();
+        if let Ok(Some(batch::Turn::Lead(batch))) = self.receiver.try_recv() {
+            self.journal.state().batches.abandon(batch);
+        }
+    }
+}
+
 /// Why destaging should run now.
 struct Pressure {
     /// Share of the ring in use, per mille.
@@ -2059,6 +2152,7 @@ mod tests {
             leases: VecDeque::new(),
             dirty_bytes: 0,
             failed: None,
+            batches: batch::Batches::default(),
         }
     }
 
