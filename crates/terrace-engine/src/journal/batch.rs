@@ -18,6 +18,9 @@
 //!   and on replay alike), waits for the group commit and tells the others
 //!   the outcome.
 //!
+//! Only small writes ([`SHARED_MAX_BYTES`] and less) share records and
+//! count against the writers: for them the header doubles the cost.
+//!
 //! A write is acknowledged only after its record is durable, as before;
 //! sharing changes how many records carry the data, not when it is safe.
 
@@ -27,8 +30,13 @@ use futures::channel::oneshot;
 use terrace_io::Bytes;
 use terrace_layout::BLOCK_BYTES;
 
-/// Records of client writes written to the log at once.
+/// Records of small client writes written to the log at once.
 pub(crate) const WRITERS: usize = 4;
+/// Writes larger than this go in records of their own, as they come: their
+/// header is a small share of them, and a large write waiting for a writer
+/// would hold back the stream it belongs to (a restore's 64 KiB pieces that
+/// miss their row's gather).
+pub(crate) const SHARED_MAX_BYTES: u64 = 16 << 10;
 
 /// What a waiting write learns: lead its batch, or how the batch went.
 pub(crate) enum Turn {

@@ -818,8 +818,9 @@ impl Journal {
         Ok(())
     }
 
-    /// Log one block-aligned write, in a record of its own or shared with
-    /// writes in flight beside it (see [`batch`]); return once durable.
+    /// Log one block-aligned write, in a record of its own or (a small one)
+    /// shared with writes in flight beside it (see [`batch`]); return once
+    /// durable.
     async fn append_writes(
         &self,
         home: &Space,
@@ -831,6 +832,20 @@ impl Journal {
             entries: ENTRIES_MAX,
         };
         let length = data.len() as u64;
+        if length > batch::SHARED_MAX_BYTES {
+            // Its header is a small share of it: alone, as it came.
+            let record = batch::Batch::alone(offset, data).record();
+            return self
+                .append(
+                    home,
+                    Kind::Writes,
+                    record.entries,
+                    record.blocks,
+                    record.pieces,
+                )
+                .await
+                .map(|_| ());
+        }
         let arrived = self.state().batches.arrive(offset, data.clone(), limits);
         let batch = match arrived {
             None => batch::Batch::alone(offset, data),
