@@ -44,8 +44,10 @@
 //! arrive with `NBD_ESHUTDOWN` until nothing is in flight, then the
 //! connection closes the same way.
 
+use std::future::Future;
 use std::io::{self, IoSlice};
 use std::sync::Arc;
+use std::task::{Context, Waker};
 
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::runtime::Handle;
@@ -251,6 +253,14 @@ struct Requests<R> {
 /// are cheap and would otherwise dominate.
 const OFFLOAD_MIN_BYTES: u32 = 64 << 10;
 
+/// Offloaded writes smaller than this start on the connection's thread, in
+/// order (see `dispatch`). Larger ones start on the offload runtime: what
+/// their first step does (submitting a MiB to the disks) is worth moving
+/// off the connection thread (1 MiB writes at 8 in flight ran at 0.88 of
+/// `nbdkit file` when started here, 1.24 when not), and a stream of them
+/// has few pieces per row to gather.
+const IN_ORDER_MAX_BYTES: u32 = 256 << 10;
+
 impl<R: AsyncBufRead + Unpin> Requests<R> {
     async fn run(&mut self) -> Result<(), ConnectionError> {
         loop {
@@ -312,6 +322,8 @@ impl<R: AsyncBufRead + Unpin> Requests<R> {
             .offload
             .as_ref()
             .filter(|_| job.header.length >= OFFLOAD_MIN_BYTES);
+        let starts_here =
+            job.header.kind == NBD_CMD_WRITE && job.header.length < IN_ORDER_MAX_BYTES;
         let session = self.session.clone();
         let replies = self.replies.clone();
         let task = async move {
@@ -325,8 +337,25 @@ impl<R: AsyncBufRead + Unpin> Requests<R> {
                 .await;
         };
         match offload {
-            Some(handle) => self.tasks.spawn_on(task, handle),
-            None => self.tasks.spawn(task),
+            // A write below IN_ORDER_MAX_BYTES starts here, in the order
+            // the requests came, and only its rest moves to the offload
+            // runtime: the engine recognises a stream of writes by the
+            // order they reach it (a restore's 64 KiB pieces are gathered
+            // into whole rows), and tasks started on several threads reach
+            // it shuffled. Reads need no order.
+            Some(handle) if starts_here => {
+                let mut task = Box::pin(task);
+                let mut here = Context::from_waker(Waker::noop());
+                if task.as_mut().poll(&mut here).is_pending() {
+                    self.tasks.spawn_on(task, handle);
+                }
+            }
+            Some(handle) => {
+                self.tasks.spawn_on(task, handle);
+            }
+            None => {
+                self.tasks.spawn(task);
+            }
         };
         // Reap finished tasks so a long-lived connection does not collect them.
         while self.tasks.try_join_next().is_some() {}

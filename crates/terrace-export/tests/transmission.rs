@@ -732,6 +732,38 @@ async fn shutdown_drops_connections_still_busy_after_the_grace_period(mode: Mode
     .await;
 }
 
+/// Writes of a stream reach the backend in the order they were sent even
+/// when they run on the offload runtime's threads (an engine recognises a
+/// stream, and gathers it into whole rows, by that order).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offloaded_stream_writes_reach_the_backend_in_order() {
+    let disk = Arc::new(MemoryBackend::new(SIZE));
+    let catalog = MemoryCatalog::new(vec![("disk", disk.clone())]);
+    let server = TestServer::start_offloaded(catalog, Mode::Async.options()).await;
+    let (mut c, _) = RawClient::open(server.addr, "disk", false).await;
+    let piece = 64 << 10;
+    let count = (SIZE / piece) as u64;
+    for round in 0..4 {
+        let writes = (0..count).map(|i| {
+            let data = pseudo_random(piece, round * 100 + i);
+            request(CMD_WRITE, 0, i, i * piece as u64, piece as u32, &data)
+        });
+        let replies = burst(&mut c, writes.collect(), 0).await;
+        replies.iter().for_each(assert_ok);
+    }
+    let offsets: Vec<u64> = disk
+        .calls()
+        .iter()
+        .filter(|call| call.op == Op::Write)
+        .map(|call| call.offset)
+        .collect();
+    let sent: Vec<u64> = (0..4)
+        .flat_map(|_| (0..count).map(|i| i * piece as u64))
+        .collect();
+    assert_eq!(offsets, sent);
+    server.stop().await;
+}
+
 in_both_modes!(
     simple_replies_round_trip_every_command,
     zero_length_requests_succeed_without_reaching_the_backend,

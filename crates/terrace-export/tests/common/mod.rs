@@ -424,6 +424,17 @@ impl TestServer {
         TestServer { addr, stop, task }
     }
 
+    /// A server whose large requests run on the current runtime's threads
+    /// (as the daemon runs them), not on the connection's task.
+    pub async fn start_offloaded(catalog: Arc<dyn Catalog>, options: ServerOptions) -> TestServer {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, shutdown) = watch::channel(false);
+        let server = Server::new(catalog, options).with_offload(tokio::runtime::Handle::current());
+        let task = tokio::spawn(async move { server.serve_tcp(listener, shutdown).await });
+        TestServer { addr, stop, task }
+    }
+
     /// A server with one writable export "disk" of `size` bytes.
     pub async fn with_disk(size: usize, mode: Mode) -> (TestServer, Arc<MemoryBackend>) {
         let backend = Arc::new(MemoryBackend::new(size));
