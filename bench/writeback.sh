@@ -58,10 +58,18 @@ profiles=(
 run_fio() {
     local target="$1" rw="$2" bs="$3" mix="$4" size="$5"
     local out="$work/fio.json"
+    local rc=0
     fio --name=bench $target --rw="$rw" --bs="$bs" --rwmixread="$mix" --iodepth="$depth" \
         --size="$size" --time_based --runtime="$seconds" --ramp_time=2 \
-        --output-format=json --output="$out" >"$work/fio.log" 2>&1 ||
-        { echo "fio failed on $target:" >&2; cat "$work/fio.log" >&2; echo "0 0"; return; }
+        --output-format=json --output="$out" >"$work/fio.log" 2>&1 || rc=$?
+    if [ "$rc" != 0 ]; then
+        # Everything fio said, wherever it said it.
+        echo "fio failed (exit $rc) on $target:" >&2
+        cat "$work/fio.log" >&2
+        tail -n 20 "$out" >&2 2>/dev/null
+        echo "0 0"
+        return
+    fi
     python3 - "$out" <<'PY'
 import json, sys
 text = open(sys.argv[1]).read()
@@ -162,6 +170,7 @@ run_btrfs() {
     mkdir -p "$work/btrfs"
     mkfs.btrfs -q -f -d "$level" -m raid1c3 "$@" >/dev/null
     mount "$1" "$work/btrfs"
+    df -h "$work/btrfs" | tail -n 1 >&2
     for profile in "${profiles[@]}"; do
         read -r name rw bs mix <<<"$profile"
         wanted "${PROFILES:-}" "$name" || continue
