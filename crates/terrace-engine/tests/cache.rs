@@ -150,6 +150,26 @@ async fn assert_consistent(space: &terrace_engine::Space, seed: u64) {
     );
 }
 
+/// Issue every write at once, in the order given (each is polled in turn,
+/// so they reach the space in that order); all must succeed, then the model
+/// takes them in the same order.
+async fn write_together(
+    space: &terrace_engine::Space,
+    model: &mut Model,
+    writes: &[(u64, Vec<u8>)],
+) {
+    let done = join_all(
+        writes
+            .iter()
+            .map(|(offset, data)| space.write(*offset, bytes(data.clone()), false)),
+    )
+    .await;
+    for ((offset, data), result) in writes.iter().zip(done) {
+        result.unwrap();
+        model.write(*offset, data);
+    }
+}
+
 async fn check_all(space: &terrace_engine::Space, model: &Model) {
     let size = space.size_bytes();
     let step = 256 << 10;
@@ -310,16 +330,7 @@ fn concurrent_small_writes_share_records_and_survive_a_cut() {
                     .iter()
                     .map(|&block| (block * BLOCK, rng.bytes(BLOCK as usize)))
                     .collect();
-                let done = join_all(
-                    writes
-                        .iter()
-                        .map(|(offset, data)| space.write(*offset, bytes(data.clone()), false)),
-                )
-                .await;
-                for ((offset, data), result) in writes.iter().zip(done) {
-                    result.unwrap();
-                    model.write(*offset, data);
-                }
+                write_together(&space, &mut model, &writes).await;
             }
             let status = journal.status();
             assert_eq!(status.absorbed_bytes, 6 * 25 * BLOCK, "{status:?}");
@@ -335,16 +346,7 @@ fn concurrent_small_writes_share_records_and_survive_a_cut() {
             let writes: Vec<(u64, Vec<u8>)> = (0..8)
                 .map(|i| (i * 2 * large, rng.bytes(large as usize)))
                 .collect();
-            let done = join_all(
-                writes
-                    .iter()
-                    .map(|(offset, data)| space.write(*offset, bytes(data.clone()), false)),
-            )
-            .await;
-            for ((offset, data), result) in writes.iter().zip(done) {
-                result.unwrap();
-                model.write(*offset, data);
-            }
+            write_together(&space, &mut model, &writes).await;
             let added = journal.counters.log_bytes_written.load(Ordering::Relaxed) - logged;
             assert_eq!(added, 8 * (large + BLOCK));
             check_all(&space, &model).await;

@@ -30,6 +30,8 @@ use futures::channel::oneshot;
 use terrace_io::Bytes;
 use terrace_layout::BLOCK_BYTES;
 
+use super::Contents;
+
 /// Records of small client writes written to the log at once.
 pub(crate) const WRITERS: usize = 4;
 /// Writes larger than this go in records of their own, as they come: their
@@ -37,6 +39,13 @@ pub(crate) const WRITERS: usize = 4;
 /// would hold back the stream it belongs to (a restore's 64 KiB pieces that
 /// miss their row's gather).
 pub(crate) const SHARED_MAX_BYTES: u64 = 16 << 10;
+
+/// What an arriving write learns: go now (it took a free writer; the batch
+/// holds it alone), or wait to hear its [`Turn`].
+pub(crate) enum Arrival {
+    Go(Batch),
+    Wait(oneshot::Receiver<Turn>),
+}
 
 /// What a waiting write learns: lead its batch, or how the batch went.
 pub(crate) enum Turn {
@@ -49,14 +58,6 @@ pub(crate) enum Turn {
 pub(crate) struct Limits {
     pub payload_bytes: u64,
     pub entries: usize,
-}
-
-/// What a batch's record holds: one entry per write, every block named,
-/// and each block's data.
-pub(crate) struct Contents {
-    pub entries: Vec<[u64; 3]>,
-    pub blocks: Vec<u64>,
-    pub pieces: Vec<(u64, Bytes)>,
 }
 
 /// Writes that go to the log as one record.
@@ -78,8 +79,8 @@ impl Batch {
         }
     }
 
-    /// The record's entries, the blocks it names and each block's data, in
-    /// the order the writes came.
+    /// The record: an entry per write, the blocks named and each block's
+    /// data, in the order the writes came.
     pub(crate) fn record(&self) -> Contents {
         let entries = self
             .writes
@@ -124,18 +125,12 @@ pub(crate) struct Batches {
 }
 
 impl Batches {
-    /// A write arrives: `None` if it took a free writer (it goes now,
-    /// alone), else where it will hear whether to lead its batch or how the
-    /// batch went.
-    pub(crate) fn arrive(
-        &mut self,
-        offset: u64,
-        data: Bytes,
-        limits: Limits,
-    ) -> Option<oneshot::Receiver<Turn>> {
+    /// A write arrives: it takes a free writer and goes now, alone, or
+    /// joins a batch and waits.
+    pub(crate) fn arrive(&mut self, offset: u64, data: Bytes, limits: Limits) -> Arrival {
         if self.writing < WRITERS && self.queue.is_empty() {
             self.writing += 1;
-            return None;
+            return Arrival::Go(Batch::alone(offset, data));
         }
         let (sender, receiver) = oneshot::channel();
         let bytes = data.len() as u64;
@@ -151,7 +146,7 @@ impl Batches {
                 bytes,
             }),
         }
-        Some(receiver)
+        Arrival::Wait(receiver)
     }
 
     /// A writer finished its record's write: pass it to the oldest waiting
@@ -201,6 +196,13 @@ mod tests {
         }
     }
 
+    fn waits(arrival: Arrival) -> oneshot::Receiver<Turn> {
+        match arrival {
+            Arrival::Wait(receiver) => receiver,
+            Arrival::Go(_) => panic!("expected to wait"),
+        }
+    }
+
     fn lead(receiver: &mut oneshot::Receiver<Turn>) -> Batch {
         match receiver.try_recv() {
             Ok(Some(Turn::Lead(batch))) => batch,
@@ -212,16 +214,13 @@ mod tests {
     fn writes_go_alone_while_writers_are_free_then_share_records() {
         let mut batches = Batches::default();
         for i in 0..WRITERS as u64 {
-            assert!(batches.arrive(i * BLOCK_BYTES, block(1), LIMITS).is_none());
+            let arrival = batches.arrive(i * BLOCK_BYTES, block(1), LIMITS);
+            assert!(matches!(arrival, Arrival::Go(..)));
         }
         // Every writer busy: the next writes wait, three to a record (the
         // entry limit), then a fourth opens the next batch.
         let mut waiting: Vec<_> = (0..4)
-            .map(|i| {
-                batches
-                    .arrive((100 + i) * BLOCK_BYTES, block(2), LIMITS)
-                    .unwrap()
-            })
+            .map(|i| waits(batches.arrive((100 + i) * BLOCK_BYTES, block(2), LIMITS)))
             .collect();
         batches.release();
         let batch = lead(&mut waiting[0]);
@@ -248,19 +247,20 @@ mod tests {
     #[test]
     fn a_batch_holds_no_more_than_a_record_may_carry() {
         let mut batches = busy();
-        let mut two = batches.arrive(0, Bytes::from(vec![0; 2 * BLOCK_BYTES as usize]), LIMITS);
-        let mut three = batches.arrive(0, Bytes::from(vec![0; 3 * BLOCK_BYTES as usize]), LIMITS);
+        let data = |blocks: usize| Bytes::from(vec![0; blocks * BLOCK_BYTES as usize]);
+        let mut two = waits(batches.arrive(0, data(2), LIMITS));
+        let mut three = waits(batches.arrive(0, data(3), LIMITS));
         batches.release();
-        assert_eq!(lead(two.as_mut().unwrap()).writes.len(), 1);
+        assert_eq!(lead(&mut two).writes.len(), 1);
         batches.release();
-        assert_eq!(lead(three.as_mut().unwrap()).writes.len(), 1);
+        assert_eq!(lead(&mut three).writes.len(), 1);
     }
 
     #[test]
     fn the_lead_passes_over_writes_that_went_away() {
         let mut batches = busy();
         let gone = batches.arrive(0, block(1), LIMITS);
-        let mut stays = batches.arrive(BLOCK_BYTES, block(2), LIMITS).unwrap();
+        let mut stays = waits(batches.arrive(BLOCK_BYTES, block(2), LIMITS));
         drop(gone);
         batches.release();
         let batch = lead(&mut stays);
@@ -284,8 +284,8 @@ mod tests {
     #[test]
     fn an_abandoned_lead_passes_to_the_next_write_of_its_batch() {
         let mut batches = busy();
-        let mut first = batches.arrive(0, block(1), LIMITS).unwrap();
-        let mut second = batches.arrive(BLOCK_BYTES, block(2), LIMITS).unwrap();
+        let mut first = waits(batches.arrive(0, block(1), LIMITS));
+        let mut second = waits(batches.arrive(BLOCK_BYTES, block(2), LIMITS));
         batches.release();
         let batch = lead(&mut first);
         batches.abandon(batch);

@@ -812,8 +812,12 @@ impl Journal {
                 .iter()
                 .flat_map(|&(start, count)| start..start + count)
                 .collect();
-            self.append(home, Kind::Invalidate, entries, named, Vec::new())
-                .await?;
+            let contents = Contents {
+                entries,
+                blocks: named,
+                pieces: Vec::new(),
+            };
+            self.append(home, Kind::Invalidate, contents).await?;
         }
         Ok(())
     }
@@ -827,65 +831,45 @@ impl Journal {
         offset: u64,
         data: Bytes,
     ) -> Result<(), EngineError> {
+        let length = data.len() as u64;
+        if length > batch::SHARED_MAX_BYTES {
+            // Its header is a small share of it: alone, as it came.
+            let contents = batch::Batch::alone(offset, data).record();
+            return self.append(home, Kind::Writes, contents).await.map(|_| ());
+        }
         let limits = batch::Limits {
             payload_bytes: self.record_payload_max().max(BLOCK_BYTES),
             entries: ENTRIES_MAX,
         };
-        let length = data.len() as u64;
-        if length > batch::SHARED_MAX_BYTES {
-            // Its header is a small share of it: alone, as it came.
-            let record = batch::Batch::alone(offset, data).record();
-            return self
-                .append(
-                    home,
-                    Kind::Writes,
-                    record.entries,
-                    record.blocks,
-                    record.pieces,
-                )
-                .await
-                .map(|_| ());
-        }
-        let arrived = self.state().batches.arrive(offset, data.clone(), limits);
-        let batch = match arrived {
-            None => batch::Batch::alone(offset, data),
-            Some(receiver) => {
-                let mut waiting = Waiting {
-                    journal: self,
-                    receiver,
-                };
-                let reason = match (&mut waiting.receiver).await {
-                    Ok(batch::Turn::Lead(batch)) => return self.append_batch(home, batch).await,
-                    Ok(batch::Turn::Done(Ok(()))) => return Ok(()),
-                    Ok(batch::Turn::Done(Err(reason))) => reason,
-                    Err(oneshot::Canceled) => "its log record was abandoned".to_string(),
-                };
-                return Err(EngineError::Unavailable {
-                    space: home.name().to_string(),
-                    offset,
-                    length,
-                    reason,
-                });
-            }
+        let arrived = self.state().batches.arrive(offset, data, limits);
+        let receiver = match arrived {
+            batch::Arrival::Go(batch) => return self.append_batch(home, batch).await,
+            batch::Arrival::Wait(receiver) => receiver,
         };
-        self.append_batch(home, batch).await
+        let mut waiting = Waiting {
+            journal: self,
+            receiver,
+        };
+        let reason = match (&mut waiting.receiver).await {
+            Ok(batch::Turn::Lead(batch)) => return self.append_batch(home, batch).await,
+            Ok(batch::Turn::Done(Ok(()))) => return Ok(()),
+            Ok(batch::Turn::Done(Err(reason))) => reason,
+            Err(oneshot::Canceled) => "its log record was abandoned".to_string(),
+        };
+        Err(EngineError::Unavailable {
+            space: home.name().to_string(),
+            offset,
+            length,
+            reason,
+        })
     }
 
     /// Write a batch as one record holding one of the log's writers (passed
     /// on once the record is written), wait until it is durable and tell
     /// the batch's other writes.
     async fn append_batch(&self, home: &Space, batch: batch::Batch) -> Result<(), EngineError> {
-        let record = batch.record();
         let writer = Writer(self);
-        let written = self
-            .write_record(
-                home,
-                Kind::Writes,
-                record.entries,
-                record.blocks,
-                record.pieces,
-            )
-            .await;
+        let written = self.write_record(home, Kind::Writes, batch.record()).await;
         drop(writer);
         let result = match written {
             Ok((sequence, true)) => self.make_durable(home, sequence).await,
@@ -929,9 +913,11 @@ impl Journal {
             .append(
                 home,
                 Kind::Dirty,
-                vec![[offset, end - offset, 0]],
-                Vec::new(),
-                Vec::new(),
+                Contents {
+                    entries: vec![[offset, end - offset, 0]],
+                    blocks: Vec::new(),
+                    pieces: Vec::new(),
+                },
             )
             .await
         {
@@ -965,18 +951,13 @@ impl Journal {
     }
 
     /// Append one record and wait until it and all before it are durable.
-    /// `pieces` are the blocks it makes dirty (Writes records).
     async fn append(
         &self,
         home: &Space,
         kind: Kind,
-        entries: Vec<[u64; 3]>,
-        blocks: Vec<u64>,
-        pieces: Vec<(u64, Bytes)>,
+        contents: Contents,
     ) -> Result<u64, EngineError> {
-        let (sequence, logged) = self
-            .write_record(home, kind, entries, blocks, pieces)
-            .await?;
+        let (sequence, logged) = self.write_record(home, kind, contents).await?;
         if logged {
             self.make_durable(home, sequence).await?;
         }
@@ -990,10 +971,13 @@ impl Journal {
         &self,
         home: &Space,
         kind: Kind,
-        entries: Vec<[u64; 3]>,
-        blocks: Vec<u64>,
-        pieces: Vec<(u64, Bytes)>,
+        contents: Contents,
     ) -> Result<(u64, bool), EngineError> {
+        let Contents {
+            entries,
+            blocks,
+            pieces,
+        } = contents;
         let payload_bytes = pieces.len() as u64 * BLOCK_BYTES;
         let record_bytes = HEADER_BYTES + payload_bytes;
         let (at, sequence, wrap) = self
@@ -1779,6 +1763,14 @@ fn push_record(
         pins: u32::from(pinned),
         picked: false,
     });
+}
+
+/// What one record carries: its entries, the blocks it names, and the data
+/// of the blocks it makes dirty (Writes records), in entry order.
+pub(crate) struct Contents {
+    pub entries: Vec<[u64; 3]>,
+    pub blocks: Vec<u64>,
+    pub pieces: Vec<(u64, Bytes)>,
 }
 
 /// One of the log's writers of client records (see [`batch`]), passed on

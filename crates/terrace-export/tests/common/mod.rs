@@ -416,21 +416,20 @@ pub struct TestServer {
 
 impl TestServer {
     pub async fn start(catalog: Arc<dyn Catalog>, options: ServerOptions) -> TestServer {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let (stop, shutdown) = watch::channel(false);
-        let server = Server::new(catalog, options);
-        let task = tokio::spawn(async move { server.serve_tcp(listener, shutdown).await });
-        TestServer { addr, stop, task }
+        TestServer::serve(Server::new(catalog, options)).await
     }
 
     /// A server whose large requests run on the current runtime's threads
     /// (as the daemon runs them), not on the connection's task.
     pub async fn start_offloaded(catalog: Arc<dyn Catalog>, options: ServerOptions) -> TestServer {
+        let server = Server::new(catalog, options).with_offload(tokio::runtime::Handle::current());
+        TestServer::serve(server).await
+    }
+
+    async fn serve(server: Server) -> TestServer {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, shutdown) = watch::channel(false);
-        let server = Server::new(catalog, options).with_offload(tokio::runtime::Handle::current());
         let task = tokio::spawn(async move { server.serve_tcp(listener, shutdown).await });
         TestServer { addr, stop, task }
     }
