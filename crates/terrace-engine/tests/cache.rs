@@ -687,6 +687,82 @@ fn a_stream_of_whole_rows_shares_one_dirty_range_and_survives_a_cut() {
     }
 }
 
+/// A clock that stands still (sleeps still take real time): what a test
+/// sees does not depend on how fast the machine runs it.
+struct StillClock(terrace_engine::io::env::SystemEnv);
+
+impl terrace_engine::io::env::Env for StillClock {
+    fn now_ns(&self) -> u64 {
+        1
+    }
+    fn wall_clock_ns(&self) -> u64 {
+        self.0.wall_clock_ns()
+    }
+    fn sleep(&self, duration_ns: u64) -> terrace_engine::io::BoxFuture<()> {
+        self.0.sleep(duration_ns)
+    }
+    fn random_u64(&self) -> u64 {
+        self.0.random_u64()
+    }
+}
+
+/// A stream of whole rows never waits for a dirty-range record after its
+/// first row: while a direct write runs near the end of the record it
+/// uses, the next record is logged beside it. A lone whole-row write
+/// elsewhere logs one record, and nothing ahead of it.
+#[test]
+fn a_stream_of_whole_rows_finds_its_next_dirty_range_logged() {
+    block_on(async {
+        let crash: Vec<Arc<CrashDevice>> = (0..9)
+            .map(|i| {
+                let size = if i < 6 { 32 << 20 } else { JOURNAL_BYTES };
+                let memory = Arc::new(MemoryDevice::new(format!("renew{i}"), size));
+                Arc::new(CrashDevice::new(memory))
+            })
+            .collect();
+        let devices: Vec<Arc<dyn BlockDevice>> = crash
+            .iter()
+            .map(|c| c.clone() as Arc<dyn BlockDevice>)
+            .collect();
+        let env = Arc::new(StillClock(terrace_engine::io::env::SystemEnv::new()));
+        let pool = Pool::create(env, small_config("tank"), journal_pool_disks(&devices))
+            .await
+            .unwrap();
+        let layout = Layout::Parity { redundancy: 1 };
+        let space = pool
+            .create_space(cached("rows", layout, 100 << 20))
+            .await
+            .unwrap()
+            .space;
+        let journal = space.journal().unwrap();
+        let waits = || journal.counters.dirty_range_waits.load(Ordering::Relaxed);
+        let logged = || journal.counters.log_bytes_written.load(Ordering::Relaxed);
+        let row = space.natural_write_bytes();
+        let mut rng = Rng(17);
+        // Four rows a write, over three records' reach (16 MiB each).
+        let rows = (48 << 20) / row / 4 * 4;
+        for index in (0..rows).step_by(4) {
+            let data = bytes(rng.bytes(4 * row as usize));
+            space.write(index * row, data, false).await.unwrap();
+        }
+        assert_eq!(waits(), 1, "only the stream's first write waits");
+        let before = logged();
+        let lone = (space.size_bytes() / row - 1) * row;
+        let data = rng.bytes(row as usize);
+        space.write(lone, bytes(data.clone()), false).await.unwrap();
+        assert_eq!(waits(), 2, "a lone row logs its own record");
+        assert_eq!(logged() - before, 4096, "one record, none ahead");
+        assert!(space.read(lone, row).await.unwrap()[..] == data[..]);
+        assert_eq!(journal.status().bypassed_bytes, (rows + 1) * row);
+        // Nothing was flushed: a power cut tears the rows' writes, and the
+        // records logged ahead name every one of them for resync.
+        drop(pool);
+        let pool = cut_and_import(&crash, &devices, 17).await;
+        assert_consistent(&pool.space("rows").unwrap(), 17).await;
+        pool.close().await.unwrap();
+    });
+}
+
 /// The background destage task empties a log soon after its writers stop,
 /// however little the log holds (a few blocks of a large ring).
 #[test]

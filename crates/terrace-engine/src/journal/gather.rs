@@ -22,7 +22,9 @@
 //! Pieces wait while the stream moves: while pieces keep arriving within
 //! [`WINDOW_NS`] of each other, or a gathered row is being written (its
 //! acknowledgements let the client send more). When the stream stalls the
-//! row's pieces are released to the log. A stream that cannot fill a row
+//! row's pieces are released to the log. The pieces of a row watch one
+//! shared timer (see [`Gathers::timer`]), not one each: a timer costs the
+//! timer thread a wakeup, and a row of a stream has dozens of pieces. A stream that cannot fill a row
 //! (fewer bytes in flight than a row) would pay the window on every row, so
 //! after [`MISSES_OFF`] released rows in a row no gather starts for
 //! [`OFF_NS`].
@@ -30,6 +32,8 @@
 use std::collections::{HashMap, VecDeque};
 
 use futures::channel::oneshot;
+use futures::future::{FutureExt, Shared};
+use terrace_io::BoxFuture;
 use terrace_io::Bytes;
 use terrace_layout::BLOCK_BYTES;
 
@@ -41,6 +45,9 @@ pub(crate) const MISSES_OFF: u32 = 2;
 pub(crate) const OFF_NS: u64 = 1_000_000_000;
 /// Ends of recent writes remembered to recognise a stream.
 const ENDS: usize = 32;
+
+/// A window's timer, watched by every waiting piece of a row.
+pub(crate) type Timer = Shared<BoxFuture<()>>;
 
 /// What became of a gathered piece: its row was written straight to the
 /// disks, or the pieces were logged after all (or it failed, with this
@@ -71,6 +78,8 @@ struct Row {
     busy: bool,
     /// Writes waiting for it to be done.
     waiters: Vec<oneshot::Sender<()>>,
+    /// The current window's timer and when it fires.
+    timer: Option<(Timer, u64)>,
 }
 
 /// Open gathers of one space, keyed by row offset.
@@ -159,6 +168,7 @@ impl Gathers {
                 pieces: Vec::new(),
                 busy: false,
                 waiters: Vec::new(),
+                timer: None,
             }),
             None => return Offer::Declined,
         };
@@ -179,6 +189,27 @@ impl Gathers {
         self.busy += 1;
         self.misses = 0;
         Offer::Full(std::mem::take(&mut row.pieces))
+    }
+
+    /// The timer a waiting piece of the row at `row_offset` watches: the
+    /// row's current one, or, if that has fired (or there is none), a new
+    /// one from `sleep` that fires a window from now. `None` once the row
+    /// is gone (its pieces are being told).
+    pub(crate) fn timer(
+        &mut self,
+        now_ns: u64,
+        row_offset: u64,
+        sleep: impl FnOnce(u64) -> BoxFuture<()>,
+    ) -> Option<Timer> {
+        let row = self.rows.get_mut(&row_offset)?;
+        match &row.timer {
+            Some((timer, fires_ns)) if *fires_ns > now_ns => Some(timer.clone()),
+            _ => {
+                let timer = sleep(WINDOW_NS).shared();
+                row.timer = Some((timer.clone(), now_ns + WINDOW_NS));
+                Some(timer)
+            }
+        }
     }
 
     /// A waiter's window ran out: if the stream has stalled (nothing
@@ -289,6 +320,34 @@ mod tests {
             gathers.offer(6, 2 * ROW, ROW, f, false),
             Offer::Declined
         ));
+    }
+
+    #[test]
+    fn a_rows_pieces_watch_one_timer_a_window() {
+        let mut gathers = Gathers::default();
+        let made = std::cell::Cell::new(0);
+        let sleep = |_| -> BoxFuture<()> {
+            made.set(made.get() + 1);
+            Box::pin(futures::future::pending())
+        };
+        assert!(gathers.timer(0, ROW, sleep).is_none(), "no row, no timer");
+        let (a, _) = piece(ROW, 1);
+        assert!(matches!(
+            gathers.offer(0, ROW, ROW, a, true),
+            Offer::Waiting
+        ));
+        let (b, _) = piece(ROW + BLOCK_BYTES, 1);
+        assert!(matches!(
+            gathers.offer(1, ROW, ROW, b, false),
+            Offer::Waiting
+        ));
+        assert!(gathers.timer(0, ROW, sleep).is_some());
+        assert!(gathers.timer(1, ROW, sleep).is_some());
+        assert!(gathers.timer(WINDOW_NS - 1, ROW, sleep).is_some());
+        assert_eq!(made.get(), 1, "one timer for the window");
+        assert!(gathers.timer(WINDOW_NS, ROW, sleep).is_some());
+        assert!(gathers.timer(WINDOW_NS + 1, ROW, sleep).is_some());
+        assert_eq!(made.get(), 2, "a new one once it fired");
     }
 
     #[test]

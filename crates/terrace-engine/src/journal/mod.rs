@@ -180,6 +180,8 @@ struct State {
     failed: Option<String>,
     /// Client writes waiting to share a record (see [`batch`]).
     batches: batch::Batches,
+    /// A direct write is logging the next lease ahead of its stream.
+    renewing: bool,
 }
 
 impl State {
@@ -210,6 +212,8 @@ pub struct Counters {
     pub bypassed_bytes: AtomicU64,
     pub destaged_bytes: AtomicU64,
     pub log_bytes_written: AtomicU64,
+    /// Direct writes that waited for their dirty-range record to be logged.
+    pub dirty_range_waits: AtomicU64,
     /// Rate of the last destage round (bytes per second) and when it ended.
     pub destage_rate: AtomicU64,
     pub destage_ended_ns: AtomicU64,
@@ -289,6 +293,7 @@ impl Journal {
                 dirty_bytes: 0,
                 failed: None,
                 batches: batch::Batches::default(),
+                renewing: false,
             }),
             destaging: futures::lock::Mutex::new(()),
             edges: Default::default(),
@@ -569,7 +574,10 @@ impl Journal {
         let intent = self
             .begin_direct(home, offset, length, DIRECT_AHEAD_BYTES)
             .await?;
-        let written = home.write_home(offset, data, fua).await;
+        let (written, ()) = futures::join!(
+            home.write_home(offset, data, fua),
+            self.renew_lease(home, offset + length)
+        );
         self.end_direct(intent);
         written?;
         self.image_rows_gone_degraded(home, offset, length, &BTreeSet::new())
@@ -659,15 +667,22 @@ impl Journal {
                 }
             }
         };
+        let watch = |now| self.gathers().timer(now, row_offset, |ns| env.sleep(ns));
+        let mut timer = watch(env.now_ns());
         let outcome = loop {
-            let timer = env.sleep(gather::WINDOW_NS);
-            match futures::future::select(&mut receiver, timer).await {
+            let Some(current) = timer else {
+                // Its row is being told: no window to watch.
+                break (&mut receiver).await;
+            };
+            match futures::future::select(&mut receiver, current).await {
                 futures::future::Either::Left((outcome, _)) => break outcome,
                 futures::future::Either::Right(((), _)) => {
-                    let released = self.gathers().expire(env.now_ns(), row_offset);
+                    let now = env.now_ns();
+                    let released = self.gathers().expire(now, row_offset);
                     if let Some(pieces) = released {
                         self.log_gathered(home, row_offset, pieces).await;
                     }
+                    timer = watch(env.now_ns());
                 }
             }
         };
@@ -909,33 +924,69 @@ impl Journal {
         let end = (offset + length + ahead)
             .min(home.size_bytes())
             .max(offset + length);
-        match self
-            .append(
-                home,
-                Kind::Dirty,
-                Contents {
-                    entries: vec![[offset, end - offset, 0]],
-                    blocks: Vec::new(),
-                    pieces: Vec::new(),
-                },
-            )
-            .await
-        {
-            Ok(sequence) => {
-                let mut state = self.state();
-                if state.leases.len() == LEASES_MAX {
-                    state.leases.pop_front();
-                }
-                state.leases.push_back(Lease {
-                    start: offset,
-                    end,
-                    sequence,
-                    logged_ns: home.pool.env.now_ns(),
-                });
-                Ok(Some(sequence))
-            }
+        self.counters
+            .dirty_range_waits
+            .fetch_add(1, Ordering::Relaxed);
+        match self.log_lease(home, offset, end).await {
+            Ok(sequence) => Ok(Some(sequence)),
             Err(_) if self.state().failed.is_some() => Ok(None),
             Err(error) => Err(error),
+        }
+    }
+
+    /// Log a dirty-range record for `[start, end)` (pinned once, for its
+    /// caller) and offer it to later direct writes as a lease.
+    async fn log_lease(&self, home: &Space, start: u64, end: u64) -> Result<u64, EngineError> {
+        let contents = Contents {
+            entries: vec![[start, end - start, 0]],
+            blocks: Vec::new(),
+            pieces: Vec::new(),
+        };
+        let sequence = self.append(home, Kind::Dirty, contents).await?;
+        let mut state = self.state();
+        if state.leases.len() == LEASES_MAX {
+            state.leases.pop_front();
+        }
+        state.leases.push_back(Lease {
+            start,
+            end,
+            sequence,
+            logged_ns: home.pool.env.now_ns(),
+        });
+        Ok(sequence)
+    }
+
+    /// While a direct write ending at `end` runs: if no lease will cover
+    /// the next [`DIRECT_AHEAD_BYTES`] / 4 after it for long enough, log
+    /// the next one now, so that a stream's next writes find a durable
+    /// record waiting instead of each [`DIRECT_AHEAD_BYTES`] waiting for a
+    /// log commit. At most one renewal at a time; a failed one is left to
+    /// the write that needs the range.
+    async fn renew_lease(&self, home: &Space, end: u64) {
+        let size = home.size_bytes();
+        {
+            let mut state = self.state();
+            let now_ns = home.pool.env.now_ns();
+            let wanted = (end + DIRECT_AHEAD_BYTES / 4).min(size);
+            let covered = state.leases.iter().any(|lease| {
+                lease.start <= end
+                    && wanted <= lease.end
+                    && now_ns.saturating_sub(lease.logged_ns) < LEASE_NS / 2
+            });
+            if end >= size
+                || covered
+                || state.renewing
+                || state.failed.is_some()
+                || !state.space_waiters.is_empty()
+            {
+                return;
+            }
+            state.renewing = true;
+        }
+        let _renewing = Renewing(self);
+        let next = (end + DIRECT_AHEAD_BYTES).min(size);
+        if let Ok(sequence) = self.log_lease(home, end, next).await {
+            self.end_direct(Some(sequence));
         }
     }
 
@@ -1783,6 +1834,15 @@ impl Drop for Writer<'_> {
     }
 }
 
+/// A lease renewal in progress; ends when dropped.
+struct Renewing<'a>(&'a Journal);
+
+impl Drop for Renewing<'_> {
+    fn drop(&mut self) {
+        self.0.state().renewing = false;
+    }
+}
+
 /// A write waiting in a batch. If it goes away after being told to lead,
 /// the lead passes to the batch's next write.
 struct Waiting<'a> {
@@ -2160,6 +2220,7 @@ mod tests {
             dirty_bytes: 0,
             failed: None,
             batches: batch::Batches::default(),
+            renewing: false,
         }
     }
 
