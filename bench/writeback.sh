@@ -11,7 +11,10 @@
 # run's dirty data is destaged first), as separate measurements would; a
 # run shows what the log absorbs plus what destaging manages meanwhile.
 # Prints markdown tables (IO/s and MB/s per space and profile, and the
-# ratios the write-back issue aims at). A third part puts btrfs raid5/raid6
+# ratios the write-back issue aims at). The restore limit, a simple space
+# striped over all eight drives, is measured before and after the other
+# spaces' restores and averaged. Each part stops its processes and deletes
+# its files before the next starts. A third part puts btrfs raid5/raid6
 # on the same modelled drives: eight one-disk pools of `hdd-10k` files, each
 # a simple space served over NBD, presented as files by nbdfuse and as
 # block devices by loop devices. PROFILES, SPACES and PARTS (model, raw,
@@ -92,6 +95,21 @@ drain() {
         sleep 0.5
     done
     echo "warning: $space still has $dirty dirty bytes" >&2
+}
+
+# Stop every daemon and nbdfuse started so far.
+stop_all() {
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
+    pids=()
+}
+
+# A part is done: stop its processes and delete its files, so that the
+# next part has the disk's free space (a full run writes tens of GB into
+# sparse files; btrfs on a full disk fails its writes).
+end_part() {
+    stop_all
+    rm -rf "$1"
+    df -h "$work" | tail -n 1 >&2
 }
 
 start_daemon() {
@@ -190,12 +208,15 @@ make_pool "$work/model" model
 for profile in "${profiles[@]}"; do
     read -r name rw bs mix <<<"$profile"
     wanted "${PROFILES:-}" "$name" || continue
-    for space in p2-log p2 p1-log p1 m2 s8; do
+    # The limit (s8) is measured first and last, and averaged: the shared
+    # machine's speed drifts over the minutes between.
+    for space in s8 p2-log p2 p1-log p1 m2 s8; do
         wanted "${SPACES:-}" "$space" || continue
         [ "$space" = s8 ] && [ "$name" != restore ] && continue
         run_space model "$work/model" "$name" "$rw" "$bs" "$mix" "$space"
     done
 done
+end_part "$work/model"
 fi
 
 if wanted "${PARTS:-}" raw; then
@@ -221,18 +242,20 @@ for profile in "${profiles[@]}"; do
         run_space raw "$work/raw" "$name" "$rw" "$bs" "$mix" "$space"
     done
 done
+end_part "$work/raw"
 fi
 
 if wanted "${PARTS:-}" btrfs-model; then
 echo "== btrfs raid5/raid6 on the same modelled drives (one-disk pools over NBD, nbdfuse, loop)" >&2
-dir="$work/bm"
-start_daemon "$dir"
-mkdir -p "$dir/disks"
 for level in raid5 raid6; do
+    # A daemon and fresh drives for each level: the previous file system's
+    # blocks would otherwise be read and written again, and its files
+    # would hold the disk's space.
+    dir="$work/bm-$level"
+    start_daemon "$dir"
+    mkdir -p "$dir/disks"
     devs=()
     for i in $(seq 0 7); do
-        # A fresh drive for each level: the previous file system's blocks
-        # would otherwise be read and written again.
         disk="$dir/disks/$level-hdd$i.img"
         truncate -s 24G "$disk"
         "$terrace" --control "$dir/ctl.sock" pool create "$level$i" "$disk,model=hdd-10k,media=hdd" --slab 256M >/dev/null
@@ -249,15 +272,20 @@ for level in raid5 raid6; do
     detach_loops
     for fuse in "${fuses[@]}"; do fusermount3 -u "$fuse"; done
     fuses=()
+    end_part "$dir"
 done
 fi
 
 python3 - "$results" "$depth" <<'PY'
 import sys, collections
 rows = collections.defaultdict(dict)
+runs = collections.defaultdict(list)
 for line in open(sys.argv[1]):
     kind, profile, target, iops, mbs = line.split()
-    rows[(kind, profile)][target] = (float(iops), float(mbs))
+    runs[(kind, profile, target)].append((float(iops), float(mbs)))
+# A target measured more than once (the restore limit) counts as its mean.
+for (kind, profile, target), measured in runs.items():
+    rows[(kind, profile)][target] = tuple(sum(m[i] for m in measured) / len(measured) for i in (0, 1))
 depth = sys.argv[2]
 print(f"With drive models, {depth} outstanding I/Os: IO/s (MB/s)\n")
 spaces = ["p2-log", "p2", "p1-log", "p1", "m2", "btrfs-raid6", "btrfs-raid5"]
@@ -276,7 +304,8 @@ for (kind, profile), by in rows.items():
 restore = rows.get(("model", "restore"), {})
 if "s8" in restore:
     limit = restore["s8"][1]
-    print(f"\nRestore against the drives' aggregate bandwidth (s8: simple over all 8, {limit:.1f} MB/s):")
+    each = ", ".join(f"{m[1]:.1f}" for m in runs[("model", "restore", "s8")])
+    print(f"\nRestore against the drives' aggregate bandwidth (s8: simple over all 8, {limit:.1f} MB/s, the mean of {each}):")
     for space, data, columns in (("p2-log", 6, 8), ("p1-log", 7, 8)):
         if space in restore:
             print(f"- {space}: {restore[space][1]:.1f} MB/s = {restore[space][1] / (limit * data / columns):.2f}"
