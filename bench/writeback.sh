@@ -97,9 +97,14 @@ drain() {
     echo "warning: $space still has $dirty dirty bytes" >&2
 }
 
-# Stop every daemon and nbdfuse started so far.
+# Stop every daemon and nbdfuse started so far (an nbdfuse has usually
+# exited already, once unmounted).
 stop_all() {
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
+    local pid
+    for pid in "${pids[@]}"; do
+        kill "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
     pids=()
 }
 

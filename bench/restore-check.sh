@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Restore (64 KiB sequential writes) on journaled single parity against its
+# full-stripe limit, on the white paper's modelled drives, with the
+# daemon's CPU time per GB written: a quick check of the gathered-row
+# write path, and an A/B of two builds on the same machine state.
+#
+#   bench/restore-check.sh [rounds] [seconds-per-run]
+#
+# Each round runs, for every build in BINS (default: this checkout's
+# release build), a fresh pool (8 × hdd-10k + 3 × ssd-sata journal disks,
+# as bench/writeback.sh) with a single-parity space with a 1 GiB log and a
+# simple space over all eight drives (`s8`, the limit), and writes each
+# twice with fio's nbd engine at 32 outstanding I/Os: the first run of a
+# space fills its sparse files, the second rewrites them. Prints, per run,
+# MB/s, the ratio to 7/8 of the round's `s8` figure of the same pass, and
+# daemon CPU seconds per GB written. Builds alternate within a round, so
+# drift on a shared machine falls on both. Needs fio.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+rounds="${1:-2}"
+seconds="${2:-8}"
+if [ -z "${BINS:-}" ]; then
+    cargo build --release -q -p terrace
+    BINS="${CARGO_TARGET_DIR:-target}/release/terrace"
+fi
+command -v fio >/dev/null || { echo "needs fio" >&2; exit 1; }
+work="$(mktemp -d /var/tmp/terrace-restore.XXXXXX)"
+daemon=
+cleanup() {
+    set +e
+    [ -n "$daemon" ] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+# fio restore on SPACE; prints MB/s.
+restore() {
+    fio --name=restore --ioengine=nbd --uri="nbd+unix:///$1?socket=$work/nbd.sock" \
+        --rw=write --bs=64k --iodepth=32 --size=8G --time_based --runtime="$seconds" \
+        --ramp_time=2 --output-format=json 2>/dev/null |
+        python3 -c 'import json,sys; t=sys.stdin.read(); print("%.1f" % (json.loads(t[t.index("{"):])["jobs"][0]["write"]["bw_bytes"] / 1e6))'
+}
+
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$daemon/stat"; }
+
+echo "| round | build | pass | s8 MB/s | p1-log MB/s | of 7/8 × s8 | p1-log CPU s/GB |"
+echo "|---|---|---|---|---|---|---|"
+ticks_per_second=$(getconf CLK_TCK)
+for round in $(seq "$rounds"); do
+    for bin in $BINS; do
+        rm -rf "${work:?}"/*
+        mkdir -p "$work/disks"
+        "$bin" daemon --state-dir "$work/state" --control "$work/ctl.sock" \
+            --nbd-socket "$work/nbd.sock" --no-tcp 2>"$work/daemon.log" &
+        daemon=$!
+        ctl=("$bin" --control "$work/ctl.sock")
+        for _ in $(seq 100); do "${ctl[@]}" status >/dev/null 2>&1 && break; sleep 0.1; done
+        disks=()
+        for i in $(seq 0 7); do
+            truncate -s 24G "$work/disks/hdd$i.img"
+            disks+=("$work/disks/hdd$i.img,model=hdd-10k,media=hdd")
+        done
+        for i in 0 1 2; do
+            truncate -s 8G "$work/disks/ssd$i.img"
+            disks+=("$work/disks/ssd$i.img,model=ssd-sata,media=ssd,usage=journal")
+        done
+        "${ctl[@]}" pool create wb "${disks[@]}" --slab 256M >/dev/null
+        "${ctl[@]}" space create wb p1-log --layout parity --redundancy 1 --size 8G --cache 1G >/dev/null
+        "${ctl[@]}" space create wb s8 --layout simple --columns 8 --size 8G --cache 0 >/dev/null
+        for pass in fill rewrite; do
+            limit=$(restore s8)
+            before=$(cpu_ticks)
+            parity=$(restore p1-log)
+            used=$(($(cpu_ticks) - before))
+            python3 - "$round" "$bin" "$pass" "$limit" "$parity" "$used" "$ticks_per_second" "$seconds" <<'PY'
+import sys
+round_, build, pass_, limit, parity, ticks, hz, seconds = sys.argv[1:]
+limit, parity = float(limit), float(parity)
+# fio's ramp is not in its figure; the daemon works through it too.
+gb = parity * (float(seconds) + 2) / 1000
+cpu = int(ticks) / int(hz) / gb if gb else 0
+print(f"| {round_} | {build} | {pass_} | {limit:.1f} | {parity:.1f} | {parity / (limit * 7 / 8):.2f} | {cpu:.2f} |")
+PY
+        done
+        kill "$daemon"
+        wait "$daemon" 2>/dev/null || true
+        daemon=
+    done
+done
