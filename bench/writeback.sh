@@ -7,6 +7,9 @@
 #
 #   bench/writeback.sh [seconds-per-run] [outstanding-ios]
 #
+# DEPTHS="1 8 32 128" sweeps outstanding I/Os instead (every part, every
+# profile, at each depth in turn; one table per depth).
+#
 # Each run on a space with a log starts from an empty log (the previous
 # run's dirty data is destaged first), as separate measurements would; a
 # run shows what the log absorbs plus what destaging manages meanwhile.
@@ -28,6 +31,7 @@ cd "$(dirname "$0")/.."
 
 seconds="${1:-10}"
 depth="${2:-32}"
+depths="${DEPTHS:-$depth}"
 work="$(mktemp -d /var/tmp/terrace-writeback.XXXXXX)"
 pids=()
 loops=()
@@ -48,14 +52,25 @@ done
 cargo build --release -q -p terrace
 terrace="${CARGO_TARGET_DIR:-target}/release/terrace"
 
-# name rw bs rwmixread
+# name rw bs rwmixread size: the paper's five profiles, then 4 KiB random
+# writes. Streaming reads the first 1008 MiB of each target, written whole
+# rows at a time before any profile runs (see prefill): unwritten extents
+# of a btrfs file read as zeroes without touching a drive.
 profiles=(
-    "file-copy randrw 64k 50"
-    "file-server randrw 64k 67"
-    "database randrw 8k 67"
-    "restore write 64k 0"
-    "random-write randwrite 4k 0"
+    "file-copy randrw 64k 50 8G"
+    "file-server randrw 64k 67 8G"
+    "database randrw 8k 67 8G"
+    "restore write 64k 0 8G"
+    "streaming read 64k 100 1008M"
+    "random-write randwrite 4k 0 8G"
 )
+
+# Write the range streaming reads, in writes of whole rows of every parity
+# layout here (10.5 MiB: 7 × 1.5 MiB and 6 × 1.75 MiB). $1: fio's target.
+prefill() {
+    fio --name=prefill $1 --rw=write --bs=10752k --size=1008M --iodepth=4 \
+        >"$work/prefill.log" 2>&1 || { echo "prefill failed on $1:" >&2; cat "$work/prefill.log" >&2; }
+}
 
 # fio on a target; prints "IO/s MB/s".
 run_fio() {
@@ -158,6 +173,19 @@ make_pool() {
     "$terrace" "${ctl[@]}" space create wb s8 --layout simple --columns 8 --size 8G --cache 0 >/dev/null
 }
 
+# prefill_spaces DIR SPACE...: prefill each space wanted of DIR's daemon,
+# then drain its log.
+prefill_spaces() {
+    local dir="$1" space
+    shift
+    wanted "${PROFILES:-}" streaming || return 0
+    for space in "$@"; do
+        wanted "${SPACES:-}" "$space" || continue
+        prefill "--ioengine=nbd --uri=nbd+unix:///$space?socket=$dir/nbd.sock"
+        drain "$dir" "$space"
+    done
+}
+
 wanted() { # wanted LIST ITEM: ITEM is in LIST, or LIST is empty
     [ -z "$1" ] || [[ " $1 " == *" $2 "* ]]
 }
@@ -165,9 +193,9 @@ wanted() { # wanted LIST ITEM: ITEM is in LIST, or LIST is empty
 # One profile on a space of the daemon in DIR: "KIND PROFILE SPACE IO/s
 # MB/s" into the results, then the space's log drained.
 run_space() {
-    local kind="$1" dir="$2" name="$3" rw="$4" bs="$5" mix="$6" space="$7"
+    local kind="$1" dir="$2" name="$3" rw="$4" bs="$5" mix="$6" size="$7" space="$8"
     local uri="nbd+unix:///$space?socket=$dir/nbd.sock"
-    echo "$kind $name $space $(run_fio "--ioengine=nbd --uri=$uri" "$rw" "$bs" "$mix" 8G)" >>"$results"
+    echo "$kind@$depth $name $space $(run_fio "--ioengine=nbd --uri=$uri" "$rw" "$bs" "$mix" "$size")" >>"$results"
     tail -1 "$results" >&2
     drain "$dir" "$space"
 }
@@ -194,11 +222,16 @@ run_btrfs() {
     mkfs.btrfs -q -f -d "$level" -m raid1c3 "$@" >/dev/null
     mount "$1" "$work/btrfs"
     df -h "$work/btrfs" | tail -n 1 >&2
-    for profile in "${profiles[@]}"; do
-        read -r name rw bs mix <<<"$profile"
-        wanted "${PROFILES:-}" "$name" || continue
-        echo "$kind $name btrfs-$level $(run_fio "--ioengine=libaio --direct=1 --filename=$work/btrfs/file" "$rw" "$bs" "$mix" 8G)" >>"$results"
-        tail -1 "$results" >&2
+    if wanted "${PROFILES:-}" streaming; then
+        prefill "--ioengine=libaio --direct=1 --filename=$work/btrfs/file"
+    fi
+    for depth in $depths; do
+        for profile in "${profiles[@]}"; do
+            read -r name rw bs mix size <<<"$profile"
+            wanted "${PROFILES:-}" "$name" || continue
+            echo "$kind@$depth $name btrfs-$level $(run_fio "--ioengine=libaio --direct=1 --filename=$work/btrfs/file" "$rw" "$bs" "$mix" "$size")" >>"$results"
+            tail -1 "$results" >&2
+        done
     done
     umount "$work/btrfs"
 }
@@ -210,16 +243,19 @@ if wanted "${PARTS:-}" model; then
 echo "== with drive models (8 × hdd-10k, 3 × ssd-sata journal disks)" >&2
 start_daemon "$work/model"
 make_pool "$work/model" model
+prefill_spaces "$work/model" s8 p2-log p2 p1-log p1 m2
+for depth in $depths; do
 for profile in "${profiles[@]}"; do
-    read -r name rw bs mix <<<"$profile"
+    read -r name rw bs mix size <<<"$profile"
     wanted "${PROFILES:-}" "$name" || continue
     # The limit (s8) is measured first and last, and averaged: the shared
     # machine's speed drifts over the minutes between.
     for space in s8 p2-log p2 p1-log p1 m2 s8; do
         wanted "${SPACES:-}" "$space" || continue
         [ "$space" = s8 ] && [ "$name" != restore ] && continue
-        run_space model "$work/model" "$name" "$rw" "$bs" "$mix" "$space"
+        run_space model "$work/model" "$name" "$rw" "$bs" "$mix" "$size" "$space"
     done
+done
 done
 end_part "$work/model"
 fi
@@ -228,6 +264,7 @@ if wanted "${PARTS:-}" raw; then
 echo "== raw files, terrace vs btrfs raid5/raid6 on loop devices" >&2
 start_daemon "$work/raw"
 make_pool "$work/raw" raw
+prefill_spaces "$work/raw" p2-log p1-log
 for level in raid5 raid6; do
     mkdir -p "$work/$level" "$work/btrfs"
     devs=()
@@ -239,13 +276,15 @@ for level in raid5 raid6; do
     detach_loops
     rm -rf "$work/$level"
 done
+for depth in $depths; do
 for profile in "${profiles[@]}"; do
-    read -r name rw bs mix <<<"$profile"
+    read -r name rw bs mix size <<<"$profile"
     wanted "${PROFILES:-}" "$name" || continue
     for space in p2-log p1-log; do
         wanted "${SPACES:-}" "$space" || continue
-        run_space raw "$work/raw" "$name" "$rw" "$bs" "$mix" "$space"
+        run_space raw "$work/raw" "$name" "$rw" "$bs" "$mix" "$size" "$space"
     done
+done
 done
 end_part "$work/raw"
 fi
@@ -281,47 +320,53 @@ for level in raid5 raid6; do
 done
 fi
 
-python3 - "$results" "$depth" <<'PY'
+python3 - "$results" <<'PY'
 import sys, collections
 rows = collections.defaultdict(dict)
 runs = collections.defaultdict(list)
+depths = []
 for line in open(sys.argv[1]):
     kind, profile, target, iops, mbs = line.split()
-    runs[(kind, profile, target)].append((float(iops), float(mbs)))
+    base, depth = kind.split("@")
+    if depth not in depths:
+        depths.append(depth)
+    runs[(base, depth, profile, target)].append((float(iops), float(mbs)))
 # A target measured more than once (the restore limit) counts as its mean.
-for (kind, profile, target), measured in runs.items():
-    rows[(kind, profile)][target] = tuple(sum(m[i] for m in measured) / len(measured) for i in (0, 1))
-depth = sys.argv[2]
-print(f"With drive models, {depth} outstanding I/Os: IO/s (MB/s)\n")
-spaces = ["p2-log", "p2", "p1-log", "p1", "m2", "btrfs-raid6", "btrfs-raid5"]
-print("| profile | " + " | ".join(spaces) + " | p2-log / m2 | p2-log / p2 | p1-log / p1 | p2-log / raid6 | p1-log / raid5 |")
-print("|---|" + "---|" * (len(spaces) + 5))
+for (base, depth, profile, target), measured in runs.items():
+    rows[(base, depth, profile)][target] = tuple(sum(m[i] for m in measured) / len(measured) for i in (0, 1))
 def cell(by, t):
     return f"{by[t][0]:.0f} ({by[t][1]:.1f})" if t in by else "–"
 def ratio(by, a, b):
     return f"{by[a][0] / max(by[b][0], 1e-9):.2f}" if a in by and b in by else "–"
-for (kind, profile), by in rows.items():
-    if kind != "model":
-        continue
-    cells = [cell(by, s) for s in spaces]
-    print(f"| {profile} | " + " | ".join(cells) + f" | {ratio(by, 'p2-log', 'm2')} | {ratio(by, 'p2-log', 'p2')} | {ratio(by, 'p1-log', 'p1')}"
-          f" | {ratio(by, 'p2-log', 'btrfs-raid6')} | {ratio(by, 'p1-log', 'btrfs-raid5')} |")
-restore = rows.get(("model", "restore"), {})
-if "s8" in restore:
-    limit = restore["s8"][1]
-    each = ", ".join(f"{m[1]:.1f}" for m in runs[("model", "restore", "s8")])
-    print(f"\nRestore against the drives' aggregate bandwidth (s8: simple over all 8, {limit:.1f} MB/s, the mean of {each}):")
-    for space, data, columns in (("p2-log", 6, 8), ("p1-log", 7, 8)):
-        if space in restore:
-            print(f"- {space}: {restore[space][1]:.1f} MB/s = {restore[space][1] / (limit * data / columns):.2f}"
-                  f" of the full-stripe limit ({data}/{columns} × {limit:.1f})")
-print(f"\nRaw files (no models), {depth} outstanding I/Os: IO/s (MB/s)\n")
+spaces = ["p2-log", "p2", "p1-log", "p1", "m2", "btrfs-raid6", "btrfs-raid5"]
 targets = ["p2-log", "btrfs-raid6", "p1-log", "btrfs-raid5"]
-print("| profile | " + " | ".join(targets) + " | p2-log / raid6 | p1-log / raid5 |")
-print("|---|" + "---|" * (len(targets) + 2))
-for (kind, profile), by in rows.items():
-    if kind != "raw":
-        continue
-    cells = [cell(by, t) for t in targets]
-    print(f"| {profile} | " + " | ".join(cells) + f" | {ratio(by, 'p2-log', 'btrfs-raid6')} | {ratio(by, 'p1-log', 'btrfs-raid5')} |")
+for depth in depths:
+    model = [(profile, by) for (base, d, profile), by in rows.items() if base == "model" and d == depth]
+    if model:
+        print(f"With drive models, {depth} outstanding I/Os: IO/s (MB/s)\n")
+        print("| profile | " + " | ".join(spaces) + " | p2-log / m2 | p2-log / p2 | p1-log / p1 | p2-log / raid6 | p1-log / raid5 |")
+        print("|---|" + "---|" * (len(spaces) + 5))
+        for profile, by in model:
+            cells = [cell(by, s) for s in spaces]
+            print(f"| {profile} | " + " | ".join(cells) + f" | {ratio(by, 'p2-log', 'm2')} | {ratio(by, 'p2-log', 'p2')} | {ratio(by, 'p1-log', 'p1')}"
+                  f" | {ratio(by, 'p2-log', 'btrfs-raid6')} | {ratio(by, 'p1-log', 'btrfs-raid5')} |")
+        restore = rows.get(("model", depth, "restore"), {})
+        if "s8" in restore:
+            limit = restore["s8"][1]
+            each = ", ".join(f"{m[1]:.1f}" for m in runs[("model", depth, "restore", "s8")])
+            print(f"\nRestore against the drives' aggregate bandwidth (s8: simple over all 8, {limit:.1f} MB/s, the mean of {each}):")
+            for space, data, columns in (("p2-log", 6, 8), ("p1-log", 7, 8)):
+                if space in restore:
+                    print(f"- {space}: {restore[space][1]:.1f} MB/s = {restore[space][1] / (limit * data / columns):.2f}"
+                          f" of the full-stripe limit ({data}/{columns} × {limit:.1f})")
+        print()
+    raw = [(profile, by) for (base, d, profile), by in rows.items() if base == "raw" and d == depth]
+    if raw:
+        print(f"Raw files (no models), {depth} outstanding I/Os: IO/s (MB/s)\n")
+        print("| profile | " + " | ".join(targets) + " | p2-log / raid6 | p1-log / raid5 |")
+        print("|---|" + "---|" * (len(targets) + 2))
+        for profile, by in raw:
+            cells = [cell(by, t) for t in targets]
+            print(f"| {profile} | " + " | ".join(cells) + f" | {ratio(by, 'p2-log', 'btrfs-raid6')} | {ratio(by, 'p1-log', 'btrfs-raid5')} |")
+        print()
 PY
