@@ -4,6 +4,9 @@
 #
 #   bench_daemon NAME    sets work, terrace, ctl (control arguments), nbd
 #                        (the NBD socket) and starts the daemon
+#   paper_disks DIR KIND sets disks to the white paper's drives as sparse
+#                        files in DIR/disks: 8 × 24G HDDs and 3 × 8G journal
+#                        SSDs, with drive models if KIND is model
 #
 # The binary is built and taken from $CARGO_TARGET_DIR (default target/).
 
@@ -29,4 +32,19 @@ bench_daemon() {
         --nbd-socket "$nbd" --no-tcp 2>"$work/daemon.log" &
     pids+=($!)
     for _ in $(seq 100); do "$terrace" "${ctl[@]}" status >/dev/null 2>&1 && break; sleep 0.1; done
+}
+
+paper_disks() {
+    local dir="$1" kind="$2" i hdd=",model=hdd-10k,media=hdd" ssd=",model=ssd-sata,media=ssd"
+    [ "$kind" = model ] || { hdd=; ssd=; }
+    disks=()
+    mkdir -p "$dir/disks"
+    for i in $(seq 0 7); do
+        truncate -s 24G "$dir/disks/hdd$i.img"
+        disks+=("$dir/disks/hdd$i.img$hdd")
+    done
+    for i in 0 1 2; do
+        truncate -s 8G "$dir/disks/ssd$i.img"
+        disks+=("$dir/disks/ssd$i.img$ssd,usage=journal")
+    done
 }

@@ -17,6 +17,7 @@
 # drift on a shared machine falls on both. Needs fio.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 
 rounds="${1:-2}"
 seconds="${2:-8}"
@@ -50,21 +51,12 @@ ticks_per_second=$(getconf CLK_TCK)
 for round in $(seq "$rounds"); do
     for bin in $BINS; do
         rm -rf "${work:?}"/*
-        mkdir -p "$work/disks"
         "$bin" daemon --state-dir "$work/state" --control "$work/ctl.sock" \
             --nbd-socket "$work/nbd.sock" --no-tcp 2>"$work/daemon.log" &
         daemon=$!
         ctl=("$bin" --control "$work/ctl.sock")
         for _ in $(seq 100); do "${ctl[@]}" status >/dev/null 2>&1 && break; sleep 0.1; done
-        disks=()
-        for i in $(seq 0 7); do
-            truncate -s 24G "$work/disks/hdd$i.img"
-            disks+=("$work/disks/hdd$i.img,model=hdd-10k,media=hdd")
-        done
-        for i in 0 1 2; do
-            truncate -s 8G "$work/disks/ssd$i.img"
-            disks+=("$work/disks/ssd$i.img,model=ssd-sata,media=ssd,usage=journal")
-        done
+        paper_disks "$work" model
         "${ctl[@]}" pool create wb "${disks[@]}" --slab 256M >/dev/null
         "${ctl[@]}" space create wb p1-log --layout parity --redundancy 1 --size 8G --cache 1G >/dev/null
         "${ctl[@]}" space create wb s8 --layout simple --columns 8 --size 8G --cache 0 >/dev/null

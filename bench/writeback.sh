@@ -28,6 +28,7 @@
 # (default target/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 
 seconds="${1:-10}"
 depth="${2:-32}"
@@ -143,24 +144,8 @@ start_daemon() {
 
 # Spaces of one pool; $1 folder, $2 "model" or "raw".
 make_pool() {
-    local dir="$1" kind="$2" disks=()
-    mkdir -p "$dir/disks"
-    for i in $(seq 0 7); do
-        truncate -s 24G "$dir/disks/hdd$i.img"
-        if [ "$kind" = model ]; then
-            disks+=("$dir/disks/hdd$i.img,model=hdd-10k,media=hdd")
-        else
-            disks+=("$dir/disks/hdd$i.img")
-        fi
-    done
-    for i in 0 1 2; do
-        truncate -s 8G "$dir/disks/ssd$i.img"
-        if [ "$kind" = model ]; then
-            disks+=("$dir/disks/ssd$i.img,model=ssd-sata,media=ssd,usage=journal")
-        else
-            disks+=("$dir/disks/ssd$i.img,usage=journal")
-        fi
-    done
+    local dir="$1" kind="$2" disks
+    paper_disks "$dir" "$kind"
     local ctl=(--control "$dir/ctl.sock")
     "$terrace" "${ctl[@]}" pool create wb "${disks[@]}" --slab 256M >/dev/null
     "$terrace" "${ctl[@]}" space create wb p2-log --layout parity --redundancy 2 --size 8G --cache 1G >/dev/null
@@ -340,16 +325,23 @@ def ratio(by, a, b):
     return f"{by[a][0] / max(by[b][0], 1e-9):.2f}" if a in by and b in by else "–"
 spaces = ["p2-log", "p2", "p1-log", "p1", "m2", "btrfs-raid6", "btrfs-raid5"]
 targets = ["p2-log", "btrfs-raid6", "p1-log", "btrfs-raid5"]
+to_btrfs = [("p2-log", "btrfs-raid6"), ("p1-log", "btrfs-raid5")]
+short = lambda t: t.removeprefix("btrfs-")
+# One table of a part at one depth: a row per profile, a column per
+# target, then the ratios; False if the part measured nothing there.
+def table(base, depth, title, columns, ratios):
+    measured = [(profile, by) for (b, d, profile), by in rows.items() if b == base and d == depth]
+    if not measured:
+        return False
+    print(f"{title}, {depth} outstanding I/Os: IO/s (MB/s)\n")
+    print("| profile | " + " | ".join(columns) + " | " + " | ".join(f"{a} / {short(b)}" for a, b in ratios) + " |")
+    print("|---|" + "---|" * (len(columns) + len(ratios)))
+    for profile, by in measured:
+        cells = [cell(by, t) for t in columns] + [ratio(by, a, b) for a, b in ratios]
+        print(f"| {profile} | " + " | ".join(cells) + " |")
+    return True
 for depth in depths:
-    model = [(profile, by) for (base, d, profile), by in rows.items() if base == "model" and d == depth]
-    if model:
-        print(f"With drive models, {depth} outstanding I/Os: IO/s (MB/s)\n")
-        print("| profile | " + " | ".join(spaces) + " | p2-log / m2 | p2-log / p2 | p1-log / p1 | p2-log / raid6 | p1-log / raid5 |")
-        print("|---|" + "---|" * (len(spaces) + 5))
-        for profile, by in model:
-            cells = [cell(by, s) for s in spaces]
-            print(f"| {profile} | " + " | ".join(cells) + f" | {ratio(by, 'p2-log', 'm2')} | {ratio(by, 'p2-log', 'p2')} | {ratio(by, 'p1-log', 'p1')}"
-                  f" | {ratio(by, 'p2-log', 'btrfs-raid6')} | {ratio(by, 'p1-log', 'btrfs-raid5')} |")
+    if table("model", depth, "With drive models", spaces, [("p2-log", "m2"), ("p2-log", "p2"), ("p1-log", "p1")] + to_btrfs):
         restore = rows.get(("model", depth, "restore"), {})
         if "s8" in restore:
             limit = restore["s8"][1]
@@ -360,13 +352,6 @@ for depth in depths:
                     print(f"- {space}: {restore[space][1]:.1f} MB/s = {restore[space][1] / (limit * data / columns):.2f}"
                           f" of the full-stripe limit ({data}/{columns} × {limit:.1f})")
         print()
-    raw = [(profile, by) for (base, d, profile), by in rows.items() if base == "raw" and d == depth]
-    if raw:
-        print(f"Raw files (no models), {depth} outstanding I/Os: IO/s (MB/s)\n")
-        print("| profile | " + " | ".join(targets) + " | p2-log / raid6 | p1-log / raid5 |")
-        print("|---|" + "---|" * (len(targets) + 2))
-        for profile, by in raw:
-            cells = [cell(by, t) for t in targets]
-            print(f"| {profile} | " + " | ".join(cells) + f" | {ratio(by, 'p2-log', 'btrfs-raid6')} | {ratio(by, 'p1-log', 'btrfs-raid5')} |")
+    if table("raw", depth, "Raw files (no models)", targets, to_btrfs):
         print()
 PY

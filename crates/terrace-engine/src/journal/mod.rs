@@ -677,8 +677,7 @@ impl Journal {
             match futures::future::select(&mut receiver, current).await {
                 futures::future::Either::Left((outcome, _)) => break outcome,
                 futures::future::Either::Right(((), _)) => {
-                    let now = env.now_ns();
-                    let released = self.gathers().expire(now, row_offset);
+                    let released = self.gathers().expire(env.now_ns(), row_offset);
                     if let Some(pieces) = released {
                         self.log_gathered(home, row_offset, pieces).await;
                     }
