@@ -828,3 +828,54 @@ fn a_dirty_range_is_shared_only_for_a_while() {
         pool.close().await.unwrap();
     });
 }
+
+/// A writer that finds the log full destages one round and goes on: the
+/// log frees a round at a time as destaging writes it home, where it once
+/// stalled every writer until the whole log was home. Writes then keep
+/// going through further laps of the ring, and all of them read back.
+#[test]
+fn a_full_log_frees_a_round_at_a_time() {
+    block_on(async {
+        let memory = memory_devices("full");
+        let pool = journal_pool(&memory).await;
+        let layout = Layout::Parity { redundancy: 1 };
+        let space = pool
+            .create_space(cached("full", layout, 16 << 20))
+            .await
+            .unwrap()
+            .space;
+        let journal = space.journal().unwrap();
+        let mut model = Model::new(space.size_bytes());
+        let mut rng = Rng(23);
+        let blocks = space.size_bytes() / BLOCK;
+        let mut first_wait = None;
+        let mut waits = 0;
+        // No destage task runs: only writers that find the log full destage.
+        for _ in 0..12_000 {
+            let offset = rng.below(blocks) * BLOCK;
+            let data = rng.bytes(BLOCK as usize);
+            let before = journal.status();
+            space
+                .write(offset, bytes(data.clone()), false)
+                .await
+                .unwrap();
+            model.write(offset, &data);
+            let after = journal.status();
+            if after.destaged_bytes > before.destaged_bytes {
+                waits += 1;
+                first_wait.get_or_insert((before, after));
+            }
+        }
+        let (before, after) = first_wait.expect("the log filled up");
+        assert!(before.used_bytes * 4 >= CACHE * 2, "it filled: {before:?}");
+        assert!(
+            after.dirty_bytes > 0 && after.dirty_bytes >= before.dirty_bytes / 4,
+            "the waiting writer destaged one round, not the log: {before:?} then {after:?}"
+        );
+        assert!(waits >= 4, "{waits} rounds: {:?}", journal.status());
+        check_all(&space, &model).await;
+        journal.drain(&space).await.unwrap();
+        check_all(&space, &model).await;
+        pool.close().await.unwrap();
+    });
+}

@@ -152,7 +152,8 @@ struct Entry {
 
 struct State {
     /// Ring kept free for row images (parity homes): other records leave
-    /// this much room, so destaging a degraded row can always log first.
+    /// this much room, the larger of its (at most two) pieces at least
+    /// half of it, so destaging a degraded row can log first.
     image_reserve_per_mille: u64,
     /// Size of the current lap, and of laps to come (a resize).
     lap_bytes: u64,
@@ -1223,10 +1224,14 @@ impl Journal {
                 state.space_waiters.push(sender);
                 receiver
             };
-            // Full: destage here if nobody else is, else wait for them.
+            // Full: destage one round here if nobody else is, else wait
+            // for them. One round, not everything: the tail moves on and
+            // the writers waiting go on as soon as its records are home;
+            // a full log then runs at the rate destaging frees it instead
+            // of stalling every writer until the whole log is home.
             if let Some(_guard) = self.destaging.try_lock() {
                 let progressed = self
-                    .destage_locked(home, u64::MAX, DESTAGE_PARALLEL)
+                    .destage_locked(home, DESTAGE_ROUND_BYTES, DESTAGE_PARALLEL)
                     .await?;
                 if !progressed {
                     // Nothing to destage: records still in flight hold the
@@ -1446,7 +1451,15 @@ impl Journal {
                 }
             }
         }
-        write_runs_home(home, &coalesce(&plain), parallel).await?;
+        // A round started with little pressure speeds up as the log fills
+        // or writers begin to wait for room, instead of holding its first
+        // pace to the end.
+        let pace = || {
+            self.destage_pressure().map_or(parallel, |p| {
+                parallel.max(destage_parallel(p.fill, p.flat_out))
+            })
+        };
+        write_runs_home(home, &coalesce(&plain), &pace).await?;
         if let (Some((first, _)), Some((last, _))) =
             (plain.first_key_value(), plain.last_key_value())
         {
@@ -1737,8 +1750,17 @@ fn try_reserve(
     } else {
         state.lap_bytes.min(state.next_lap_bytes) * state.image_reserve_per_mille / 1000
     };
-    place_record(state, record_bytes + slack)?;
     let place = place_record(state, record_bytes)?;
+    if slack > 0 {
+        // The reserve is free ring in all, in at most two pieces (the rest
+        // of this lap, the start of the next up to the tail), so the larger
+        // holds at least half of it. Asking for it whole in front of the
+        // head would leave writers waiting near the end of every lap until
+        // the tail had moved a quarter of the ring.
+        if room_after(state, record_bytes, &place) < slack {
+            return None;
+        }
+    }
     let mut wrap = None;
     let at = match place {
         Placement::Here => state.head,
@@ -1955,6 +1977,30 @@ fn place_record(state: &State, bytes: u64) -> Option<Placement> {
     }
 }
 
+/// Free ring once a record of `bytes` is placed at `place`, keeping room
+/// for a wrap record at the end of every lap as [`place_record`] does.
+fn room_after(state: &State, bytes: u64, place: &Placement) -> u64 {
+    let (head, tail) = (state.head, state.tail);
+    let rest_of_lap = |end: u64, lap_bytes: u64| lap_bytes.saturating_sub(end + HEADER_BYTES);
+    match place {
+        Placement::Here if tail.lap == head.lap => {
+            let next_lap = tail.offset.min(state.next_lap_bytes);
+            rest_of_lap(head.offset + bytes, state.lap_bytes)
+                + next_lap.saturating_sub(HEADER_BYTES)
+        }
+        Placement::Here => {
+            let end = head.offset + bytes;
+            tail.offset
+                .saturating_sub(end + HEADER_BYTES)
+                .min(rest_of_lap(end, state.lap_bytes))
+        }
+        Placement::Wrap { next_lap_bytes } => tail
+            .offset
+            .saturating_sub(bytes + HEADER_BYTES)
+            .min(rest_of_lap(bytes, *next_lap_bytes)),
+    }
+}
+
 /// Sorted blocks to (first, count) runs.
 fn ranges(blocks: &[u64]) -> Vec<(u64, u64)> {
     let mut out: Vec<(u64, u64)> = Vec::new();
@@ -2109,21 +2155,22 @@ fn destage_parallel(fill: u64, flat_out: bool) -> usize {
     DESTAGE_PARALLEL_START + extra as usize
 }
 
-/// Write coalesced runs home, `parallel` at a time (the next starts as soon
-/// as one ends). After an error none starts, and every write running ends
+/// Write coalesced runs home, at most `parallel()` at a time, asked again
+/// as each one ends (the next starts as soon as one ends). After an error none starts, and every write running ends
 /// before the first error is returned: none is left unawaited beside later
 /// writes to its rows.
 async fn write_runs_home(
     home: &Space,
     runs: &[(u64, Bytes)],
-    parallel: usize,
+    parallel: &(dyn Fn() -> usize + Sync),
 ) -> Result<(), EngineError> {
     let mut pending = runs.iter();
     let mut running = FuturesUnordered::new();
     let mut outcome = Ok(());
     loop {
         // After an error no new write starts; those running end first.
-        while outcome.is_ok() && running.len() < parallel.max(1) {
+        let allowed = parallel().max(1);
+        while outcome.is_ok() && running.len() < allowed {
             let Some((offset, data)) = pending.next() else {
                 break;
             };
@@ -2141,7 +2188,7 @@ async fn write_runs_home(
 pub(crate) async fn replay(home: &Space, blocks: &BTreeMap<u64, Bytes>) -> Result<(), EngineError> {
     let tagged: BTreeMap<u64, (u64, Bytes)> =
         blocks.iter().map(|(b, d)| (*b, (0, d.clone()))).collect();
-    write_runs_home(home, &coalesce(&tagged), DESTAGE_PARALLEL).await?;
+    write_runs_home(home, &coalesce(&tagged), &|| DESTAGE_PARALLEL).await?;
     home.pool.flush_disks().await
 }
 
@@ -2229,6 +2276,39 @@ mod tests {
             offset,
             lap,
         }
+    }
+
+    #[test]
+    fn the_image_reserve_counts_free_ring_on_both_sides_of_the_wrap() {
+        let k = BLOCK_BYTES;
+        // A parity ring of 64 blocks keeps 16 for row images.
+        let parity = |head: u64, tail: u64| State {
+            image_reserve_per_mille: 250,
+            ..state_with(64 * k, at(head * k, head * k, 0), at(tail * k, tail * k, 0))
+        };
+        let write = |state: &mut State| try_reserve(state, 2 * k, &[1], true, false).is_some();
+        // Head 50 blocks in, tail at 10: 11 free before the lap ends, 9
+        // after the wrap (each less a wrap record's block). A write may go:
+        // the reserve is there in all, its larger piece holds half of it.
+        assert!(write(&mut parity(50, 10)));
+        // The same head with the tail at 4: too little in all.
+        assert!(!write(&mut parity(50, 4)));
+        // Head 58, tail 20: most of the reserve lies past the wrap.
+        assert!(write(&mut parity(58, 20)));
+        // Tail a lap behind: one piece, up to the tail.
+        let behind = |head: u64, tail: u64| State {
+            image_reserve_per_mille: 250,
+            ..state_with(
+                64 * k,
+                at(64 * k + head * k, head * k, 1),
+                at(tail * k, tail * k, 0),
+            )
+        };
+        assert!(write(&mut behind(10, 30)));
+        assert!(!write(&mut behind(10, 28)));
+        // Row images may use the reserve.
+        let image = |state: &mut State| try_reserve(state, 8 * k, &[1], false, false).is_some();
+        assert!(image(&mut parity(50, 4)));
     }
 
     #[test]

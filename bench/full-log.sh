@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Random 4 KiB writes into journaled single parity for long enough to fill
+# its 1 GiB log, on the white paper's modelled drives: what a writer sees
+# once the log is full (IO/s, p99 and worst completion latency), and, each
+# second, how full the log is and how much has gone home.
+#
+#   bench/full-log.sh [rounds] [seconds-per-run]
+#
+# Each round runs every build in BINS (default: this checkout's release
+# build) on a fresh pool (8 × hdd-10k + 3 × ssd-sata journal disks, as
+# bench/writeback.sh) with one single-parity space of 8 GiB and a 1 GiB log,
+# at 64 outstanding I/Os with fio's nbd engine after a 2 s ramp. Builds
+# alternate within a round, so drift on a shared machine falls on both.
+# TRACE=1 prints the per-second fill trace. Needs fio.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. bench/lib.sh
+
+rounds="${1:-1}"
+seconds="${2:-20}"
+if [ -z "${BINS:-}" ]; then
+    cargo build --release -q -p terrace
+    BINS="${CARGO_TARGET_DIR:-target}/release/terrace"
+fi
+command -v fio >/dev/null || { echo "needs fio" >&2; exit 1; }
+work="$(mktemp -d /var/tmp/terrace-full-log.XXXXXX)"
+daemon=
+sampler=
+cleanup() {
+    set +e
+    [ -n "$sampler" ] && kill "$sampler" 2>/dev/null && wait "$sampler" 2>/dev/null
+    [ -n "$daemon" ] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+echo "| round | build | IO/s | p99 ms | max ms |"
+echo "|---|---|---|---|---|"
+for round in $(seq "$rounds"); do
+    for bin in $BINS; do
+        rm -rf "${work:?}"/*
+        "$bin" daemon --state-dir "$work/state" --control "$work/ctl.sock" \
+            --nbd-socket "$work/nbd.sock" --no-tcp 2>"$work/daemon.log" &
+        daemon=$!
+        ctl=("$bin" --control "$work/ctl.sock")
+        for _ in $(seq 100); do "${ctl[@]}" status >/dev/null 2>&1 && break; sleep 0.1; done
+        paper_disks "$work" model
+        "${ctl[@]}" pool create wb "${disks[@]}" --slab 256M >/dev/null
+        "${ctl[@]}" space create wb p1-log --layout parity --redundancy 1 --size 8G --cache 1G >/dev/null
+        (
+            for second in $(seq $((seconds + 2))); do
+                sleep 1
+                "${ctl[@]}" space show p1-log --json | python3 -c '
+import json, sys
+c = json.load(sys.stdin)["space"]["cache"]
+print("  %s s: fill %d %%, absorbed %d MiB, destaged %d MiB" % (sys.argv[1], c["fill_percent"],
+      c["absorbed_bytes"] >> 20, c["destaged_bytes"] >> 20))' "$second"
+            done
+        ) >"$work/trace" &
+        sampler=$!
+        fio --name=full --ioengine=nbd --uri="nbd+unix:///p1-log?socket=$work/nbd.sock" \
+            --rw=randwrite --bs=4k --iodepth=64 --size=8G --time_based --runtime="$seconds" \
+            --ramp_time=2 --output-format=json 2>/dev/null |
+            python3 -c '
+import json, sys
+text = sys.stdin.read()
+w = json.loads(text[text.index("{"):])["jobs"][0]["write"]
+clat = w["clat_ns"]
+print("| %s | %s | %.0f | %.1f | %.0f |" % (sys.argv[1], sys.argv[2], w["iops"],
+      clat["percentile"]["99.000000"] / 1e6, clat["max"] / 1e6))' "$round" "$bin"
+        kill "$sampler" 2>/dev/null || true
+        wait "$sampler" 2>/dev/null || true
+        sampler=
+        [ -n "${TRACE:-}" ] && cat "$work/trace"
+        kill "$daemon"
+        wait "$daemon" 2>/dev/null || true
+        daemon=
+    done
+done
