@@ -9,9 +9,10 @@
 # Each round runs every build in BINS (default: this checkout's release
 # build) on a fresh pool (8 × hdd-10k + 3 × ssd-sata journal disks, as
 # bench/writeback.sh) with one single-parity space of 8 GiB and a 1 GiB log,
-# at 64 outstanding I/Os with fio's nbd engine after a 2 s ramp. Builds
-# alternate within a round, so drift on a shared machine falls on both.
-# TRACE=1 prints the per-second fill trace. Needs fio.
+# at 64 outstanding I/Os with fio's nbd engine after a 2 s ramp, then
+# times the drain of what the log holds once fio stops (at most 10 minutes).
+# Builds alternate within a round, so drift on a shared machine falls on
+# both. TRACE=1 prints the per-second fill trace. Needs fio.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -34,8 +35,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-echo "| round | build | IO/s | p99 ms | max ms |"
-echo "|---|---|---|---|---|"
+echo "| round | build | IO/s | p99 ms | max ms | left in the log, MiB | drain s |"
+echo "|---|---|---|---|---|---|---|"
 for round in $(seq "$rounds"); do
     for bin in $BINS; do
         rm -rf "${work:?}"/*
@@ -66,8 +67,16 @@ import json, sys
 text = sys.stdin.read()
 w = json.loads(text[text.index("{"):])["jobs"][0]["write"]
 clat = w["clat_ns"]
-print("| %s | %s | %.0f | %.1f | %.0f |" % (sys.argv[1], sys.argv[2], w["iops"],
-      clat["percentile"]["99.000000"] / 1e6, clat["max"] / 1e6))' "$round" "$bin"
+print("| %s | %s | %.0f | %.1f | %.0f " % (sys.argv[1], sys.argv[2], w["iops"],
+      clat["percentile"]["99.000000"] / 1e6, clat["max"] / 1e6), end="")' "$round" "$bin"
+        dirty() {
+            "${ctl[@]}" space show p1-log --json |
+                python3 -c 'import json,sys; print(json.load(sys.stdin)["space"]["cache"]["dirty_bytes"])'
+        }
+        left=$(dirty)
+        start=$(date +%s.%N)
+        for _ in $(seq 1200); do [ "$(dirty)" = 0 ] && break; sleep 0.5; done
+        echo "| $((left >> 20)) | $(python3 -c "import sys; print('%.0f' % (float(sys.argv[2]) - float(sys.argv[1])))" "$start" "$(date +%s.%N)") |"
         kill "$sampler" 2>/dev/null || true
         wait "$sampler" 2>/dev/null || true
         sampler=

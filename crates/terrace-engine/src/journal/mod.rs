@@ -101,6 +101,21 @@ const DESTAGE_ROUND_BYTES: u64 = 16 << 20;
 /// out: past the urgent threshold, with writers waiting for room, once
 /// writers are quiet, and when draining.
 const DESTAGE_PARALLEL: usize = 32;
+/// A parity row holding this many separate dirty runs or more in a destage
+/// round is destaged as one update: the row read from its first run to the
+/// end of its last, the runs laid over it, written once. On HDDs that is a
+/// read and a write on each column it spans, where a read-modify-write per
+/// run costs two reads and two writes each, all of them on the parity
+/// column; from four runs on, the merged update does less.
+const MERGE_RUNS_MIN: usize = 4;
+/// Rows a destage round takes whole, with every durable dirty block in
+/// them, even from records newer than the round's (the first rows its
+/// records touch that hold [`MERGE_RUNS_MIN`] runs or more). With random
+/// writes a log holds many blocks of each row, and one update takes them
+/// all home where a read-modify-write each would not; later rounds then
+/// find much of their work done. Bounded, so that a round stays short for
+/// the writers that wait for it.
+const DENSE_ROWS_ROUND: usize = 256;
 /// Writes home in flight at the start threshold while writers are active.
 /// Between the thresholds the count rises in proportion to the fill: a log
 /// with room takes little of the capacity disks from the client's reads,
@@ -215,6 +230,8 @@ pub struct Counters {
     pub log_bytes_written: AtomicU64,
     /// Direct writes that waited for their dirty-range record to be logged.
     pub dirty_range_waits: AtomicU64,
+    /// Rows destaged as one merged update (see [`MERGE_RUNS_MIN`]).
+    pub rows_merged: AtomicU64,
     /// Rate of the last destage round (bytes per second) and when it ended.
     pub destage_rate: AtomicU64,
     pub destage_ended_ns: AtomicU64,
@@ -1364,6 +1381,16 @@ impl Journal {
                 let mut taken = 0;
                 let mut picked = Vec::new();
                 let mut work: BTreeMap<u64, (u64, Bytes)> = BTreeMap::new();
+                let row_blocks = matches!(home.geometry().layout(), Layout::Parity { .. })
+                    .then(|| home.natural_write_bytes() / BLOCK_BYTES);
+                let mut rows_seen = BTreeSet::new();
+                // Writers waiting for room want the tail moved first.
+                let dense_max = if state.space_waiters.is_empty() {
+                    DENSE_ROWS_ROUND
+                } else {
+                    0
+                };
+                let mut dense_rows = 0;
                 for record in state.records.iter().filter(|r| !r.destaged) {
                     if !record.durable
                         || record.pins > 0
@@ -1381,6 +1408,17 @@ impl Journal {
                         {
                             if *sequence == record.sequence {
                                 work.insert(*block, (*sequence, data.clone()));
+                            }
+                        }
+                        let Some(row_blocks) = row_blocks.filter(|_| dense_rows < dense_max) else {
+                            continue;
+                        };
+                        let row = block / row_blocks;
+                        if rows_seen.insert(row) {
+                            let dense = dense_row(&state, row * row_blocks, row_blocks);
+                            if !dense.is_empty() {
+                                dense_rows += 1;
+                                work.extend(dense);
                             }
                         }
                     }
@@ -1459,7 +1497,13 @@ impl Journal {
                 parallel.max(destage_parallel(p.fill, p.flat_out))
             })
         };
-        write_runs_home(home, &coalesce(&plain), &pace).await?;
+        let parity = matches!(home.geometry().layout(), Layout::Parity { .. });
+        let updates = updates(coalesce(&plain), parity.then_some(row_bytes));
+        let merged = updates.iter().filter(|update| update.len() > 1).count();
+        self.counters
+            .rows_merged
+            .fetch_add(merged as u64, Ordering::Relaxed);
+        write_updates_home(home, &updates, &pace).await?;
         if let (Some((first, _)), Some((last, _))) =
             (plain.first_key_value(), plain.last_key_value())
         {
@@ -2155,26 +2199,92 @@ fn destage_parallel(fill: u64, flat_out: bool) -> usize {
     DESTAGE_PARALLEL_START + extra as usize
 }
 
-/// Write coalesced runs home, at most `parallel()` at a time, asked again
-/// as each one ends (the next starts as soon as one ends). After an error none starts, and every write running ends
-/// before the first error is returned: none is left unawaited beside later
-/// writes to its rows.
-async fn write_runs_home(
+/// The durable dirty blocks of the row of `row_blocks` blocks from `first`
+/// if they lie in [`MERGE_RUNS_MIN`] separate runs or more (the row is
+/// worth one merged update), else none. Blocks of records newer than a
+/// round's may go home with it: it is their newest data, and durable, so
+/// a replay after a crash writes the same; their own records find them
+/// gone from the index when their turn comes.
+fn dense_row(state: &State, first: u64, row_blocks: u64) -> Vec<(u64, (u64, Bytes))> {
+    let durable: Vec<(u64, (u64, Bytes))> = state
+        .index
+        .range(first..first + row_blocks)
+        .filter_map(|(&block, entry)| {
+            let (sequence, data) = entry.committed.as_ref()?;
+            (*sequence < state.durable_below).then(|| (block, (*sequence, data.clone())))
+        })
+        .collect();
+    let runs = durable
+        .iter()
+        .zip(std::iter::once(None).chain(durable.iter().map(|(block, _)| Some(*block))))
+        .filter(|((block, _), previous)| previous.is_none_or(|p| p + 1 != *block))
+        .count();
+    if runs >= MERGE_RUNS_MIN {
+        durable
+    } else {
+        Vec::new()
+    }
+}
+
+/// Coalesced runs (sorted) as updates home, each run alone; but where
+/// `row_bytes` is given (parity), the runs within one row go together as
+/// one merged update if there are [`MERGE_RUNS_MIN`] of them or more.
+fn updates(runs: Vec<(u64, Bytes)>, row_bytes: Option<u64>) -> Vec<Vec<(u64, Bytes)>> {
+    let Some(row_bytes) = row_bytes else {
+        return runs.into_iter().map(|run| vec![run]).collect();
+    };
+    let row_of = |(offset, data): &(u64, Bytes)| {
+        let (first, last) = (
+            offset / row_bytes,
+            (offset + data.len() as u64 - 1) / row_bytes,
+        );
+        (first == last).then_some(first)
+    };
+    let mut out = Vec::new();
+    let mut group: Vec<(u64, Bytes)> = Vec::new();
+    let mut group_row = None;
+    let close = |group: &mut Vec<(u64, Bytes)>, out: &mut Vec<Vec<(u64, Bytes)>>| {
+        if group.len() >= MERGE_RUNS_MIN {
+            out.push(std::mem::take(group));
+        } else {
+            out.extend(group.drain(..).map(|run| vec![run]));
+        }
+    };
+    for run in runs {
+        let row = row_of(&run);
+        if row.is_none() || row != group_row {
+            close(&mut group, &mut out);
+            group_row = row;
+        }
+        match row {
+            Some(_) => group.push(run),
+            None => out.push(vec![run]),
+        }
+    }
+    close(&mut group, &mut out);
+    out
+}
+
+/// Write updates home (see [`updates`]), at most `parallel()` at a time,
+/// asked again as each one ends (the next starts as soon as one ends).
+/// After an error none starts, and every write running ends before the
+/// first error is returned: none is left unawaited beside later writes to
+/// its rows.
+async fn write_updates_home(
     home: &Space,
-    runs: &[(u64, Bytes)],
+    updates: &[Vec<(u64, Bytes)>],
     parallel: &(dyn Fn() -> usize + Sync),
 ) -> Result<(), EngineError> {
-    let mut pending = runs.iter();
+    let mut pending = updates.iter();
     let mut running = FuturesUnordered::new();
     let mut outcome = Ok(());
     loop {
-        // After an error no new write starts; those running end first.
         let allowed = parallel().max(1);
         while outcome.is_ok() && running.len() < allowed {
-            let Some((offset, data)) = pending.next() else {
+            let Some(update) = pending.next() else {
                 break;
             };
-            running.push(home.write_home(*offset, data.clone(), false));
+            running.push(write_update(home, update));
         }
         match running.next().await {
             Some(Err(error)) if outcome.is_ok() => outcome = Err(error),
@@ -2184,11 +2294,19 @@ async fn write_runs_home(
     }
 }
 
+async fn write_update(home: &Space, update: &[(u64, Bytes)]) -> Result<(), EngineError> {
+    match update {
+        [(offset, data)] => home.write_home(*offset, data.clone(), false).await,
+        pieces => home.write_home_merged(pieces).await,
+    }
+}
+
 /// Write recovered blocks home (coalesced), then flush.
 pub(crate) async fn replay(home: &Space, blocks: &BTreeMap<u64, Bytes>) -> Result<(), EngineError> {
     let tagged: BTreeMap<u64, (u64, Bytes)> =
         blocks.iter().map(|(b, d)| (*b, (0, d.clone()))).collect();
-    write_runs_home(home, &coalesce(&tagged), &|| DESTAGE_PARALLEL).await?;
+    let updates = updates(coalesce(&tagged), None);
+    write_updates_home(home, &updates, &|| DESTAGE_PARALLEL).await?;
     home.pool.flush_disks().await
 }
 
@@ -2225,6 +2343,53 @@ mod tests {
         assert_eq!(runs[0].1.len() as u64, 2 * BLOCK_BYTES);
         assert_eq!(runs[0].1[BLOCK_BYTES as usize], 5);
         assert_eq!(runs[1].0, 9 * BLOCK_BYTES);
+    }
+
+    #[test]
+    fn rows_with_many_runs_are_destaged_as_one_update() {
+        let k = BLOCK_BYTES;
+        let run =
+            |block: u64, blocks: u64| (block * k, Bytes::from(vec![0; (blocks * k) as usize]));
+        // Rows of 8 blocks: row 0 holds four runs, row 1 two, and one run
+        // crosses from row 2 into row 3, where three more runs lie.
+        let runs = vec![
+            run(0, 1),
+            run(2, 1),
+            run(4, 1),
+            run(6, 2),
+            run(9, 1),
+            run(12, 1),
+            run(23, 2),
+            run(26, 1),
+            run(28, 1),
+            run(30, 1),
+        ];
+        let shape = |updates: Vec<Vec<(u64, Bytes)>>| -> Vec<Vec<u64>> {
+            updates
+                .iter()
+                .map(|update| update.iter().map(|(offset, _)| offset / k).collect())
+                .collect()
+        };
+        assert_eq!(
+            shape(updates(runs.clone(), Some(8 * k))),
+            vec![
+                vec![0, 2, 4, 6],
+                vec![9],
+                vec![12],
+                vec![23],
+                vec![26],
+                vec![28],
+                vec![30],
+            ]
+        );
+        // Four runs in row 3 once the crossing run is not among them.
+        let mut more = runs.clone();
+        more.push(run(31, 1));
+        more.sort_by_key(|(offset, _)| *offset);
+        let shaped = shape(updates(more, Some(8 * k)));
+        assert_eq!(shaped.last(), Some(&vec![26, 28, 30, 31]));
+        // Without rows (not parity), every run alone.
+        assert!(shape(updates(runs, None)).iter().all(|u| u.len() == 1));
     }
 
     #[test]
