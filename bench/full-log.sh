@@ -9,16 +9,19 @@
 # Each round runs every build in BINS (default: this checkout's release
 # build) on a fresh pool (8 × hdd-10k + 3 × ssd-sata journal disks, as
 # bench/writeback.sh) with one single-parity space of 8 GiB and a 1 GiB log,
-# at 64 outstanding I/Os with fio's nbd engine after a 2 s ramp, then
+# at DEPTH outstanding I/Os with fio's nbd engine after a 2 s ramp, then
 # times the drain of what the log holds once fio stops (at most 10 minutes).
 # Builds alternate within a round, so drift on a shared machine falls on
-# both. TRACE=1 prints the per-second fill trace. Needs fio.
+# both. TRACE=1 prints the per-second fill trace. DEPTH sets the
+# outstanding I/Os (default 64); at DEPTH=1 the log does not fill in a short
+# run, and the figures are those of lone logged writes. Needs fio.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 
 rounds="${1:-1}"
 seconds="${2:-20}"
+depth="${DEPTH:-64}"
 if [ -z "${BINS:-}" ]; then
     cargo build --release -q -p terrace
     BINS="${CARGO_TARGET_DIR:-target}/release/terrace"
@@ -60,7 +63,7 @@ print("  %s s: fill %d %%, absorbed %d MiB, destaged %d MiB" % (sys.argv[1], c["
         ) >"$work/trace" &
         sampler=$!
         fio --name=full --ioengine=nbd --uri="nbd+unix:///p1-log?socket=$work/nbd.sock" \
-            --rw=randwrite --bs=4k --iodepth=64 --size=8G --time_based --runtime="$seconds" \
+            --rw=randwrite --bs=4k --iodepth="$depth" --size=8G --time_based --runtime="$seconds" \
             --ramp_time=2 --output-format=json 2>/dev/null |
             python3 -c '
 import json, sys
