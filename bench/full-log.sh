@@ -22,10 +22,7 @@ cd "$(dirname "$0")/.."
 rounds="${1:-1}"
 seconds="${2:-20}"
 depth="${DEPTH:-64}"
-if [ -z "${BINS:-}" ]; then
-    cargo build --release -q -p terrace
-    BINS="${CARGO_TARGET_DIR:-target}/release/terrace"
-fi
+ab_bins
 command -v fio >/dev/null || { echo "needs fio" >&2; exit 1; }
 work="$(mktemp -d /var/tmp/terrace-full-log.XXXXXX)"
 daemon=
@@ -43,13 +40,7 @@ echo "|---|---|---|---|---|---|---|"
 for round in $(seq "$rounds"); do
     for bin in $BINS; do
         rm -rf "${work:?}"/*
-        "$bin" daemon --state-dir "$work/state" --control "$work/ctl.sock" \
-            --nbd-socket "$work/nbd.sock" --no-tcp 2>"$work/daemon.log" &
-        daemon=$!
-        ctl=("$bin" --control "$work/ctl.sock")
-        for _ in $(seq 100); do "${ctl[@]}" status >/dev/null 2>&1 && break; sleep 0.1; done
-        paper_disks "$work" model
-        "${ctl[@]}" pool create wb "${disks[@]}" --slab 256M >/dev/null
+        paper_pool "$bin" "$work"
         "${ctl[@]}" space create wb p1-log --layout parity --redundancy 1 --size 8G --cache 1G >/dev/null
         (
             for second in $(seq $((seconds + 2))); do

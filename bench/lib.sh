@@ -7,6 +7,14 @@
 #   paper_disks DIR KIND sets disks to the white paper's drives as sparse
 #                        files in DIR/disks: 8 × 24G HDDs and 3 × 8G journal
 #                        SSDs, with drive models if KIND is model
+#   daemon_in BIN DIR    starts BIN's daemon serving on sockets in DIR
+#                        (ctl.sock, nbd.sock) and waits until it answers;
+#                        sets daemon (its pid)
+#   ab_bins              sets BINS, if unset, to this checkout's release
+#                        build (built), for scripts that alternate builds
+#   paper_pool BIN DIR   a daemon of BIN in DIR with pool wb on the white
+#                        paper's modelled drives; sets daemon and ctl (BIN
+#                        and its control arguments)
 #
 # The binary is built and taken from $CARGO_TARGET_DIR (default target/).
 
@@ -28,10 +36,31 @@ bench_daemon() {
     terrace="$target_dir/release/terrace"
     ctl=(--control "$work/ctl.sock")
     nbd="$work/nbd.sock"
-    "$terrace" daemon --state-dir "$work/state" --control "$work/ctl.sock" \
-        --nbd-socket "$nbd" --no-tcp 2>"$work/daemon.log" &
-    pids+=($!)
-    for _ in $(seq 100); do "$terrace" "${ctl[@]}" status >/dev/null 2>&1 && break; sleep 0.1; done
+    daemon_in "$terrace" "$work"
+    pids+=("$daemon")
+}
+
+daemon_in() {
+    local bin="$1" dir="$2"
+    "$bin" daemon --state-dir "$dir/state" --control "$dir/ctl.sock" \
+        --nbd-socket "$dir/nbd.sock" --no-tcp 2>"$dir/daemon.log" &
+    daemon=$!
+    for _ in $(seq 100); do "$bin" --control "$dir/ctl.sock" status >/dev/null 2>&1 && break; sleep 0.1; done
+}
+
+ab_bins() {
+    if [ -z "${BINS:-}" ]; then
+        cargo build --release -q -p terrace
+        BINS="${CARGO_TARGET_DIR:-target}/release/terrace"
+    fi
+}
+
+paper_pool() {
+    local bin="$1" dir="$2"
+    daemon_in "$bin" "$dir"
+    ctl=("$bin" --control "$dir/ctl.sock")
+    paper_disks "$dir" model
+    "${ctl[@]}" pool create wb "${disks[@]}" --slab 256M >/dev/null
 }
 
 paper_disks() {

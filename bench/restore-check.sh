@@ -21,10 +21,7 @@ cd "$(dirname "$0")/.."
 
 rounds="${1:-2}"
 seconds="${2:-8}"
-if [ -z "${BINS:-}" ]; then
-    cargo build --release -q -p terrace
-    BINS="${CARGO_TARGET_DIR:-target}/release/terrace"
-fi
+ab_bins
 command -v fio >/dev/null || { echo "needs fio" >&2; exit 1; }
 work="$(mktemp -d /var/tmp/terrace-restore.XXXXXX)"
 daemon=
@@ -51,13 +48,7 @@ ticks_per_second=$(getconf CLK_TCK)
 for round in $(seq "$rounds"); do
     for bin in $BINS; do
         rm -rf "${work:?}"/*
-        "$bin" daemon --state-dir "$work/state" --control "$work/ctl.sock" \
-            --nbd-socket "$work/nbd.sock" --no-tcp 2>"$work/daemon.log" &
-        daemon=$!
-        ctl=("$bin" --control "$work/ctl.sock")
-        for _ in $(seq 100); do "${ctl[@]}" status >/dev/null 2>&1 && break; sleep 0.1; done
-        paper_disks "$work" model
-        "${ctl[@]}" pool create wb "${disks[@]}" --slab 256M >/dev/null
+        paper_pool "$bin" "$work"
         "${ctl[@]}" space create wb p1-log --layout parity --redundancy 1 --size 8G --cache 1G >/dev/null
         "${ctl[@]}" space create wb s8 --layout simple --columns 8 --size 8G --cache 0 >/dev/null
         for pass in fill rewrite; do

@@ -136,10 +136,8 @@ end_part() {
 start_daemon() {
     local dir="$1"
     mkdir -p "$dir"
-    "$terrace" daemon --state-dir "$dir/state" --control "$dir/ctl.sock" \
-        --nbd-socket "$dir/nbd.sock" --no-tcp 2>"$dir/daemon.log" &
-    pids+=($!)
-    for _ in $(seq 100); do "$terrace" --control "$dir/ctl.sock" status >/dev/null 2>&1 && break; sleep 0.1; done
+    daemon_in "$terrace" "$dir"
+    pids+=("$daemon")
 }
 
 # Spaces of one pool; $1 folder, $2 "model" or "raw".

@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use common::*;
@@ -14,7 +14,7 @@ use futures::future::join_all;
 use terrace_engine::io::crash::CrashDevice;
 use terrace_engine::io::delay::{DelayDevice, DelayPolicy};
 use terrace_engine::io::memory::MemoryDevice;
-use terrace_engine::io::BlockDevice;
+use terrace_engine::io::{BlockDevice, BoxFuture, Bytes, BytesMut, IoResult};
 use terrace_engine::layout::Layout;
 use terrace_engine::meta::Usage;
 use terrace_engine::{verify_space, ImportOptions, NewDisk, Pool, SpaceConfig, SpaceSize};
@@ -941,8 +941,8 @@ fn rows_with_many_dirty_runs_destage_as_one_update() {
 /// Counts the flushes and FUA writes that reach a device.
 struct Counting {
     inner: Arc<dyn BlockDevice>,
-    flushes: std::sync::atomic::AtomicU64,
-    fua_writes: std::sync::atomic::AtomicU64,
+    flushes: AtomicU64,
+    fua_writes: AtomicU64,
 }
 
 impl BlockDevice for Counting {
@@ -955,36 +955,19 @@ impl BlockDevice for Counting {
     fn alignment(&self) -> u64 {
         self.inner.alignment()
     }
-    fn read(
-        &self,
-        offset: u64,
-        buf: terrace_engine::io::BytesMut,
-    ) -> terrace_engine::io::BoxFuture<(
-        terrace_engine::io::BytesMut,
-        terrace_engine::io::IoResult<()>,
-    )> {
+    fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
         self.inner.read(offset, buf)
     }
-    fn write(
-        &self,
-        offset: u64,
-        data: terrace_engine::io::Bytes,
-        fua: bool,
-    ) -> terrace_engine::io::BoxFuture<terrace_engine::io::IoResult<()>> {
+    fn write(&self, offset: u64, data: Bytes, fua: bool) -> BoxFuture<IoResult<()>> {
         if fua {
             self.fua_writes.fetch_add(1, Ordering::Relaxed);
         }
         self.inner.write(offset, data, fua)
     }
-    fn write_zeroes(
-        &self,
-        offset: u64,
-        length: u64,
-        fua: bool,
-    ) -> terrace_engine::io::BoxFuture<terrace_engine::io::IoResult<()>> {
+    fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BoxFuture<IoResult<()>> {
         self.inner.write_zeroes(offset, length, fua)
     }
-    fn flush(&self) -> terrace_engine::io::BoxFuture<terrace_engine::io::IoResult<()>> {
+    fn flush(&self) -> BoxFuture<IoResult<()>> {
         self.flushes.fetch_add(1, Ordering::Relaxed);
         self.inner.flush()
     }

@@ -1051,7 +1051,7 @@ impl Journal {
         } = contents;
         let payload_bytes = pieces.len() as u64 * BLOCK_BYTES;
         let record_bytes = HEADER_BYTES + payload_bytes;
-        let (at, sequence, wrap) = self
+        let ((at, sequence, wrap), alone) = self
             .reserve(
                 home,
                 record_bytes,
@@ -1075,13 +1075,10 @@ impl Journal {
             entries,
         };
         payload[..HEADER_BYTES as usize].copy_from_slice(&header.encode());
-        // Alone: every record before this one is durable (so nothing is in
-        // flight before it). Then it is written with FUA and is durable
-        // once written, without a flush of the log's disks after it; at one
-        // outstanding write that saves a round trip per write. Otherwise
-        // the group commit flushes it with the others.
-        let first = wrap.map_or(sequence, |(_, s)| s);
-        let alone = self.state().durable_below == first;
+        // Alone (see `reserve`): written with FUA, durable once written,
+        // without a flush of the log's disks after it; at one outstanding
+        // write that saves a round trip per write. Otherwise the group
+        // commit flushes it with the others.
         let mut writes = Vec::new();
         if let Some((wrap_at, wrap_sequence)) = wrap {
             writes.push(self.log.write_home(
@@ -1231,7 +1228,8 @@ impl Journal {
     }
 
     /// Reserve ring space (waiting for destaging if it is full), a sequence
-    /// number, and the blocks' index entries.
+    /// number, and the blocks' index entries; and whether the record is
+    /// alone: every record before it durable, so nothing in flight before it.
     async fn reserve(
         &self,
         home: &Space,
@@ -1239,7 +1237,7 @@ impl Journal {
         blocks: &[u64],
         dirtying: bool,
         pinned: bool,
-    ) -> Result<Reservation, EngineError> {
+    ) -> Result<(Reservation, bool), EngineError> {
         loop {
             let waiter = {
                 let mut state = self.state();
@@ -1254,7 +1252,8 @@ impl Journal {
                 if let Some(reserved) =
                     try_reserve(&mut state, record_bytes, blocks, dirtying, pinned)
                 {
-                    return Ok(reserved);
+                    let first = reserved.2.map_or(reserved.1, |(_, wrap)| wrap);
+                    return Ok((reserved, state.durable_below == first));
                 }
                 let (sender, receiver) = oneshot::channel();
                 state.space_waiters.push(sender);
@@ -1384,6 +1383,9 @@ impl Journal {
         // whose newest data they still hold.
         let failed = self.state().failed.is_some();
         let quiet = self.is_quiet();
+        // Parity rows (blocks): merged updates, whole rows and row images.
+        let parity_row_blocks = matches!(home.geometry().layout(), Layout::Parity { .. })
+            .then(|| home.natural_write_bytes() / BLOCK_BYTES);
         let started_ns = home.pool.env.now_ns();
         let (picked, work) = {
             let mut state = self.state();
@@ -1401,8 +1403,6 @@ impl Journal {
                 let mut taken = 0;
                 let mut picked = Vec::new();
                 let mut work: BTreeMap<u64, (u64, Bytes)> = BTreeMap::new();
-                let row_blocks = matches!(home.geometry().layout(), Layout::Parity { .. })
-                    .then(|| home.natural_write_bytes() / BLOCK_BYTES);
                 let mut rows_seen = BTreeSet::new();
                 // Only once writers have gone quiet: while they write,
                 // the rows' reads and writes take the disks from their
@@ -1432,7 +1432,8 @@ impl Journal {
                                 work.insert(*block, (*sequence, data.clone()));
                             }
                         }
-                        let Some(row_blocks) = row_blocks.filter(|_| dense_rows < dense_max) else {
+                        let Some(row_blocks) = parity_row_blocks.filter(|_| dense_rows < dense_max)
+                        else {
                             continue;
                         };
                         let row = block / row_blocks;
@@ -1461,17 +1462,16 @@ impl Journal {
         // image in the log: a cut in the middle cannot leave the missing
         // column undefined (the write hole), recovery rewrites the row.
         let row_bytes = home.natural_write_bytes();
-        let degraded: BTreeSet<u64> =
-            if failed || !matches!(home.geometry().layout(), Layout::Parity { .. }) {
-                BTreeSet::new()
-            } else {
-                work.keys()
-                    .map(|block| block * BLOCK_BYTES / row_bytes)
-                    .collect::<BTreeSet<u64>>()
-                    .into_iter()
-                    .filter(|&row| !home.healthy_for(row * row_bytes, row_bytes))
-                    .collect()
-            };
+        let degraded: BTreeSet<u64> = if failed || parity_row_blocks.is_none() {
+            BTreeSet::new()
+        } else {
+            work.keys()
+                .map(|block| block * BLOCK_BYTES / row_bytes)
+                .collect::<BTreeSet<u64>>()
+                .into_iter()
+                .filter(|&row| !home.healthy_for(row * row_bytes, row_bytes))
+                .collect()
+        };
         let (imaged, plain): (Work, Work) = work
             .iter()
             .map(|(&block, entry)| (block, entry.clone()))
@@ -1519,8 +1519,7 @@ impl Journal {
                 parallel.max(destage_parallel(p.fill, p.flat_out))
             })
         };
-        let parity = matches!(home.geometry().layout(), Layout::Parity { .. });
-        let updates = updates(coalesce(&plain), parity.then_some(row_bytes));
+        let updates = updates(coalesce(&plain), parity_row_blocks.map(|_| row_bytes));
         let merged = updates.iter().filter(|update| update.len() > 1).count();
         self.counters
             .rows_merged
@@ -2236,12 +2235,8 @@ fn dense_row(state: &State, first: u64, row_blocks: u64) -> Vec<(u64, (u64, Byte
             (*sequence < state.durable_below).then(|| (block, (*sequence, data.clone())))
         })
         .collect();
-    let runs = durable
-        .iter()
-        .zip(std::iter::once(None).chain(durable.iter().map(|(block, _)| Some(*block))))
-        .filter(|((block, _), previous)| previous.is_none_or(|p| p + 1 != *block))
-        .count();
-    if runs >= MERGE_RUNS_MIN {
+    let blocks: Vec<u64> = durable.iter().map(|(block, _)| *block).collect();
+    if ranges(&blocks).len() >= MERGE_RUNS_MIN {
         durable
     } else {
         Vec::new()
@@ -2412,6 +2407,37 @@ mod tests {
         assert_eq!(shaped.last(), Some(&vec![26, 28, 30, 31]));
         // Without rows (not parity), every run alone.
         assert!(shape(updates(runs, None)).iter().all(|u| u.len() == 1));
+    }
+
+    #[test]
+    fn a_dense_row_brings_every_durable_dirty_block_of_the_row() {
+        let k = BLOCK_BYTES;
+        let mut state = state_with(64 * k, at(0, 0, 0), at(0, 0, 0));
+        state.durable_below = 10;
+        let block = || Bytes::from(vec![0; k as usize]);
+        // Row 1 (blocks 8..16): durable blocks of records 3 to 9 in four
+        // runs, and block 14 of record 12, not yet durable. Row 0: three
+        // runs.
+        let dirty = [(8, 3), (10, 5), (11, 9), (13, 4), (15, 7), (14, 12)];
+        for (b, sequence) in dirty.into_iter().chain([(0, 2), (2, 2), (4, 6)]) {
+            let entry = Entry {
+                reserved: sequence,
+                committed: Some((sequence, block())),
+            };
+            state.index.insert(b, entry);
+        }
+        let dense = |state: &State, first| -> Vec<(u64, u64)> {
+            dense_row(state, first, 8)
+                .into_iter()
+                .map(|(b, (sequence, _))| (b, sequence))
+                .collect()
+        };
+        assert_eq!(dense(&state, 8), dirty[..5].to_vec());
+        // Three runs are not worth a merged update.
+        assert!(dense(&state, 0).is_empty());
+        // Block 14 durable too joins 13 and 15: three runs, not worth it.
+        state.durable_below = 13;
+        assert!(dense(&state, 8).is_empty());
     }
 
     #[test]
