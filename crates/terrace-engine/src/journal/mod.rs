@@ -1383,9 +1383,9 @@ impl Journal {
         // whose newest data they still hold.
         let failed = self.state().failed.is_some();
         let quiet = self.is_quiet();
-        // Parity rows (blocks): merged updates, whole rows and row images.
-        let parity_row_blocks = matches!(home.geometry().layout(), Layout::Parity { .. })
-            .then(|| home.natural_write_bytes() / BLOCK_BYTES);
+        // Parity rows: merged updates, whole rows and row images.
+        let parity_row_bytes = matches!(home.geometry().layout(), Layout::Parity { .. })
+            .then(|| home.natural_write_bytes());
         let started_ns = home.pool.env.now_ns();
         let (picked, work) = {
             let mut state = self.state();
@@ -1432,10 +1432,11 @@ impl Journal {
                                 work.insert(*block, (*sequence, data.clone()));
                             }
                         }
-                        let Some(row_blocks) = parity_row_blocks.filter(|_| dense_rows < dense_max)
+                        let Some(row_bytes) = parity_row_bytes.filter(|_| dense_rows < dense_max)
                         else {
                             continue;
                         };
+                        let row_blocks = row_bytes / BLOCK_BYTES;
                         let row = block / row_blocks;
                         if rows_seen.insert(row) {
                             let dense = dense_row(&state, row * row_blocks, row_blocks);
@@ -1462,7 +1463,7 @@ impl Journal {
         // image in the log: a cut in the middle cannot leave the missing
         // column undefined (the write hole), recovery rewrites the row.
         let row_bytes = home.natural_write_bytes();
-        let degraded: BTreeSet<u64> = if failed || parity_row_blocks.is_none() {
+        let degraded: BTreeSet<u64> = if failed || parity_row_bytes.is_none() {
             BTreeSet::new()
         } else {
             work.keys()
@@ -1519,7 +1520,7 @@ impl Journal {
                 parallel.max(destage_parallel(p.fill, p.flat_out))
             })
         };
-        let updates = updates(coalesce(&plain), parity_row_blocks.map(|_| row_bytes));
+        let updates = updates(coalesce(&plain), parity_row_bytes);
         let merged = updates.iter().filter(|update| update.len() > 1).count();
         self.counters
             .rows_merged
