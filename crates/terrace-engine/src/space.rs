@@ -33,11 +33,11 @@ use std::sync::{Arc, RwLock};
 
 use bytes::Buf;
 use futures::future::join_all;
-use terrace_io::{aligned_buffer, Bytes, BytesMut};
+use terrace_io::{aligned_buffer, BlockDevice, Bytes, BytesMut};
 use terrace_layout::{Geometry, Layout, RowSpan, BLOCK_BYTES};
 use terrace_meta::{DiskIndex, SpaceId};
 
-use crate::disk::Condition;
+use crate::disk::{Condition, Disk};
 
 use crate::control::PoolShared;
 use crate::error::EngineError;
@@ -657,9 +657,8 @@ impl Space {
         self.readable_everywhere()
     }
 
-    /// Flush only the disks this space's slabs are on (a log's group
-    /// commit: the pool's other disks have nothing of it to flush).
-    pub(crate) async fn flush_own_disks(&self) -> Result<(), EngineError> {
+    /// The disks the space's extents lie on, each once.
+    fn own_disks(&self) -> Vec<Arc<Disk>> {
         let map = self.map();
         let mut seen = std::collections::BTreeSet::new();
         let mut disks = Vec::new();
@@ -670,6 +669,22 @@ impl Space {
                 }
             }
         }
+        disks
+    }
+
+    /// Whether every online disk of the space says FUA costs it nothing
+    /// (see `BlockDevice::cheap_fua`).
+    pub(crate) fn cheap_fua(&self) -> bool {
+        self.own_disks()
+            .iter()
+            .filter(|d| d.is_online())
+            .all(|d| d.device().is_some_and(|device| device.cheap_fua()))
+    }
+
+    /// Flush only the disks this space's slabs are on (a log's group
+    /// commit: the pool's other disks have nothing of it to flush).
+    pub(crate) async fn flush_own_disks(&self) -> Result<(), EngineError> {
+        let disks = self.own_disks();
         join_all(disks.iter().filter(|d| d.is_online()).map(|d| d.flush())).await;
         self.pool.persist_failures().await?;
         self.readable_everywhere()

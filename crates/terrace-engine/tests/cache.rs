@@ -943,6 +943,8 @@ struct Counting {
     inner: Arc<dyn BlockDevice>,
     flushes: AtomicU64,
     fua_writes: AtomicU64,
+    /// What it answers to `cheap_fua`.
+    cheap: bool,
 }
 
 impl BlockDevice for Counting {
@@ -971,6 +973,9 @@ impl BlockDevice for Counting {
         self.flushes.fetch_add(1, Ordering::Relaxed);
         self.inner.flush()
     }
+    fn cheap_fua(&self) -> bool {
+        self.cheap
+    }
 }
 
 /// A logged write alone (nothing before it still waiting to be durable)
@@ -979,8 +984,21 @@ impl BlockDevice for Counting {
 /// power cut every acknowledged write reads back.
 #[test]
 fn a_lone_logged_write_is_written_with_fua_instead_of_flushed() {
+    fua_records(false);
+}
+
+/// Where the log's disks say FUA costs them nothing, every record is
+/// written with FUA, writes in flight together included, and the log's
+/// disks are never flushed behind them; after a power cut every
+/// acknowledged write reads back.
+#[test]
+fn every_record_is_written_with_fua_where_the_disks_say_it_is_cheap() {
+    fua_records(true);
+}
+
+fn fua_records(cheap: bool) {
     block_on(async {
-        let (crash, plain) = crash_devices("fua");
+        let (crash, plain) = crash_devices(if cheap { "fua-cheap" } else { "fua" });
         // Slow enough that writes issued together are in flight together.
         let policy = DelayPolicy {
             write_ns: 300_000,
@@ -994,6 +1012,7 @@ fn a_lone_logged_write_is_written_with_fua_instead_of_flushed() {
                     inner: Arc::new(DelayDevice::new(inner.clone(), env(), policy)),
                     flushes: Default::default(),
                     fua_writes: Default::default(),
+                    cheap,
                 })
             })
             .collect();
@@ -1023,13 +1042,22 @@ fn a_lone_logged_write_is_written_with_fua_instead_of_flushed() {
             assert_eq!(count(flushes), flushed, "no flush of the log's disks");
             // Each record on both log copies, with FUA.
             assert_eq!(count(fua_writes) - fua, 40);
-            // Sixteen at once: most wait for one another's group commit.
-            let flushed = count(flushes);
+            // Sixteen at once: most wait for one another's group commit,
+            // unless every record goes with FUA.
+            let (flushed, fua) = (count(flushes), count(fua_writes));
             let writes: Vec<(u64, Vec<u8>)> = (0..16u64)
                 .map(|i| (i * 5 * BLOCK + 4096 * 64, rng.bytes(BLOCK as usize)))
                 .collect();
             write_together(&space, &mut model, &writes).await;
-            assert!(count(flushes) > flushed, "the group commit flushed");
+            if cheap {
+                // Writes in flight together share records: each on both
+                // copies, with FUA.
+                assert_eq!(count(flushes), flushed, "no flush of the log's disks");
+                let records = count(fua_writes) - fua;
+                assert!(records >= 2 && records % 2 == 0, "{records} FUA writes");
+            } else {
+                assert!(count(flushes) > flushed, "the group commit flushed");
+            }
         }
         let pool = cut_and_import(&crash, &plain, 5).await;
         let space = pool.space("fua").unwrap();

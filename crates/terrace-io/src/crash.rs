@@ -326,6 +326,10 @@ impl BlockDevice for CrashDevice {
         self.inner.alignment()
     }
 
+    fn cheap_fua(&self) -> bool {
+        self.inner.cheap_fua()
+    }
+
     fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
         self.inner.read(offset, buf)
     }

@@ -85,6 +85,10 @@ impl BlockDevice for DelayDevice {
         self.inner.alignment()
     }
 
+    fn cheap_fua(&self) -> bool {
+        self.inner.cheap_fua()
+    }
+
     fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
         let inner = Arc::clone(&self.inner);
         delayed(self.wait(self.policy.read_ns), move || {

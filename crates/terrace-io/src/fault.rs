@@ -186,6 +186,10 @@ impl BlockDevice for FaultDevice {
         self.inner.alignment()
     }
 
+    fn cheap_fua(&self) -> bool {
+        self.inner.cheap_fua()
+    }
+
     fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
         match self.verdict(Operation::Read, offset, buf.len() as u64) {
             Some(error) => Box::pin(future::ready((buf, Err(error)))),

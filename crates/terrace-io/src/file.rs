@@ -127,6 +127,9 @@ struct DeviceIo {
     inline: Option<Arc<File>>,
     /// Set once `fallocate` said it cannot zero here; then zeroes are written.
     fallocate_unsupported: AtomicBool,
+    /// FUA costs nothing here (see [`BlockDevice::cheap_fua`]): a block
+    /// device with a write-through cache, or a file in memory.
+    cheap_fua: bool,
 }
 
 impl FileDevice {
@@ -159,8 +162,14 @@ impl FileDevice {
             1
         };
         let file = Arc::new(file);
+        let memory_backed = sys::is_memory_backed(&file);
+        let cheap_fua = if block_device {
+            sys::write_through_cache(&file)
+        } else {
+            memory_backed
+        };
         let wanted = match options.engine {
-            Engine::Auto if sys::is_memory_backed(&file) => Engine::Inline,
+            Engine::Auto if memory_backed => Engine::Inline,
             other => other,
         };
         let (queue, engine, threads) = start_engine(Arc::clone(&file), wanted).map_err(fail)?;
@@ -175,6 +184,7 @@ impl FileDevice {
             queue,
             inline: (engine == Engine::Inline).then_some(file),
             fallocate_unsupported: AtomicBool::new(false),
+            cheap_fua,
         });
         Ok(FileDevice {
             io,
@@ -534,6 +544,10 @@ impl BlockDevice for FileDevice {
 
     fn alignment(&self) -> u64 {
         self.io.alignment
+    }
+
+    fn cheap_fua(&self) -> bool {
+        self.io.cheap_fua
     }
 
     fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {

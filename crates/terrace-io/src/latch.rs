@@ -78,6 +78,10 @@ impl BlockDevice for LatchedDevice {
         self.inner.alignment()
     }
 
+    fn cheap_fua(&self) -> bool {
+        self.inner.cheap_fua()
+    }
+
     fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
         if let Some(error) = self.refuse() {
             return Box::pin(futures::future::ready((buf, Err(error))));

@@ -165,6 +165,14 @@ pub trait BlockDevice: Send + Sync + 'static {
     fn write(&self, offset: u64, data: Bytes, fua: bool) -> BoxFuture<IoResult<()>>;
     fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BoxFuture<IoResult<()>>;
     fn flush(&self) -> BoxFuture<IoResult<()>>;
+    /// Whether a write with FUA costs about what one without does: the
+    /// device has no volatile write cache, or one that power loss cannot
+    /// empty (a data-centre SSD's). Writers that would otherwise write and
+    /// then flush (a log's records) write with FUA instead. Wrappers
+    /// forward their inner device's answer.
+    fn cheap_fua(&self) -> bool {
+        false
+    }
 }
 
 /// Check that `[offset, offset + length)` fits a device of `size_bytes`.

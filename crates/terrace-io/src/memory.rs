@@ -66,6 +66,11 @@ impl BlockDevice for MemoryDevice {
         1
     }
 
+    /// No cache to empty: FUA changes nothing.
+    fn cheap_fua(&self) -> bool {
+        true
+    }
+
     fn read(&self, offset: u64, mut buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
         let result = self
             .check(Operation::Read, offset, buf.len() as u64)

@@ -812,6 +812,15 @@ impl BlockDevice for ModelDevice {
         self.inner.alignment()
     }
 
+    /// The modelled drive's answer, not the backing file's: an SSD with a
+    /// protected write buffer, or a drive without a write cache.
+    fn cheap_fua(&self) -> bool {
+        match &self.model.kind {
+            ModelKind::Ssd(p) => p.write_buffer_bytes > 0,
+            ModelKind::Hdd(p) => p.write_cache_bytes == 0,
+        }
+    }
+
     fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
         let inner = Arc::clone(&self.inner);
         let length = buf.len() as u64;

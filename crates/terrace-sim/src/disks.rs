@@ -27,17 +27,20 @@ impl SimDisks {
     /// `count` disks with room for `slabs_per_disk` slabs each (and the
     /// smallest metadata slots).
     pub fn new(world: Arc<World>, count: usize, slabs_per_disk: u64) -> SimDisks {
-        Self::with_journals(world, count, slabs_per_disk, 0, 0)
+        Self::with_journals(world, count, slabs_per_disk, 0, 0, false)
     }
 
     /// As [`SimDisks::new`], plus `journals` disks of `journal_slabs` slabs
-    /// each at the end (the caller pools them with usage journal).
+    /// each at the end (the caller pools them with usage journal). Every
+    /// disk says FUA is cheap on it if `cheap_fua` (see
+    /// [`BlockDevice::cheap_fua`]).
     pub fn with_journals(
         world: Arc<World>,
         count: usize,
         slabs_per_disk: u64,
         journals: usize,
         journal_slabs: u64,
+        cheap_fua: bool,
     ) -> SimDisks {
         let mut crash = Vec::new();
         let mut faults = Vec::new();
@@ -51,7 +54,7 @@ impl SimDisks {
             let size = data_offset(METADATA_SLOT_MIN_BYTES) + slabs * SLAB_BYTES;
             let memory = Arc::new(MemoryDevice::new(format!("sim:{index}"), size));
             let crashing = Arc::new(CrashDevice::new(memory));
-            let gated = Arc::new(SimDisk::new(world.clone(), crashing.clone()));
+            let gated = Arc::new(SimDisk::new(world.clone(), crashing.clone(), cheap_fua));
             let fault = FaultDevice::new(gated);
             faults.push(fault.controls());
             crash.push(crashing);

@@ -54,6 +54,9 @@ pub struct Plan {
     /// every write that is not whole rows is logged, so durable when
     /// acknowledged, which the model then checks too.
     pub gather: bool,
+    /// The disks say FUA is cheap on them, so the log writes every record
+    /// with FUA instead of flushing behind them.
+    pub cheap_fua: bool,
 }
 
 /// Journal disks of runs with a log, and their slabs (a 2 MiB ring needs 32).
@@ -101,6 +104,7 @@ impl Plan {
             cache_bytes: (tolerance > 0 && random.chance(1, 2))
                 .then(|| (1 << 20) << random.below(2)),
             gather: random.chance(1, 2),
+            cheap_fua: random.chance(1, 2),
         }
     }
 }
@@ -146,6 +150,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
         plan.slabs_per_disk,
         journals,
         JOURNAL_SLABS,
+        plan.cheap_fua,
     );
     let (pool, space) = setup(&sim, &plan, random.clone()).map_err(|e| format!("{plan:?}: {e}"))?;
     let mut run = Run {

@@ -163,11 +163,19 @@ impl Env for SimEnv {
 pub struct SimDisk {
     world: Arc<World>,
     inner: Arc<dyn BlockDevice>,
+    /// What it answers to [`BlockDevice::cheap_fua`]: a run chooses, so
+    /// that logs are checked writing every record with FUA and flushing
+    /// behind records alike.
+    cheap_fua: bool,
 }
 
 impl SimDisk {
-    pub fn new(world: Arc<World>, inner: Arc<dyn BlockDevice>) -> SimDisk {
-        SimDisk { world, inner }
+    pub fn new(world: Arc<World>, inner: Arc<dyn BlockDevice>, cheap_fua: bool) -> SimDisk {
+        SimDisk {
+            world,
+            inner,
+            cheap_fua,
+        }
     }
 }
 
@@ -180,6 +188,9 @@ impl BlockDevice for SimDisk {
     }
     fn alignment(&self) -> u64 {
         self.inner.alignment()
+    }
+    fn cheap_fua(&self) -> bool {
+        self.cheap_fua
     }
     fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
         let gate = self.world.gate(None);

@@ -1075,19 +1075,23 @@ impl Journal {
             entries,
         };
         payload[..HEADER_BYTES as usize].copy_from_slice(&header.encode());
-        // Alone (see `reserve`): written with FUA, durable once written,
-        // without a flush of the log's disks after it; at one outstanding
-        // write that saves a round trip per write. Otherwise the group
-        // commit flushes it with the others.
+        // Written with FUA, durable once written, without a flush of the
+        // log's disks after it: when alone (see `reserve`), where that saves
+        // a round trip per write at one outstanding write; and always where
+        // the log's disks say FUA costs them nothing (no volatile cache, or
+        // a power-loss-protected one), where a flush behind every group of
+        // records would only add its wait. Otherwise the group commit
+        // flushes it with the others.
+        let fua = alone || self.log.cheap_fua();
         let mut writes = Vec::new();
         if let Some((wrap_at, wrap_sequence)) = wrap {
             writes.push(self.log.write_home(
                 wrap_at.offset,
                 self.wrap_block(wrap_at, wrap_sequence, at.position),
-                alone,
+                fua,
             ));
         }
-        writes.push(self.log.write_home(at.offset, payload.freeze(), alone));
+        writes.push(self.log.write_home(at.offset, payload.freeze(), fua));
         let results = join_all(writes).await;
         self.counters
             .log_bytes_written
@@ -1107,7 +1111,7 @@ impl Journal {
             for done in wrap.map(|(_, s)| s).into_iter().chain([sequence]) {
                 if let Some(record) = state.record_mut(done) {
                     record.written = true;
-                    if alone {
+                    if fua {
                         record.durable = true;
                         // As in the group commit: a wrap record is done
                         // once durable.
@@ -1115,7 +1119,8 @@ impl Journal {
                     }
                 }
             }
-            if alone {
+            if fua {
+                // Durable from here on once every record before it is.
                 advance_durable(&mut state);
             }
             // In order: of two pieces of one block in one record (writes

@@ -182,6 +182,24 @@ pub fn direct_io_offset_align(file: &File) -> Option<u64> {
 
 /// Whether the file lives in memory (tmpfs or ramfs), where I/O is a copy
 /// that never waits for a device.
+/// Whether the block device `file` says its write cache is write-through
+/// (`queue/write_cache` in sysfs; a partition asks its disk): then FUA and
+/// flushes cost it nothing. `false` where it says write-back or cannot say.
+pub fn write_through_cache(file: &File) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(metadata) = file.metadata() else {
+        return false;
+    };
+    let rdev = metadata.rdev();
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    ["queue/write_cache", "../queue/write_cache"]
+        .iter()
+        .find_map(|tail| {
+            std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/{tail}")).ok()
+        })
+        .is_some_and(|text| text.trim() == "write through")
+}
+
 pub fn is_memory_backed(file: &File) -> bool {
     /// `TMPFS_MAGIC` and `RAMFS_MAGIC` from linux/magic.h.
     const MEMORY_FILESYSTEMS: [i64; 2] = [0x0102_1994, 0x8584_58f6];
