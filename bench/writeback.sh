@@ -23,7 +23,11 @@
 # block devices by loop devices. PROFILES, SPACES and PARTS (model, raw,
 # btrfs-model) narrow a run (e.g. PROFILES="restore random-write"
 # SPACES="p2-log p2" PARTS=model);
-# ratios whose operands were not measured are left out. Needs root (loop devices, mount),
+# ratios whose operands were not measured are left out. Parity spaces get
+# INTERLEAVE (default 64K: rows of 448 and 384 KiB, which 8 outstanding
+# 64 KiB writes cover, so a stream's rows go straight to the disks; with the
+# 256K default a stream needs 28 or 24 of them in flight for that);
+# INTERLEAVE=256K measures the default. Needs root (loop devices, mount),
 # fio, btrfs-progs. The binary is built and taken from $CARGO_TARGET_DIR
 # (default target/).
 set -euo pipefail
@@ -33,6 +37,7 @@ cd "$(dirname "$0")/.."
 seconds="${1:-10}"
 depth="${2:-32}"
 depths="${DEPTHS:-$depth}"
+interleave="${INTERLEAVE:-64K}"
 work="$(mktemp -d /var/tmp/terrace-writeback.XXXXXX)"
 pids=()
 loops=()
@@ -146,10 +151,10 @@ make_pool() {
     paper_disks "$dir" "$kind"
     local ctl=(--control "$dir/ctl.sock")
     "$terrace" "${ctl[@]}" pool create wb "${disks[@]}" --slab 256M >/dev/null
-    "$terrace" "${ctl[@]}" space create wb p2-log --layout parity --redundancy 2 --size 8G --cache 1G >/dev/null
-    "$terrace" "${ctl[@]}" space create wb p2 --layout parity --redundancy 2 --size 8G --cache 0 >/dev/null
-    "$terrace" "${ctl[@]}" space create wb p1-log --layout parity --redundancy 1 --size 8G --cache 1G >/dev/null
-    "$terrace" "${ctl[@]}" space create wb p1 --layout parity --redundancy 1 --size 8G --cache 0 >/dev/null
+    "$terrace" "${ctl[@]}" space create wb p2-log --layout parity --redundancy 2 --interleave "$interleave" --size 8G --cache 1G >/dev/null
+    "$terrace" "${ctl[@]}" space create wb p2 --layout parity --redundancy 2 --interleave "$interleave" --size 8G --cache 0 >/dev/null
+    "$terrace" "${ctl[@]}" space create wb p1-log --layout parity --redundancy 1 --interleave "$interleave" --size 8G --cache 1G >/dev/null
+    "$terrace" "${ctl[@]}" space create wb p1 --layout parity --redundancy 1 --interleave "$interleave" --size 8G --cache 0 >/dev/null
     "$terrace" "${ctl[@]}" space create wb m2 --layout mirror --copies 2 --size 8G --cache 0 >/dev/null
     # The drives' aggregate bandwidth, measured the same way: a simple
     # space striped over all eight (restore only).
