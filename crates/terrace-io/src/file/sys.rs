@@ -180,8 +180,6 @@ pub fn direct_io_offset_align(file: &File) -> Option<u64> {
     (reported && info.stx_dio_offset_align > 0).then_some(u64::from(info.stx_dio_offset_align))
 }
 
-/// Whether the file lives in memory (tmpfs or ramfs), where I/O is a copy
-/// that never waits for a device.
 /// Whether the block device `file` says its write cache is write-through
 /// (`queue/write_cache` in sysfs; a partition asks its disk): then FUA and
 /// flushes cost it nothing. `false` where it says write-back or cannot say.
@@ -200,6 +198,8 @@ pub fn write_through_cache(file: &File) -> bool {
         .is_some_and(|text| text.trim() == "write through")
 }
 
+/// Whether the file lives in memory (tmpfs or ramfs), where I/O is a copy
+/// that never waits for a device.
 pub fn is_memory_backed(file: &File) -> bool {
     /// `TMPFS_MAGIC` and `RAMFS_MAGIC` from linux/magic.h.
     const MEMORY_FILESYSTEMS: [i64; 2] = [0x0102_1994, 0x8584_58f6];

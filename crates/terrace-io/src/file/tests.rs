@@ -488,6 +488,39 @@ impl Drop for LoopDevice {
     }
 }
 
+/// FUA is cheap where the block device's cache is write-through (sysfs
+/// `queue/write_cache`, which root may set on a loop device) and on files
+/// in memory; not where the cache is write-back.
+#[test]
+fn devices_say_fua_is_cheap_only_without_a_volatile_cache() {
+    if Path::new("/dev/shm").is_dir() {
+        let dir = tempfile::tempdir_in("/dev/shm").unwrap();
+        let path = sparse_file(dir.path(), 2 * MIB);
+        assert!(FileDevice::open(&path, FileOptions::default())
+            .unwrap()
+            .cheap_fua());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let backing = dir.path().join("backing.img");
+    std::fs::write(&backing, vec![0u8; MIB as usize]).unwrap();
+    let Some(loop_device) = LoopDevice::attach(&backing) else {
+        eprintln!("skipped the block device half: needs root and losetup with a free loop device");
+        return;
+    };
+    let name = loop_device.path.file_name().unwrap().to_string_lossy();
+    let knob = PathBuf::from(format!("/sys/block/{name}/queue/write_cache"));
+    let before = std::fs::read_to_string(&knob).unwrap();
+    for (mode, cheap) in [("write through", true), ("write back", false)] {
+        if std::fs::write(&knob, mode).is_err() {
+            eprintln!("skipped {mode:?}: the kernel refused it");
+            continue;
+        }
+        let device = FileDevice::open(&loop_device.path, FileOptions::default()).unwrap();
+        assert_eq!(device.cheap_fua(), cheap, "{mode}");
+    }
+    let _ = std::fs::write(&knob, before.trim());
+}
+
 #[test]
 fn block_devices_report_ioctl_sizes_and_zero_ranges() {
     let dir = tempfile::tempdir().unwrap();
