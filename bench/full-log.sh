@@ -22,18 +22,7 @@ cd "$(dirname "$0")/.."
 rounds="${1:-1}"
 seconds="${2:-20}"
 depth="${DEPTH:-64}"
-ab_bins
-command -v fio >/dev/null || { echo "needs fio" >&2; exit 1; }
-work="$(mktemp -d /var/tmp/terrace-full-log.XXXXXX)"
-daemon=
-sampler=
-cleanup() {
-    set +e
-    [ -n "$sampler" ] && kill "$sampler" 2>/dev/null && wait "$sampler" 2>/dev/null
-    [ -n "$daemon" ] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null
-    rm -rf "$work"
-}
-trap cleanup EXIT
+ab_work full-log
 
 echo "| round | build | IO/s | p99 ms | max ms | left in the log, MiB | drain s |"
 echo "|---|---|---|---|---|---|---|"
@@ -75,8 +64,6 @@ print("| %s | %s | %.0f | %.1f | %.0f " % (sys.argv[1], sys.argv[2], w["iops"],
         wait "$sampler" 2>/dev/null || true
         sampler=
         [ -n "${TRACE:-}" ] && cat "$work/trace"
-        kill "$daemon"
-        wait "$daemon" 2>/dev/null || true
-        daemon=
+        stop_daemon
     done
 done

@@ -15,6 +15,15 @@
 #   paper_pool BIN DIR   a daemon of BIN in DIR with pool wb on the white
 #                        paper's modelled drives; sets daemon and ctl (BIN
 #                        and its control arguments)
+#   ab_work NAME         for scripts that start a daemon per build (with
+#                        fio): ab_bins, then sets work (a fresh folder) and
+#                        daemon (none yet); on exit the daemon and, if set,
+#                        sampler are stopped and the folder removed
+#   stop_daemon          stops the daemon in daemon, and forgets it
+#   restore_mbs SPACE DEPTH SECONDS
+#                        64 KiB sequential writes on SPACE of $work's NBD
+#                        socket by fio at DEPTH outstanding I/Os (2 s ramp,
+#                        then SECONDS); prints MB/s
 #
 # The binary is built and taken from $CARGO_TARGET_DIR (default target/).
 
@@ -22,6 +31,35 @@ bench_cleanup() {
     set +e
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
     [ -n "${KEEP:-}" ] || rm -rf "$work"
+}
+
+ab_work() {
+    ab_bins
+    command -v fio >/dev/null || { echo "needs fio" >&2; exit 1; }
+    work="$(mktemp -d "/var/tmp/terrace-$1.XXXXXX")"
+    daemon=
+    sampler=
+    trap ab_cleanup EXIT
+}
+
+ab_cleanup() {
+    set +e
+    [ -n "$sampler" ] && kill "$sampler" 2>/dev/null && wait "$sampler" 2>/dev/null
+    [ -n "$daemon" ] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null
+    rm -rf "$work"
+}
+
+stop_daemon() {
+    kill "$daemon"
+    wait "$daemon" 2>/dev/null || true
+    daemon=
+}
+
+restore_mbs() {
+    fio --name=restore --ioengine=nbd --uri="nbd+unix:///$1?socket=$work/nbd.sock" \
+        --rw=write --bs=64k --iodepth="$2" --size=8G --time_based --runtime="$3" \
+        --ramp_time=2 --output-format=json 2>/dev/null |
+        python3 -c 'import json,sys; t=sys.stdin.read(); print("%.1f" % (json.loads(t[t.index("{"):])["jobs"][0]["write"]["bw_bytes"] / 1e6))'
 }
 
 bench_daemon() {

@@ -21,24 +21,7 @@ cd "$(dirname "$0")/.."
 
 rounds="${1:-2}"
 seconds="${2:-8}"
-ab_bins
-command -v fio >/dev/null || { echo "needs fio" >&2; exit 1; }
-work="$(mktemp -d /var/tmp/terrace-restore.XXXXXX)"
-daemon=
-cleanup() {
-    set +e
-    [ -n "$daemon" ] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null
-    rm -rf "$work"
-}
-trap cleanup EXIT
-
-# fio restore on SPACE; prints MB/s.
-restore() {
-    fio --name=restore --ioengine=nbd --uri="nbd+unix:///$1?socket=$work/nbd.sock" \
-        --rw=write --bs=64k --iodepth=32 --size=8G --time_based --runtime="$seconds" \
-        --ramp_time=2 --output-format=json 2>/dev/null |
-        python3 -c 'import json,sys; t=sys.stdin.read(); print("%.1f" % (json.loads(t[t.index("{"):])["jobs"][0]["write"]["bw_bytes"] / 1e6))'
-}
+ab_work restore
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$daemon/stat"; }
 
@@ -52,9 +35,9 @@ for round in $(seq "$rounds"); do
         "${ctl[@]}" space create wb p1-log --layout parity --redundancy 1 --size 8G --cache 1G >/dev/null
         "${ctl[@]}" space create wb s8 --layout simple --columns 8 --size 8G --cache 0 >/dev/null
         for pass in fill rewrite; do
-            limit=$(restore s8)
+            limit=$(restore_mbs s8 32 "$seconds")
             before=$(cpu_ticks)
-            parity=$(restore p1-log)
+            parity=$(restore_mbs p1-log 32 "$seconds")
             used=$(($(cpu_ticks) - before))
             python3 - "$round" "$bin" "$pass" "$limit" "$parity" "$used" "$ticks_per_second" "$seconds" <<'PY'
 import sys
@@ -66,8 +49,6 @@ cpu = int(ticks) / int(hz) / gb if gb else 0
 print(f"| {round_} | {build} | {pass_} | {limit:.1f} | {parity:.1f} | {parity / (limit * 7 / 8):.2f} | {cpu:.2f} |")
 PY
         done
-        kill "$daemon"
-        wait "$daemon" 2>/dev/null || true
-        daemon=
+        stop_daemon
     done
 done
