@@ -673,12 +673,16 @@ impl Space {
     }
 
     /// Whether every online disk of the space says FUA costs it nothing
-    /// (see `BlockDevice::cheap_fua`).
+    /// (see `BlockDevice::cheap_fua`). Asked per log record: it walks the
+    /// map in place (a disk met twice answers twice) and allocates nothing.
     pub(crate) fn cheap_fua(&self) -> bool {
-        self.own_disks()
+        self.map()
+            .extents
             .iter()
-            .filter(|d| d.is_online())
-            .all(|d| d.device().is_some_and(|device| device.cheap_fua()))
+            .flat_map(|targets| targets.iter().flat_map(|t| t.locations.iter()))
+            .map(|location| &location.disk)
+            .filter(|disk| disk.is_online())
+            .all(|disk| disk.device().is_some_and(|device| device.cheap_fua()))
     }
 
     /// Flush only the disks this space's slabs are on (a log's group

@@ -485,6 +485,7 @@ impl Drive {
 impl SsdState {
     fn submit(&mut self, now: u64, op: Op) -> u64 {
         let p = &self.params;
+        let write = matches!(op, Op::Write { .. });
         let (occupancy_us, length, rate) = match op {
             Op::Read { length, .. } => (p.read_us, length, p.read_mb_s),
             Op::Write { length, .. } => (p.write_us, length, p.write_mb_s),
@@ -504,8 +505,7 @@ impl SsdState {
             self.programs.pop();
             self.buffered -= bytes;
         }
-        let buffered = matches!(op, Op::Write { .. })
-            && self.buffered + length <= self.params.write_buffer_bytes;
+        let buffered = write && self.buffered + length <= self.params.write_buffer_bytes;
         let (unit, &unit_free) = self
             .units
             .iter()
@@ -518,7 +518,7 @@ impl SsdState {
         self.link_free = link_start + transfer;
         let done = (start + (occupancy_us * NS_PER_US) as u64).max(self.link_free);
         self.units[unit] = done;
-        if !matches!(op, Op::Write { .. }) {
+        if !write {
             return done;
         }
         let acknowledged = if buffered {

@@ -1257,7 +1257,8 @@ impl Journal {
                 if let Some(reserved) =
                     try_reserve(&mut state, record_bytes, blocks, dirtying, pinned)
                 {
-                    let first = reserved.2.map_or(reserved.1, |(_, wrap)| wrap);
+                    let (_, sequence, wrap) = reserved;
+                    let first = wrap.map_or(sequence, |(_, wrap_sequence)| wrap_sequence);
                     return Ok((reserved, state.durable_below == first));
                 }
                 let (sender, receiver) = oneshot::channel();
