@@ -6,7 +6,9 @@
 #                        (the NBD socket) and starts the daemon
 #   paper_disks DIR KIND sets disks to the white paper's drives as sparse
 #                        files in DIR/disks: 8 × 24G HDDs and 3 × 8G journal
-#                        SSDs, with drive models if KIND is model
+#                        SSDs, with drive models if KIND is model; with
+#                        SSD_DIR set, the SSDs' files go into a new folder
+#                        there instead (listed in ssd_dirs, for cleanup)
 #   daemon_in BIN DIR    starts BIN's daemon serving on sockets in DIR
 #                        (ctl.sock, nbd.sock) and waits until it answers;
 #                        sets daemon (its pid)
@@ -20,6 +22,9 @@
 #                        daemon (none yet); on exit the daemon and, if set,
 #                        sampler are stopped and the folder removed
 #   stop_daemon          stops the daemon in daemon, and forgets it
+#   ab_rounds ROUNDS FN  ROUNDS times, for every build in BINS in turn: a
+#                        fresh paper_pool in $work, then FN ROUND BIN, then
+#                        stop_daemon
 #   restore_mbs SPACE DEPTH SECONDS
 #                        64 KiB sequential writes on SPACE of $work's NBD
 #                        socket by fio at DEPTH outstanding I/Os (2 s ramp,
@@ -46,7 +51,20 @@ ab_cleanup() {
     set +e
     [ -n "$sampler" ] && kill "$sampler" 2>/dev/null && wait "$sampler" 2>/dev/null
     [ -n "$daemon" ] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null
-    rm -rf "$work"
+    rm -rf "$work" "${ssd_dirs[@]}"
+}
+
+ab_rounds() {
+    local rounds="$1" body="$2" round bin
+    for round in $(seq "$rounds"); do
+        for bin in $BINS; do
+            rm -rf "${work:?}"/* "${ssd_dirs[@]}"
+            ssd_dirs=()
+            paper_pool "$bin" "$work"
+            "$body" "$round" "$bin"
+            stop_daemon
+        done
+    done
 }
 
 stop_daemon() {
@@ -101,17 +119,24 @@ paper_pool() {
     "${ctl[@]}" pool create wb "${disks[@]}" --slab 256M >/dev/null
 }
 
+ssd_dirs=()
+
 paper_disks() {
     local dir="$1" kind="$2" i hdd=",model=hdd-10k,media=hdd" ssd=",model=ssd-sata,media=ssd"
     [ "$kind" = model ] || { hdd=; ssd=; }
     disks=()
     mkdir -p "$dir/disks"
+    local ssd_dir="$dir/disks"
+    if [ -n "${SSD_DIR:-}" ]; then
+        ssd_dir="$(mktemp -d "$SSD_DIR/terrace-ssd.XXXXXX")"
+        ssd_dirs+=("$ssd_dir")
+    fi
     for i in $(seq 0 7); do
         truncate -s 24G "$dir/disks/hdd$i.img"
         disks+=("$dir/disks/hdd$i.img$hdd")
     done
     for i in 0 1 2; do
-        truncate -s 8G "$dir/disks/ssd$i.img"
-        disks+=("$dir/disks/ssd$i.img$ssd,usage=journal")
+        truncate -s 8G "$ssd_dir/ssd$i.img"
+        disks+=("$ssd_dir/ssd$i.img$ssd,usage=journal")
     done
 }

@@ -28,18 +28,17 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$daemon/stat"; }
 echo "| round | build | pass | s8 MB/s | p1-log MB/s | of 7/8 × s8 | p1-log CPU s/GB |"
 echo "|---|---|---|---|---|---|---|"
 ticks_per_second=$(getconf CLK_TCK)
-for round in $(seq "$rounds"); do
-    for bin in $BINS; do
-        rm -rf "${work:?}"/*
-        paper_pool "$bin" "$work"
-        "${ctl[@]}" space create wb p1-log --layout parity --redundancy 1 --size 8G --cache 1G >/dev/null
-        "${ctl[@]}" space create wb s8 --layout simple --columns 8 --size 8G --cache 0 >/dev/null
-        for pass in fill rewrite; do
-            limit=$(restore_mbs s8 32 "$seconds")
-            before=$(cpu_ticks)
-            parity=$(restore_mbs p1-log 32 "$seconds")
-            used=$(($(cpu_ticks) - before))
-            python3 - "$round" "$bin" "$pass" "$limit" "$parity" "$used" "$ticks_per_second" "$seconds" <<'PY'
+# One round of one build, on its fresh pool.
+check_round() {
+    local round="$1" bin="$2" pass
+    "${ctl[@]}" space create wb p1-log --layout parity --redundancy 1 --size 8G --cache 1G >/dev/null
+    "${ctl[@]}" space create wb s8 --layout simple --columns 8 --size 8G --cache 0 >/dev/null
+    for pass in fill rewrite; do
+        limit=$(restore_mbs s8 32 "$seconds")
+        before=$(cpu_ticks)
+        parity=$(restore_mbs p1-log 32 "$seconds")
+        used=$(($(cpu_ticks) - before))
+        python3 - "$round" "$bin" "$pass" "$limit" "$parity" "$used" "$ticks_per_second" "$seconds" <<'PY'
 import sys
 round_, build, pass_, limit, parity, ticks, hz, seconds = sys.argv[1:]
 limit, parity = float(limit), float(parity)
@@ -48,7 +47,6 @@ gb = parity * (float(seconds) + 2) / 1000
 cpu = int(ticks) / int(hz) / gb if gb else 0
 print(f"| {round_} | {build} | {pass_} | {limit:.1f} | {parity:.1f} | {parity / (limit * 7 / 8):.2f} | {cpu:.2f} |")
 PY
-        done
-        stop_daemon
     done
-done
+}
+ab_rounds "$rounds" check_round

@@ -15,7 +15,9 @@
 # "1 3 8 16") it writes each space in turn with fio's nbd engine (2 s ramp,
 # then the run) and prints MB/s with the share of the limit (7/8 of `s8`
 # for single parity, 6/8 for dual) in brackets. Builds alternate within a
-# round. Needs fio.
+# round. SSD_DIR=/dev/shm puts the journal SSDs' backing files in memory,
+# so that the host disk's flushes behind FUA log records do not show
+# through the modelled SSDs. Needs fio.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -27,27 +29,25 @@ ab_work restore-depths
 
 echo "| round | build | outstanding I/Os | s8 | p1 | p1k | p2k |"
 echo "|---|---|---|---|---|---|---|"
-for round in $(seq "$rounds"); do
-    for bin in $BINS; do
-        rm -rf "${work:?}"/*
-        paper_pool "$bin" "$work"
-        "${ctl[@]}" space create wb s8 --layout simple --columns 8 --size 8G --cache 0 >/dev/null
-        "${ctl[@]}" space create wb p1 --layout parity --redundancy 1 --size 8G --cache 1G >/dev/null
-        "${ctl[@]}" space create wb p1k --layout parity --redundancy 1 --interleave 64K --size 8G --cache 1G >/dev/null
-        "${ctl[@]}" space create wb p2k --layout parity --redundancy 2 --interleave 64K --size 8G --cache 1G >/dev/null
-        for depth in $depths; do
-            limit=$(restore_mbs s8 "$depth" "$seconds")
-            p1=$(restore_mbs p1 "$depth" "$seconds")
-            p1k=$(restore_mbs p1k "$depth" "$seconds")
-            p2k=$(restore_mbs p2k "$depth" "$seconds")
-            python3 - "$round" "$(basename "$bin")" "$depth" "$limit" "$p1" "$p1k" "$p2k" <<'PY'
+# One round of one build, on its fresh pool.
+depths_round() {
+    local round="$1" bin="$2" depth
+    "${ctl[@]}" space create wb s8 --layout simple --columns 8 --size 8G --cache 0 >/dev/null
+    "${ctl[@]}" space create wb p1 --layout parity --redundancy 1 --size 8G --cache 1G >/dev/null
+    "${ctl[@]}" space create wb p1k --layout parity --redundancy 1 --interleave 64K --size 8G --cache 1G >/dev/null
+    "${ctl[@]}" space create wb p2k --layout parity --redundancy 2 --interleave 64K --size 8G --cache 1G >/dev/null
+    for depth in $depths; do
+        limit=$(restore_mbs s8 "$depth" "$seconds")
+        p1=$(restore_mbs p1 "$depth" "$seconds")
+        p1k=$(restore_mbs p1k "$depth" "$seconds")
+        p2k=$(restore_mbs p2k "$depth" "$seconds")
+        python3 - "$round" "$(basename "$bin")" "$depth" "$limit" "$p1" "$p1k" "$p2k" <<'PY'
 import sys
 round_, build, depth, limit, p1, p1k, p2k = sys.argv[1:4] + [float(v) for v in sys.argv[4:]]
 share = lambda v, data: "%.1f (%.2f)" % (v, v / (limit * data / 8))
 print("| %s | %s | %s | %.1f | %s | %s | %s |" % (round_, build, depth, limit,
       share(p1, 7), share(p1k, 7), share(p2k, 6)))
 PY
-        done
-        stop_daemon
     done
-done
+}
+ab_rounds "$rounds" depths_round

@@ -48,7 +48,7 @@ cleanup() {
     for loop in "${loops[@]}"; do losetup -d "$loop"; done
     for fuse in "${fuses[@]}"; do fusermount3 -u "$fuse"; done
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
-    rm -rf "$work"
+    rm -rf "$work" "${ssd_dirs[@]}"
 }
 trap cleanup EXIT
 
