@@ -63,9 +63,22 @@ pub fn open_device(disk: &DiskPath, env: &Arc<dyn Env>) -> Result<Arc<dyn BlockD
         Some(spec) => {
             let model =
                 DriveModel::parse(spec).map_err(|e| format!("drive model {spec:?}: {e}"))?;
-            Ok(Arc::new(ModelDevice::new(device, model, env.clone())))
+            let phase = spindle_phase(&disk.path);
+            Ok(Arc::new(
+                ModelDevice::new(device, model, env.clone()).with_phase(phase),
+            ))
         }
     }
+}
+
+/// A modelled drive's spindle phase, from its path: fixed across restarts
+/// and different between the drives of a pool, which a real JBOD's
+/// unsynchronised spindles are too (FNV-1a, top 53 bits as a fraction).
+fn spindle_phase(path: &str) -> f64 {
+    let hash = path.bytes().fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    });
+    (hash >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// Expand folders into the regular files and block devices inside them;
@@ -282,4 +295,26 @@ fn start_background(pool: &Arc<Pool>) {
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modelled_drives_of_a_pool_get_their_own_spindle_phases() {
+        let phases: Vec<f64> = (0..8)
+            .map(|i| spindle_phase(&format!("/var/tmp/pool/disks/hdd{i}.img")))
+            .collect();
+        assert!(phases.iter().all(|p| (0.0..1.0).contains(p)), "{phases:?}");
+        let (low, high) = phases
+            .iter()
+            .fold((1.0f64, 0.0f64), |(l, h), &p| (l.min(p), h.max(p)));
+        assert!(high - low > 0.5, "bunched together: {phases:?}");
+        let mut sorted = phases.clone();
+        sorted.sort_by(f64::total_cmp);
+        assert!(sorted.windows(2).all(|w| w[1] - w[0] > 1e-6), "{phases:?}");
+        let again = spindle_phase("/var/tmp/pool/disks/hdd3.img");
+        assert_eq!(again, phases[3], "a restart keeps a drive's phase");
+    }
 }
