@@ -52,7 +52,7 @@ pub mod units;
 pub use profile::{Access, Profile, ProfileError};
 pub use report::{Point, Report};
 pub use runner::{run_point, RunOptions, SequentialMode};
-pub use sweep::{sweep, SweepConfig, DEFAULT_DEPTHS};
+pub use sweep::{sweep, sweep_settled, Settle, SweepConfig, DEFAULT_DEPTHS};
 pub use target::{Target, TargetError};
 pub use targets::{FileTarget, NbdTarget, SpaceTarget, StripeTarget, TargetSpec};
 

@@ -8,6 +8,7 @@
 use std::io::IsTerminal;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use futures::future::BoxFuture;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::machine::Machine;
@@ -15,7 +16,7 @@ use crate::prefill::prefill;
 use crate::profile::Profile;
 use crate::report::{rfc3339, Point, Report, Settings, TargetInfo};
 use crate::runner::{run_point, working_set, RunOptions, SequentialMode, DEFAULT_SEED};
-use crate::target::Target;
+use crate::target::{Target, TargetError};
 use crate::BenchError;
 
 /// The white paper's outstanding I/Os.
@@ -138,6 +139,21 @@ pub async fn sweep(
     targets: &[Box<dyn Target>],
     config: &SweepConfig,
 ) -> Result<Report, BenchError> {
+    sweep_settled(targets, config, &mut |_| Box::pin(async { Ok(()) })).await
+}
+
+/// Waits until a target (by name) is idle again, e.g. until a write-back
+/// cache has destaged what the last profile left; an error ends the sweep.
+pub type Settle<'a> = dyn FnMut(&str) -> BoxFuture<'static, Result<(), String>> + 'a;
+
+/// [`sweep`], calling `settle` before each profile of a target (after its
+/// prefill), so that every profile starts from an idle target as separate
+/// measurements would; the depths of one profile still run back to back.
+pub async fn sweep_settled(
+    targets: &[Box<dyn Target>],
+    config: &SweepConfig,
+    settle: &mut Settle<'_>,
+) -> Result<Report, BenchError> {
     config.check(targets)?;
     let started = rfc3339(
         SystemTime::now()
@@ -164,6 +180,14 @@ pub async fn sweep(
             prefilled,
         });
         for profile in &config.profiles {
+            bar.set_message(format!(
+                "{} settling before {}",
+                target.name(),
+                profile.name
+            ));
+            settle(target.name())
+                .await
+                .map_err(|reason| BenchError::target(target, TargetError::Other(reason)))?;
             for &outstanding in &config.depths {
                 bar.set_message(format!("{} {} ×{outstanding}", target.name(), profile.name));
                 let point = run_point(target, profile, &config.run_options(outstanding)).await?;

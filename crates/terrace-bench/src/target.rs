@@ -44,3 +44,29 @@ pub trait Target: Send + Sync {
     /// Make completed writes durable.
     fn flush(&self) -> BoxFuture<'_, TargetResult<()>>;
 }
+
+/// A shared target is the target (so a caller can keep a handle on one it
+/// gave to a sweep).
+impl<T: Target + ?Sized> Target for std::sync::Arc<T> {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+    fn size_bytes(&self) -> u64 {
+        (**self).size_bytes()
+    }
+    fn alignment(&self) -> u64 {
+        (**self).alignment()
+    }
+    fn request_max_bytes(&self) -> u64 {
+        (**self).request_max_bytes()
+    }
+    fn read(&self, offset: u64, length: u32) -> BoxFuture<'_, TargetResult<Bytes>> {
+        (**self).read(offset, length)
+    }
+    fn write(&self, offset: u64, data: Bytes) -> BoxFuture<'_, TargetResult<()>> {
+        (**self).write(offset, data)
+    }
+    fn flush(&self) -> BoxFuture<'_, TargetResult<()>> {
+        (**self).flush()
+    }
+}

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -18,7 +18,7 @@ use terrace_bench::plot::write_svgs;
 use terrace_bench::report::Report;
 use terrace_bench::target::TargetResult;
 use terrace_bench::{
-    run_point, sweep, Access, Profile, RunOptions, StripeTarget, SweepConfig, Target,
+    run_point, sweep, sweep_settled, Access, Profile, RunOptions, StripeTarget, SweepConfig, Target,
 };
 use terrace_io::Bytes;
 
@@ -585,4 +585,59 @@ fn the_stripe_target_puts_every_byte_where_a_stripe_does() {
             "unit {unit} misplaced"
         );
     }
+}
+
+#[test]
+fn a_settled_sweep_waits_before_each_profile_and_stops_on_its_error() {
+    let targets: Vec<Box<dyn Target>> = vec![
+        Box::new(Recorder::new("first", 8 * MIB)),
+        Box::new(Recorder::new("second", 4 * MIB)),
+    ];
+    let config = sweep_config(&["streaming", "restore"], &[1, 2]);
+    let calls = Mutex::new(Vec::new());
+    let mut settle = |name: &str| -> BoxFuture<'static, Result<(), String>> {
+        calls.lock().unwrap().push(name.to_string());
+        Box::pin(async { Ok(()) })
+    };
+    let report = runtime()
+        .block_on(sweep_settled(&targets, &config, &mut settle))
+        .expect("sweep");
+    assert_eq!(report.points.len(), 2 * 2 * 2);
+    assert_eq!(
+        *calls.lock().unwrap(),
+        ["first", "first", "second", "second"],
+        "once per target and profile"
+    );
+
+    // Refuse the second call: the first profile (reads, after the prefill's
+    // writes) ran whole, the second (writes) never started, and the sweep
+    // fails naming the target and the reason.
+    let recorder = Arc::new(Recorder::new("only", 8 * MIB));
+    let targets: Vec<Box<dyn Target>> = vec![Box::new(Arc::clone(&recorder))];
+    let mut count = 0;
+    let mut settle = |_: &str| -> BoxFuture<'static, Result<(), String>> {
+        count += 1;
+        let result = if count == 1 {
+            Ok(())
+        } else {
+            Err("log still destaging".to_string())
+        };
+        Box::pin(async move { result })
+    };
+    let error = runtime()
+        .block_on(sweep_settled(&targets, &config, &mut settle))
+        .expect_err("the second settle fails");
+    assert!(
+        error.to_string().contains("only") && error.to_string().contains("log still destaging"),
+        "{error}"
+    );
+    let log = recorder.log.lock().unwrap();
+    let first_read = log.iter().position(|(kind, ..)| *kind == Kind::Read);
+    let first_read = first_read.expect("the first profile read");
+    assert!(
+        log[first_read..]
+            .iter()
+            .all(|(kind, ..)| *kind == Kind::Read),
+        "no write after the first profile's reads"
+    );
 }

@@ -367,7 +367,7 @@ fn mirror_streams(f: &Figures) -> Option<Finding> {
         why: if verdict == Verdict::Better {
             "Mirror reads rotate the copy they use by row and column, so one stream keeps all eight drives busy, as a stripe of eight does (a mirror reading one copy would stay at 0.5 of simple). That is what HW RAID 1 does to be faster than Storage Spaces.".into()
         } else {
-            "Deep queues reach the stripe's rate, but below them a mirror stream is slow: reads choose their copy by row and column, so each drive of a copy serves every other 256 KiB piece of its column, and a drive (modelled or real) streams without positioning only when a request starts where the last ended. Choosing the copy per larger region (several rows) would keep each drive streaming; an engine change, noted for the engine's issue.".into()
+            "Reads choose their copy by row and column, so each drive of a copy serves every other 256 KiB piece of its column and lets the pieces between pass under its head: it delivers about half its media rate, and the mirror streams at about half of simple. Where the mirror comes closer, at the deepest queues, simple itself is held back by the machine rather than the drives. Choosing the copy per region of several tracks would let a drive seek past the other copy's regions instead and stream the rest; an engine change, noted for the engine's issue.".into()
         },
     })
 }
@@ -551,7 +551,7 @@ fn no_collapse(f: &Figures) -> Option<Finding> {
                 .all(|c| c.split(' ').next().is_some_and(|n| n.ends_with("-wbc")))
         {
             format!(
-                "Drops below half ({}) are of cached spaces, whose points run back to back: by then the random profiles have filled the log past what destaging keeps up with, and the point measures destaging (read-modify-write of rows on the HDDs) while writers wait for ring space, not the log. Smaller drops are within what short points on a shared machine move.",
+                "Drops below half ({}) are of cached spaces, whose depths of one profile run back to back: by the deepest points the profile has filled the log past what destaging keeps up with, and the point measures destaging (read-modify-write of rows on the HDDs) while writers wait for ring space, not the log. Smaller drops are within what short points on a shared machine move.",
                 severe.iter().map(|c| c.as_str()).collect::<Vec<_>>().join(", ")
             )
         } else if !severe.is_empty() && !simple_severe && f.has("simple") {
@@ -654,9 +654,9 @@ fn cache_section(out: &mut String, f: &Figures, run: &PaperRun) {
         );
     }
     out.push_str(
-        "\nA run shows what the log absorbs plus what destaging manages meanwhile; points \
-         run back to back, so later points of a cached space may find the log partly full, \
-         as in a long write phase.\n\n",
+        "\nA run shows what the log absorbs plus what destaging manages meanwhile. Each \
+         profile starts with the log destaged, but its depths run back to back, so its later \
+         points may find the log partly full, as in a long write phase.\n\n",
     );
 }
 
@@ -768,7 +768,7 @@ fn cache_reads(f: &Figures) -> Option<Finding> {
         why: if low >= 0.8 {
             "Reads go to the HDDs unless the log holds newer data.".into()
         } else {
-            "At deep queues reads are unaffected, but at low depths a cached parity space reads slower: the profiles run back to back, so the log is still destaging what the random profiles left (read-modify-writes on the same HDDs) while the stream reads. The paper's spaces were idle between runs.".into()
+            format!("Each profile starts once the log has destaged what the one before left, so the stream reads the HDDs exactly as without a cache and does not compete with destaging. The gap ({space} at {depth}) is therefore not the log's: a cached space and its uncached twin sit on different slabs of the drives, and single 1 s points scatter on a shared machine. Not explained further here.")
         },
     })
 }
@@ -798,8 +798,9 @@ fn caveats(out: &mut String, report: &Report) {
            still.\n\
          - The paper measured through NTFS with Iometer; here the generator writes and reads \
            the block device itself over NBD ({} requests), so no filesystem is in between.\n\
-         - Points run back to back per space after one prefill with random data; the paper's \
-           spaces were idle between runs.\n\
+         - Each space is prefilled once with random data; each profile starts once the \
+           space's log has destaged what the profile before left (the paper's spaces were \
+           idle between runs), and the depths of a profile run back to back.\n\
          - The paper compares against a hardware RAID controller with 1 GB cache and Windows \
            software RAID; neither exists here, so its relative findings are checked within \
            this run instead (see the verdicts).\n",

@@ -24,11 +24,16 @@
 //!
 //! Every space is measured over NBD by the same generator as any other
 //! target, one after another (a space's prefill, then its profiles and
-//! depths), and the report sets the figures beside the paper's findings
+//! depths; each profile starts once the space's log has destaged what the
+//! one before left, as the paper's spaces were idle between runs), and the
+//! report sets the figures beside the paper's findings
 //! (`findings.rs`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
 
 use clap::Args;
 use terrace_bench::report::Report;
@@ -38,7 +43,7 @@ use terrace_engine::io::SystemEnv;
 
 use super::findings;
 use super::{cli_error, generator_runtime, write_outputs, OutputArgs, PrefillWhen, SweepArgs};
-use crate::api::{DiskSpec, Request, SpaceCreate, SpaceView};
+use crate::api::{DiskSpec, Request, SpaceCreate, SpaceDetail, SpaceView};
 use crate::cli::call;
 use crate::daemon::{self, DaemonConfig};
 use crate::units::{format_size, parse_size};
@@ -47,6 +52,8 @@ use crate::CliError;
 /// The paper's drives: 8 capacity HDDs and 3 SSDs.
 const HDD_COUNT: usize = 8;
 const SSD_COUNT: usize = 3;
+/// The pool the spaces are carved from.
+const POOL: &str = "paper";
 /// Threads of the in-process daemon: the NBD server and the engine; the
 /// generator has a thread of its own.
 const DAEMON_THREADS: usize = 2;
@@ -299,6 +306,40 @@ pub fn run(args: PaperArgs, _control: &Path) -> Result<(), CliError> {
     write_report(&args, &report, &run)
 }
 
+/// How long a space's log may take to destage before a profile starts
+/// anyway (with a warning).
+const DESTAGE_WAIT_MAX: Duration = Duration::from_secs(600);
+/// How often the log's dirty bytes are asked for meanwhile.
+const DESTAGE_POLL: Duration = Duration::from_millis(200);
+
+/// Wait until `space`'s log holds nothing dirty (at once for a space
+/// without a cache), so each profile starts from an idle space, as the
+/// paper's runs did, not with the last profile's writes still destaging.
+async fn destaged(control: PathBuf, space: String) -> Result<(), String> {
+    let request = Request::SpaceShow {
+        pool: Some(POOL.into()),
+        name: space.clone(),
+    };
+    let started = Instant::now();
+    loop {
+        let answer = call(&control, &request).await.map_err(|e| e.to_string())?;
+        let detail: SpaceDetail = serde_json::from_value(answer).map_err(|e| e.to_string())?;
+        let dirty = detail.space.cache.map_or(0, |cache| cache.dirty_bytes);
+        if dirty == 0 {
+            return Ok(());
+        }
+        if started.elapsed() >= DESTAGE_WAIT_MAX {
+            eprintln!(
+                "warning: space {space} still has {} dirty in its log after {} s; measuring anyway",
+                format_size(dirty),
+                DESTAGE_WAIT_MAX.as_secs()
+            );
+            return Ok(());
+        }
+        tokio::time::sleep(DESTAGE_POLL).await;
+    }
+}
+
 /// Pool, spaces, sweep; the daemon is running.
 fn measure(
     args: &PaperArgs,
@@ -324,7 +365,10 @@ fn measure(
                     .map_err(|error| CliError::Daemon(format!("space {}: {error}", space.name)))?,
             ));
         }
-        terrace_bench::sweep(&targets, config)
+        let mut settle = |space: &str| -> BoxFuture<'static, Result<(), String>> {
+            Box::pin(destaged(control.clone(), space.to_string()))
+        };
+        terrace_bench::sweep_settled(&targets, config, &mut settle)
             .await
             .map_err(cli_error)
     })?;
@@ -357,7 +401,7 @@ async fn create_spaces(
     files: &[(PathBuf, u64, DiskSpec)],
 ) -> Result<Vec<SpaceView>, CliError> {
     let request = Request::PoolCreate {
-        name: "paper".into(),
+        name: POOL.into(),
         disks: files.iter().map(|(_, _, spec)| spec.clone()).collect(),
         slab_bytes: None,
         metadata_slot_bytes: None,
@@ -377,7 +421,7 @@ async fn create_spaces(
     let mut spaces = Vec::new();
     for (layout, name, cache_bytes) in variants {
         let create = SpaceCreate {
-            pool: "paper".into(),
+            pool: POOL.into(),
             name: name.clone(),
             layout: layout.layout.into(),
             copies: layout.copies,
