@@ -8,7 +8,7 @@
 #
 # Each round runs every build in BINS (default: this checkout's release
 # build) on a fresh pool (8 × hdd-10k + 3 × ssd-sata journal disks, as
-# bench/writeback.sh) with one single-parity space of 8 GiB and a 1 GiB log,
+# bench/writeback.sh) with one 8-column single-parity space of 8 GiB and a 1 GiB log,
 # at DEPTH outstanding I/Os with fio's nbd engine after a 2 s ramp, then
 # times the drain of what the log holds once fio stops (at most 10 minutes).
 # Builds alternate within a round, so drift on a shared machine falls on
@@ -29,7 +29,7 @@ echo "|---|---|---|---|---|---|---|"
 # One round of one build, on its fresh pool.
 full_round() {
     local round="$1" bin="$2"
-    "${ctl[@]}" space create wb p1-log --layout parity --redundancy 1 --size 8G --cache 1G >/dev/null
+    "${ctl[@]}" space create wb p1-log --layout parity --redundancy 1 --columns 8 --size 8G --cache 1G >/dev/null
     (
         for second in $(seq $((seconds + 2))); do
             sleep 1

@@ -8,7 +8,7 @@
 #
 # Each round runs, for every build in BINS (default: this checkout's
 # release build), a fresh pool (8 × hdd-10k + 3 × ssd-sata journal disks,
-# as bench/writeback.sh) with a single-parity space with a 1 GiB log and a
+# as bench/writeback.sh) with an 8-column single-parity space with a 1 GiB log and a
 # simple space over all eight drives (`s8`, the limit), and writes each
 # twice with fio's nbd engine at 32 outstanding I/Os: the first run of a
 # space fills its sparse files, the second rewrites them. Prints, per run,
@@ -31,7 +31,7 @@ ticks_per_second=$(getconf CLK_TCK)
 # One round of one build, on its fresh pool.
 check_round() {
     local round="$1" bin="$2" pass
-    "${ctl[@]}" space create wb p1-log --layout parity --redundancy 1 --size 8G --cache 1G >/dev/null
+    "${ctl[@]}" space create wb p1-log --layout parity --redundancy 1 --columns 8 --size 8G --cache 1G >/dev/null
     "${ctl[@]}" space create wb s8 --layout simple --columns 8 --size 8G --cache 0 >/dev/null
     for pass in fill rewrite; do
         limit=$(restore_mbs s8 32 "$seconds")

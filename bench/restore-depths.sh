@@ -7,7 +7,8 @@
 #
 # Each round, for every build in BINS (default: this checkout's release
 # build), makes a fresh pool (8 × hdd-10k + 3 × ssd-sata journal disks, as
-# bench/writeback.sh) with four 8 GiB spaces: `s8`, simple over all eight
+# bench/writeback.sh) with four 8 GiB spaces, the parity ones 8 columns
+# wide (as the paper's, and as the limit below assumes): `s8`, simple over all eight
 # drives (the limit); `p1`, single parity with a 1 GiB log and the default
 # 256 KiB interleave (rows of 1.75 MiB); `p1k`, the same with a 64 KiB
 # interleave (rows of 448 KiB); `p2k`, dual parity with a 1 GiB log and a
@@ -33,9 +34,9 @@ echo "|---|---|---|---|---|---|---|"
 depths_round() {
     local round="$1" bin="$2" depth
     "${ctl[@]}" space create wb s8 --layout simple --columns 8 --size 8G --cache 0 >/dev/null
-    "${ctl[@]}" space create wb p1 --layout parity --redundancy 1 --size 8G --cache 1G >/dev/null
-    "${ctl[@]}" space create wb p1k --layout parity --redundancy 1 --interleave 64K --size 8G --cache 1G >/dev/null
-    "${ctl[@]}" space create wb p2k --layout parity --redundancy 2 --interleave 64K --size 8G --cache 1G >/dev/null
+    "${ctl[@]}" space create wb p1 --layout parity --redundancy 1 --columns 8 --size 8G --cache 1G >/dev/null
+    "${ctl[@]}" space create wb p1k --layout parity --redundancy 1 --columns 8 --interleave 64K --size 8G --cache 1G >/dev/null
+    "${ctl[@]}" space create wb p2k --layout parity --redundancy 2 --columns 8 --interleave 64K --size 8G --cache 1G >/dev/null
     for depth in $depths; do
         limit=$(restore_mbs s8 "$depth" "$seconds")
         p1=$(restore_mbs p1 "$depth" "$seconds")

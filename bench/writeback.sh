@@ -23,11 +23,20 @@
 # block devices by loop devices. PROFILES, SPACES and PARTS (model, raw,
 # btrfs-model) narrow a run (e.g. PROFILES="restore random-write"
 # SPACES="p2-log p2" PARTS=model);
-# ratios whose operands were not measured are left out. Parity spaces get
+# ratios whose operands were not measured are left out. Parity spaces are
+# 8 columns wide and the mirror 4 (2 copies), as in the paper: every drive
+# holds a column of every row, so the full-stripe limit is exactly (data
+# columns / 8) of the eight drives' aggregate bandwidth (left to choose, a
+# space keeps one drive free for rebuilds and uses seven). Parity spaces get
 # INTERLEAVE (default 64K: rows of 448 and 384 KiB, which 8 outstanding
 # 64 KiB writes cover, so a stream's rows go straight to the disks; with the
 # 256K default a stream needs 28 or 24 of them in flight for that);
-# INTERLEAVE=256K measures the default. Needs root (loop devices, mount),
+# INTERLEAVE=256K measures the default. The journal SSDs' backing files
+# live in memory (SSD_DIR, default /dev/shm; SSD_DIR= keeps them beside the
+# HDDs' files): a modelled SSD acknowledges a FUA write from its protected
+# buffer in 30 us, but on the host disk its backing file's flush behind
+# every FUA log record takes longer than that and would show through (see
+# docs/BENCHMARKS.md). Needs root (loop devices, mount),
 # fio, btrfs-progs. The binary is built and taken from $CARGO_TARGET_DIR
 # (default target/).
 set -euo pipefail
@@ -38,6 +47,7 @@ seconds="${1:-10}"
 depth="${2:-32}"
 depths="${DEPTHS:-$depth}"
 interleave="${INTERLEAVE:-64K}"
+export SSD_DIR="${SSD_DIR-/dev/shm}"
 work="$(mktemp -d /var/tmp/terrace-writeback.XXXXXX)"
 pids=()
 loops=()
@@ -134,7 +144,8 @@ stop_all() {
 # sparse files; btrfs on a full disk fails its writes).
 end_part() {
     stop_all
-    rm -rf "$1"
+    rm -rf "$1" "${ssd_dirs[@]}"
+    ssd_dirs=()
     df -h "$work" | tail -n 1 >&2
 }
 
@@ -151,11 +162,11 @@ make_pool() {
     paper_disks "$dir" "$kind"
     local ctl=(--control "$dir/ctl.sock")
     "$terrace" "${ctl[@]}" pool create wb "${disks[@]}" --slab 256M >/dev/null
-    "$terrace" "${ctl[@]}" space create wb p2-log --layout parity --redundancy 2 --interleave "$interleave" --size 8G --cache 1G >/dev/null
-    "$terrace" "${ctl[@]}" space create wb p2 --layout parity --redundancy 2 --interleave "$interleave" --size 8G --cache 0 >/dev/null
-    "$terrace" "${ctl[@]}" space create wb p1-log --layout parity --redundancy 1 --interleave "$interleave" --size 8G --cache 1G >/dev/null
-    "$terrace" "${ctl[@]}" space create wb p1 --layout parity --redundancy 1 --interleave "$interleave" --size 8G --cache 0 >/dev/null
-    "$terrace" "${ctl[@]}" space create wb m2 --layout mirror --copies 2 --size 8G --cache 0 >/dev/null
+    "$terrace" "${ctl[@]}" space create wb p2-log --layout parity --redundancy 2 --columns 8 --interleave "$interleave" --size 8G --cache 1G >/dev/null
+    "$terrace" "${ctl[@]}" space create wb p2 --layout parity --redundancy 2 --columns 8 --interleave "$interleave" --size 8G --cache 0 >/dev/null
+    "$terrace" "${ctl[@]}" space create wb p1-log --layout parity --redundancy 1 --columns 8 --interleave "$interleave" --size 8G --cache 1G >/dev/null
+    "$terrace" "${ctl[@]}" space create wb p1 --layout parity --redundancy 1 --columns 8 --interleave "$interleave" --size 8G --cache 0 >/dev/null
+    "$terrace" "${ctl[@]}" space create wb m2 --layout mirror --copies 2 --columns 4 --size 8G --cache 0 >/dev/null
     # The drives' aggregate bandwidth, measured the same way: a simple
     # space striped over all eight (restore only).
     "$terrace" "${ctl[@]}" space create wb s8 --layout simple --columns 8 --size 8G --cache 0 >/dev/null
