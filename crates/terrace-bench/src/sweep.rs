@@ -1,6 +1,7 @@
 //! A sweep: every target × every profile × every number of outstanding
 //! I/Os, one [`Point`] each, in that nesting order (a target's points run
-//! back to back, after its prefill).
+//! back to back, after its prefill; [`sweep_settled`] waits before each
+//! profile until the target is idle again).
 //!
 //! Progress goes to stderr through `indicatif` and is hidden when stderr is
 //! not a terminal, so logs and pipes stay clean.
