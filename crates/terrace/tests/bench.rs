@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{run, sparse_file, Daemon, MIB, TERRACE};
+use common::{run, run_ok, sparse_file, Daemon, MIB, TERRACE};
 use serde_json::Value;
 
 /// `terrace bench` with short points.
@@ -288,4 +288,86 @@ fn a_space_of_the_daemon_is_measured_by_name() {
         "{}",
         answer.describe()
     );
+}
+
+#[test]
+fn paper_builds_the_machine_measures_every_space_and_writes_its_report() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (disks, ssds) = (dir.path().join("disks"), dir.path().join("ssd"));
+    let report = dir.path().join("PAPER.md");
+    let mut command = Command::new(TERRACE);
+    command.args(["bench", "paper"]).args([
+        "--dir",
+        disks.to_str().unwrap(),
+        "--ssd-dir",
+        ssds.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+        "--layouts",
+        "simple,parity",
+        "--cache",
+        "64M",
+        "--space-size",
+        "64M",
+        "--hdd-size",
+        "2G",
+        "--ssd-size",
+        "1G",
+        "--depths",
+        "1,4",
+        "--warmup",
+        "0ms",
+        "--duration",
+        "100ms",
+    ]);
+    run_ok(&mut command);
+
+    // Every space × profile × depth measured, in the JSON beside the plots.
+    let json = read_json(&dir.path().join("paper/paper.json"));
+    let keys = point_keys(&json);
+    let spaces = ["simple", "parity", "simple-wbc", "parity-wbc"];
+    for space in spaces {
+        for profile in [
+            "file-copy",
+            "file-server",
+            "database",
+            "streaming",
+            "restore",
+        ] {
+            for depth in [1, 4] {
+                assert!(
+                    keys.contains(&(space.to_string(), profile.to_string(), depth)),
+                    "{space} {profile} {depth} missing"
+                );
+            }
+            assert!(dir.path().join(format!("paper/{profile}.svg")).exists());
+        }
+    }
+    assert_eq!(keys.len(), spaces.len() * 5 * 2);
+
+    // The report states its command, where the SSD files were, each
+    // space, and the paper's findings beside this run's.
+    let text = std::fs::read_to_string(&report).expect("report");
+    assert!(text.contains("terrace bench"), "{text}");
+    assert!(
+        text.contains(&format!("sparse files in {}", ssds.display())),
+        "the SSDs' folder is not stated"
+    );
+    for space in spaces {
+        assert!(
+            text.contains(&format!("| {space} |")),
+            "{space} not in the report"
+        );
+    }
+    assert!(text.contains("## Beside the paper's findings"));
+    assert!(text.contains("## With a write-back cache"));
+
+    // The disk files are gone afterwards (no --keep), wherever they were.
+    let left: Vec<_> = [&disks, &ssds]
+        .iter()
+        .flat_map(|dir| std::fs::read_dir(dir).expect("folder").flatten())
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".img"))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
 }

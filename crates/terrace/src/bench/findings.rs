@@ -186,7 +186,7 @@ fn header(out: &mut String, report: &Report, run: &PaperRun) {
         "## The environment\n\n\
          | | the paper | this run |\n|---|---|---|\n\
          | capacity drives | 8 × 10K rpm SAS 900 GB | 8 × `hdd-10k` model over {} sparse files |\n\
-         | SSDs | 3 × SAS SSD 400 GB | 3 × `ssd-sata` model over {} sparse files, usage `journal` |\n\
+         | SSDs | 3 × SAS SSD 400 GB | 3 × `ssd-sata` model over {} sparse files{}, usage `journal` |\n\
          | data measured | a 32 GB file (NTFS) | spaces of {} each, the whole space |\n\
          | interleave | 256 KB | 256 KiB (default) |\n\
          | drive write caches | enabled | enabled (models' write caches) |\n\
@@ -194,6 +194,9 @@ fn header(out: &mut String, report: &Report, run: &PaperRun) {
          | per point | not stated | {:.1} s warm-up, {:.1} s measured |\n",
         format_size(run.hdd_bytes),
         format_size(run.ssd_bytes),
+        run.ssd_directory
+            .as_ref()
+            .map_or(String::new(), |dir| format!(" in {}", dir.display())),
         format_size(run.space_bytes),
         settings.warmup_seconds,
         settings.duration_seconds

@@ -86,6 +86,12 @@ pub struct PaperArgs {
     /// Size of each SSD file.
     #[arg(long, default_value = "400G", value_parser = parse_size)]
     ssd_size: u64,
+    /// Folder for the SSD files instead of --dir, e.g. /dev/shm: a modelled
+    /// SSD acknowledges a FUA write from its protected buffer in 30 µs, and
+    /// a backing file whose own flush takes longer (on most disks) shows
+    /// through. Only the bytes written take memory.
+    #[arg(long)]
+    ssd_dir: Option<PathBuf>,
     /// Keep the disk files afterwards (they are deleted by default).
     #[arg(long)]
     keep: bool,
@@ -145,6 +151,9 @@ pub struct PaperRun {
     pub ssd_bytes: u64,
     pub space_bytes: u64,
     pub cache_bytes: Option<u64>,
+    /// Where the SSD files were, if not with the HDD files.
+    #[serde(default)]
+    pub ssd_directory: Option<PathBuf>,
     pub svg_directory: PathBuf,
     /// Where the report goes (its image links are relative to it).
     pub report_directory: PathBuf,
@@ -166,7 +175,11 @@ fn layouts(names: &[String]) -> Result<Vec<&'static Layout>, CliError> {
         .collect()
 }
 
-fn disk_files(directory: &Path, args: &PaperArgs) -> Vec<(PathBuf, u64, DiskSpec)> {
+fn disk_files(
+    directory: &Path,
+    ssd_directory: &Path,
+    args: &PaperArgs,
+) -> Vec<(PathBuf, u64, DiskSpec)> {
     let hdds = (0..HDD_COUNT).map(|index| {
         let path = directory.join(format!("hdd-{index}.img"));
         let spec = DiskSpec {
@@ -178,7 +191,7 @@ fn disk_files(directory: &Path, args: &PaperArgs) -> Vec<(PathBuf, u64, DiskSpec
         (path, args.hdd_size, spec)
     });
     let ssds = (0..SSD_COUNT).map(|index| {
-        let path = directory.join(format!("ssd-{index}.img"));
+        let path = ssd_directory.join(format!("ssd-{index}.img"));
         let spec = DiskSpec {
             path: path.display().to_string(),
             media: Some("ssd".into()),
@@ -251,7 +264,14 @@ pub fn run(args: PaperArgs, _control: &Path) -> Result<(), CliError> {
     }
     let directory = std::path::absolute(&args.dir)?;
     std::fs::create_dir_all(&directory)?;
-    let files = disk_files(&directory, &args);
+    let ssd_directory = match &args.ssd_dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)?;
+            std::path::absolute(dir)?
+        }
+        None => directory.clone(),
+    };
+    let files = disk_files(&directory, &ssd_directory, &args);
     let daemon_runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(DAEMON_THREADS)
         .enable_all()
@@ -383,6 +403,7 @@ fn measure(
         ssd_bytes: args.ssd_size,
         space_bytes: args.space_size,
         cache_bytes: args.cache,
+        ssd_directory: args.ssd_dir.clone(),
         svg_directory: svg_directory.clone(),
         report_directory: args.report.parent().unwrap_or(Path::new(".")).to_path_buf(),
     };
