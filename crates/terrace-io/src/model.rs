@@ -698,19 +698,19 @@ impl HddState {
         }
         let p = &self.params;
         let to = self.position(request.offset, size);
+        let rate = p.media_rate(to);
+        let rotation = p.rotation_ns();
+        let track_bytes = (rate * rotation).max(1.0);
         if request.offset > self.head {
             // Within a track's length ahead: no seek, the gap passes under
             // the head.
             let gap = (request.offset - self.head) as f64;
-            let rate = p.media_rate(to);
-            if gap <= rate * p.rotation_ns() {
+            if gap <= track_bytes {
                 return (gap / rate) as u64;
             }
         }
         let from = self.position(self.head, size);
         let seek = p.seek_ns((from - to).abs(), request.write);
-        let rotation = p.rotation_ns();
-        let track_bytes = (p.media_rate(to) * rotation).max(1.0);
         let target_angle = (request.offset as f64 % track_bytes) / track_bytes;
         let arrive = start as f64 + seek;
         let angle_now = (arrive / rotation + self.phase).fract();
