@@ -134,6 +134,7 @@ pub struct Server {
     catalog: Arc<dyn Catalog>,
     options: ServerOptions,
     offload: Option<tokio::runtime::Handle>,
+    thread_start: Option<fn()>,
 }
 
 impl Server {
@@ -142,7 +143,21 @@ impl Server {
             catalog,
             options: options.clamped(),
             offload: None,
+            thread_start: None,
         }
+    }
+
+    /// Run `hook` on each connection thread (see
+    /// [`ServerOptions::connection_threads`]) as it starts, before it serves
+    /// anything: for settings that belong to the thread, such as handing
+    /// its device submissions off to other threads.
+    pub fn on_connection_thread_start(mut self, hook: fn()) -> Server {
+        self.thread_start = Some(hook);
+        self
+    }
+
+    pub(crate) fn connection_thread_start(&self) -> Option<fn()> {
+        self.thread_start
     }
 
     /// Run requests of 64 KiB and more on `runtime` (a multi-thread

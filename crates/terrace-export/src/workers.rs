@@ -59,7 +59,12 @@ impl Workers {
                 .build()?;
             let thread = std::thread::Builder::new()
                 .name(format!("nbd-{index}"))
-                .spawn(move || runtime.block_on(serve(server, receiver, stop)))?;
+                .spawn(move || {
+                    if let Some(hook) = server.connection_thread_start() {
+                        hook();
+                    }
+                    runtime.block_on(serve(server, receiver, stop))
+                })?;
             workers.senders.push(sender);
             workers.threads.push(thread);
         }

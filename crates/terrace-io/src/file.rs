@@ -5,14 +5,16 @@
 //! neither doubles memory use nor hides write errors until a later flush.
 //! Its operations run on one of two engines behind the same type:
 //!
-//! * **io_uring** (`uring.rs`): a reactor thread owns a ring; submitters hand
-//!   operations over and are woken from the completion. Preferred: one thread
-//!   keeps up to [`MAX_IN_FLIGHT`] operations in the kernel at once.
+//! * **io_uring** (`uring.rs`): callers submit to the device's ring on their
+//!   own thread (or hand off to its reactor, see [`hand_off_submissions`]);
+//!   a reactor thread reaps the completions and wakes them. Preferred: up to
+//!   [`MAX_IN_FLIGHT`] operations in the kernel at once, one thread per
+//!   device.
 //! * **threads** (`threads.rs`): a small pool of workers doing blocking
 //!   `pread`/`pwrite`/`fdatasync`/`fallocate`. Used when io_uring cannot be
 //!   set up (or on request).
 //!
-//! Both sit behind the same bounded hand-over queue (`queue.rs`), so the
+//! Both sit behind the same bounded admission queue (`queue.rs`), so the
 //! backpressure and the buffer-ownership rules are identical: an operation
 //! owns its buffer from hand-over until the engine is done with it, even if
 //! the caller's future is dropped, and no more than [`MAX_IN_FLIGHT`]
@@ -46,6 +48,7 @@ use crate::{
     Operation, DIRECT_IO_ALIGNMENT,
 };
 use queue::{Completion, Op, Queue};
+pub use uring::hand_off_submissions;
 
 /// Operations queued or executing per device, on either engine. 256 keeps an
 /// NVMe drive's queue full (it reaches peak throughput at a few dozen 4 KiB

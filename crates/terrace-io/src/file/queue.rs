@@ -4,10 +4,11 @@
 //! ```text
 //!   caller futures                 Queue                      engine
 //!   ──────────────      ┌───────────────────────────┐     ─────────────
-//!   run(op) ──admit──▶  │ free slots: N (bounded)   │     reactor thread
-//!     │  (waits here    │ waiters: FIFO of wakers   │ ◀── (io_uring) or
-//!     │   when N = 0)   │ pending: ops handed over  │     worker threads
-//!     └──push──────────▶│                           │ ──▶ take / next
+//!   run(op) ──admit──▶  │ free slots: N (bounded)   │
+//!     │  (waits here    │ waiters: FIFO of wakers   │
+//!     │   when N = 0)   │ pending: ops handed over  │ ──▶ worker threads
+//!     ├──push──────────▶│   (thread engine)         │     (next_blocking)
+//!     └──submit ────────┼──▶ io_uring: an SQE pushed by the caller's
 //!        await reply ◀──┼─── oneshot: (op, result) ─┼──── complete()
 //! ```
 //!
@@ -16,8 +17,8 @@
 //! times: the queue can never grow without bound, and a caller that finds no
 //! free slot waits asynchronously (backpressure) instead of allocating.
 //!
-//! Ownership is what keeps buffers safe: once pushed, the [`Op`] (and so its
-//! `BytesMut`/`Bytes`) belongs to the request, which the engine drops only
+//! Ownership is what keeps buffers safe: once handed over, the [`Op`] (and so
+//! its `BytesMut`/`Bytes`) belongs to the request, which the engine drops only
 //! after the system call or the kernel completion is over. If the caller's
 //! future is dropped meanwhile, the reply is simply discarded with the buffer
 //! in it; nothing the kernel might still touch is ever freed early.
@@ -25,7 +26,6 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
 use std::pin::Pin;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
@@ -33,7 +33,7 @@ use std::task::{Context, Poll, Waker};
 use bytes::{Bytes, BytesMut};
 use futures::channel::oneshot;
 
-use super::sys;
+use super::uring::Ring;
 
 /// One system call's worth of work, owning the memory it reads or writes.
 pub(crate) enum Op {
@@ -85,22 +85,19 @@ struct State {
     waiters: VecDeque<(u64, Waker)>,
     next_ticket: u64,
     closed: bool,
-    /// The eventfd was signalled since the reactor last took the pending
-    /// requests: it will wake and take them, so pushing more needs no
-    /// further signal (one `write(2)` per reactor round, not per request).
-    wake_signalled: bool,
 }
 
 pub(crate) struct Queue {
     state: Mutex<State>,
     /// Worker threads sleep here while `pending` is empty.
     ready: Condvar,
-    /// The io_uring reactor sleeps in the kernel; this eventfd wakes it.
-    eventfd: Option<OwnedFd>,
+    /// With the io_uring engine, the ring admitted requests are submitted to
+    /// by their callers (`pending` is not used).
+    ring: Option<Arc<Ring>>,
 }
 
 impl Queue {
-    pub fn new(capacity: usize, eventfd: Option<OwnedFd>) -> Arc<Self> {
+    pub fn new(capacity: usize, ring: Option<Arc<Ring>>) -> Arc<Self> {
         Arc::new(Queue {
             state: Mutex::new(State {
                 pending: VecDeque::new(),
@@ -108,28 +105,14 @@ impl Queue {
                 waiters: VecDeque::new(),
                 next_ticket: 0,
                 closed: false,
-                wake_signalled: false,
             }),
             ready: Condvar::new(),
-            eventfd,
+            ring,
         })
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Wake every worker and the reactor.
-    fn wake_all(&self) {
-        self.ready.notify_all();
-        if let Some(fd) = &self.eventfd {
-            sys::eventfd_signal(fd.as_raw_fd());
-        }
-    }
-
-    /// The eventfd the reactor polls, if this queue has one.
-    pub fn eventfd(&self) -> Option<&OwnedFd> {
-        self.eventfd.as_ref()
     }
 
     /// Stop admitting new ops. Ops already admitted still run to completion;
@@ -143,7 +126,10 @@ impl Queue {
         for (_, waker) in waiters {
             waker.wake();
         }
-        self.wake_all();
+        self.ready.notify_all();
+        if let Some(ring) = &self.ring {
+            ring.close();
+        }
     }
 
     /// Run `op` through the engine. A closed queue returns the op at once with
@@ -163,32 +149,32 @@ impl Queue {
             });
         };
         let (reply, answer) = oneshot::channel();
-        let signal = {
+        let request = Request {
+            op,
+            reply,
+            _permit: permit,
+        };
+        if let Some(ring) = &self.ring {
+            // The ring refuses it (ENXIO) once closed, under its own lock.
+            ring.submit(request);
+            return answer.await;
+        }
+        {
             let mut state = self.lock();
-            // Checked under the same lock the engine reads `closed` with, so
-            // an engine that saw the queue closed and drained never misses a
+            // Checked under the same lock the workers read `closed` with, so
+            // a worker that saw the queue closed and drained never misses a
             // request pushed just before it exits.
             if state.closed {
                 drop(state);
-                drop(permit);
+                let Request { op, .. } = request;
                 return Ok(Completion {
                     op,
                     result: Err(io::Error::from_raw_os_error(libc::ENXIO)),
                 });
             }
-            state.pending.push_back(Request {
-                op,
-                reply,
-                _permit: permit,
-            });
-            !std::mem::replace(&mut state.wake_signalled, true)
-        };
-        self.ready.notify_one();
-        if signal {
-            if let Some(fd) = &self.eventfd {
-                sys::eventfd_signal(fd.as_raw_fd());
-            }
+            state.pending.push_back(request);
         }
+        self.ready.notify_one();
         answer.await
     }
 
@@ -204,15 +190,6 @@ impl Queue {
             }
             state = self.ready.wait(state).unwrap_or_else(|e| e.into_inner());
         }
-    }
-
-    /// Reactor: everything handed over so far, and whether the queue is closed.
-    pub fn take_pending(&self) -> (VecDeque<Request>, bool) {
-        let mut state = self.lock();
-        // Requests pushed from now on find nothing signalled and signal:
-        // none is left waiting for a reactor that is not coming.
-        state.wake_signalled = false;
-        (std::mem::take(&mut state.pending), state.closed)
     }
 
     fn release(&self) {
@@ -321,6 +298,12 @@ mod tests {
         }
     }
 
+    /// What a worker would take next: everything pushed so far.
+    fn take_pending(queue: &Queue) -> (VecDeque<Request>, bool) {
+        let mut state = queue.lock();
+        (std::mem::take(&mut state.pending), state.closed)
+    }
+
     type RunFuture<'a> = Pin<Box<dyn Future<Output = Result<Completion, oneshot::Canceled>> + 'a>>;
 
     fn poll_once(future: &mut RunFuture<'_>, counter: &Arc<CountingWaker>) -> bool {
@@ -341,7 +324,7 @@ mod tests {
         for (future, counter) in futures.iter_mut().zip(&counters) {
             assert!(!poll_once(future, counter));
         }
-        let (batch, closed) = queue.take_pending();
+        let (batch, closed) = take_pending(&queue);
         assert_eq!((batch.len(), closed), (2, false), "only two were admitted");
         // The third in line gives up; its place passes to the fourth.
         drop(futures.remove(2));
@@ -353,7 +336,7 @@ mod tests {
             "first got its answer"
         );
         assert!(!poll_once(&mut futures[2], &counters[3]));
-        let (admitted, _) = queue.take_pending();
+        let (admitted, _) = take_pending(&queue);
         assert_eq!(admitted.len(), 1, "the fourth is admitted now");
         assert_eq!(queue.lock().free, 0);
         drop(admitted);
@@ -379,7 +362,7 @@ mod tests {
             _ => panic!("a waiter must be answered once the queue is closed"),
         }
         // The admitted request is still delivered to the engine.
-        let (batch, closed) = queue.take_pending();
+        let (batch, closed) = take_pending(&queue);
         assert_eq!((batch.len(), closed), (1, true));
     }
 }

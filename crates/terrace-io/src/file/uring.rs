@@ -1,20 +1,29 @@
-//! The io_uring engine: one reactor thread per device owning one ring.
+//! The io_uring engine: one ring per device, fed by the callers, reaped by
+//! one reactor thread.
 //!
 //! ```text
-//!  futures ─push─▶ Queue.pending ──take──▶ reactor thread ──SQE──▶ kernel
-//!     ▲              │                       │  slots[i] = Request   │
-//!     │          eventfd signal ──PollAdd──▶ │  (owns the buffer)    │
-//!     │                                      ▼                       │
-//!     └──── oneshot ◀── Request::complete ◀─ reap CQE(user_data=i) ◀─┘
+//!  futures ──admit──▶ Ring::submit (caller's thread) ──SQE, enter──▶ kernel
+//!     ▲                 slots[i] = Request (owns the buffer)            │
+//!     │                                                                 │
+//!     └── oneshot ◀── Request::complete ◀── reactor: reap CQE(i) ◀──────┘
 //! ```
 //!
+//! A caller pushes its request's SQE and calls `io_uring_enter` itself, on
+//! its own thread: the request reaches the kernel without a hand-over to
+//! another thread, and the reactor is not woken to submit it (a thread
+//! switch each way per round when it was). The SQ is shared by the callers
+//! under the ring's lock; the kernel allows concurrent submitters on a ring
+//! without `IORING_SETUP_SINGLE_ISSUER`. A thread whose own work is the
+//! bottleneck (an NBD connection thread) can hand its submissions to the
+//! reactor instead: [`hand_off_submissions`].
+//!
 //! The reactor sleeps in `io_uring_enter` waiting for at least one
-//! completion. A one-shot `POLL_ADD` on the queue's eventfd is always armed
-//! while the queue is open, so a submitter that pushes a request and signals
-//! the eventfd wakes the reactor out of the kernel; the reactor then drains
-//! the eventfd, moves the pending requests into the ring and re-arms the poll.
-//! The poll owns no memory, so nothing is at risk if the ring goes away with
-//! it still armed.
+//! completion, reaps, and answers the callers. A one-shot `POLL_ADD` on an
+//! eventfd is always armed while the ring is open; closing the device,
+//! handing off a submission, or a caller's failed `io_uring_enter` signals
+//! it, so the reactor wakes out of the kernel, submits the entries left to
+//! it and sees whether the ring is closed. The poll owns no memory, so
+//! nothing is at risk if the ring goes away with it still armed.
 //!
 //! # One ring per device
 //!
@@ -30,17 +39,19 @@
 //! # Buffer safety
 //!
 //! An SQE carries raw pointers into the request's `BytesMut`/`Bytes`. The
-//! request (and so the buffer) stays in `slots` until its CQE is reaped, and
-//! only then is completed and dropped. Heap memory behind `BytesMut`/`Bytes`
-//! does not move when the handle moves, and nothing resizes it while in
-//! flight. If the ring ever fails for good, requests the kernel may still own
-//! are leaked on purpose rather than freed.
+//! request (and so the buffer) goes into `slots` before its SQE is pushed,
+//! stays there until its CQE is reaped, and only then is completed and
+//! dropped. Heap memory behind `BytesMut`/`Bytes` does not move when the
+//! handle moves, and nothing resizes it while in flight. The reactor exits
+//! only when the ring is closed (no SQE can be pushed any more) and no
+//! request is left in `slots`. If the ring ever fails for good, requests the
+//! kernel may still own are leaked on purpose rather than freed.
 
-use std::collections::VecDeque;
+use std::cell::Cell;
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, RawFd};
-use std::sync::Arc;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use io_uring::{opcode, squeue, types, IoUring, Probe};
@@ -54,6 +65,9 @@ use super::sys;
 /// callers loop over short transfers.
 pub(crate) const MAX_TRANSFER: usize = 1 << 30;
 
+/// `io_uring_enter` flag: wait for completions (include/uapi/linux/io_uring.h).
+const IORING_ENTER_GETEVENTS: u32 = 1;
+
 /// Marks the eventfd poll's completion; slot indices never reach it.
 const WAKE_TOKEN: u64 = u64::MAX;
 
@@ -62,26 +76,31 @@ const WAKE_TOKEN: u64 = u64::MAX;
 /// the caller fall back to the thread engine.
 pub(crate) fn start(file: Arc<File>, capacity: usize) -> io::Result<(Arc<Queue>, JoinHandle<()>)> {
     // Every admitted request plus the poll fits in the submission queue, so a
-    // push can only fail transiently; the completion queue is twice as big,
-    // so it cannot overflow either.
+    // push cannot fail; the completion queue is twice as big, so it cannot
+    // overflow either.
     let entries = u32::try_from((capacity + 1).next_power_of_two())
         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     let ring = IoUring::new(entries)?;
     require_opcodes(&ring)?;
-    let queue = Queue::new(capacity, Some(sys::eventfd()?));
-    let eventfd = match queue.eventfd() {
-        Some(fd) => fd.as_raw_fd(),
-        None => return Err(io::Error::from_raw_os_error(libc::EINVAL)),
-    };
-    let mut reactor = Reactor {
+    let ring = Arc::new(Ring {
         ring,
         file,
+        eventfd: sys::eventfd()?,
+        state: Mutex::new(RingState {
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            in_kernel: 0,
+            closed: false,
+            wake_armed: false,
+            unsubmitted: 0,
+            wake_signalled: false,
+        }),
+    });
+    let queue = Queue::new(capacity, Some(Arc::clone(&ring)));
+    let mut reactor = Reactor {
+        ring,
         queue: Arc::clone(&queue),
-        eventfd,
-        slots: Vec::new(),
-        free_slots: Vec::new(),
-        in_kernel: 0,
-        wake_armed: false,
+        reaped: Vec::new(),
     };
     let handle = std::thread::Builder::new()
         .name("terrace-io-uring".to_string())
@@ -107,153 +126,248 @@ fn require_opcodes(ring: &IoUring) -> io::Result<()> {
     }
 }
 
-struct Reactor {
+/// A device's ring, shared by the callers (who submit) and the reactor (who
+/// reaps).
+pub(crate) struct Ring {
     ring: IoUring,
     /// Keeps the device fd open while requests against it are in the kernel.
     file: Arc<File>,
-    queue: Arc<Queue>,
-    /// Owned by `queue`, which this reactor holds.
-    eventfd: RawFd,
-    /// Requests the kernel is working on, indexed by their `user_data`.
+    /// Wakes the reactor out of `io_uring_enter` (close, failed submission).
+    eventfd: OwnedFd,
+    /// Guards the SQ as well: every push happens under this lock.
+    state: Mutex<RingState>,
+}
+
+struct RingState {
+    /// Requests whose SQE is in the ring, indexed by their `user_data`.
     slots: Vec<Option<Request>>,
     free_slots: Vec<usize>,
     in_kernel: usize,
+    /// No more SQEs: set by [`Ring::close`] or when the ring failed.
+    closed: bool,
     wake_armed: bool,
+    /// Entries pushed that the reactor is to submit: handed off, or not
+    /// taken by their caller's `io_uring_enter`.
+    unsubmitted: u32,
+    /// The eventfd was signalled since the reactor last took `unsubmitted`:
+    /// it will wake and take them, so handing off more needs no further
+    /// signal (one `write(2)` per reactor round, not per request).
+    wake_signalled: bool,
+}
+
+thread_local! {
+    static HAND_OFF: Cell<bool> = const { Cell::new(false) };
+}
+
+/// From now on, requests started on this thread are submitted to the kernel
+/// by their device's reactor thread instead of by this one.
+///
+/// For a thread whose own work is the bottleneck, such as one reading a
+/// connection's requests off a socket: submitting a write to a file costs
+/// the file system's and the block layer's work for it, which the reactor
+/// can do on another CPU meanwhile. Other threads submit their own requests
+/// (one fewer thread switch each way).
+pub fn hand_off_submissions() {
+    HAND_OFF.with(|hand_off| hand_off.set(true));
+}
+
+impl Ring {
+    fn lock(&self) -> MutexGuard<'_, RingState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Put `request` into the ring and have the kernel start it: on the
+    /// caller's thread, or, if the thread hands its submissions off (see
+    /// [`hand_off_submissions`]), on the reactor's. A closed ring answers
+    /// ENXIO at once.
+    pub(crate) fn submit(&self, mut request: Request) {
+        let hand_off = HAND_OFF.with(Cell::get);
+        let entry = entry_for(&self.file, &mut request.op);
+        let signal = {
+            let mut state = self.lock();
+            if state.closed {
+                drop(state);
+                request.complete(Err(io::Error::from_raw_os_error(libc::ENXIO)));
+                return;
+            }
+            let slot = state.free_slots.pop().unwrap_or_else(|| {
+                state.slots.push(None);
+                state.slots.len() - 1
+            });
+            // SAFETY: the SQ is only touched under `state`'s lock, which is
+            // held. The buffer the entry points to belongs to the request,
+            // which goes into `slots` and stays there until its completion
+            // is reaped; the fd is kept open by `self.file`.
+            let entry = entry.user_data(slot as u64);
+            if unsafe { self.ring.submission_shared().push(&entry) }.is_err() {
+                // Admission keeps the requests in the ring below the SQ's
+                // size, so this is not expected; refuse rather than hang.
+                state.free_slots.push(slot);
+                drop(state);
+                request.complete(Err(io::Error::from_raw_os_error(libc::EBUSY)));
+                return;
+            }
+            state.slots[slot] = Some(request);
+            state.in_kernel += 1;
+            if hand_off {
+                state.unsubmitted += 1;
+                // One signal per reactor round: the reactor takes every
+                // handed-off entry when it wakes.
+                !std::mem::replace(&mut state.wake_signalled, true)
+            } else {
+                false
+            }
+        };
+        if hand_off {
+            if signal {
+                sys::eventfd_signal(self.eventfd.as_raw_fd());
+            }
+            return;
+        }
+        // Outside the lock: the kernel starts the I/O here, on this thread.
+        // Every entry pushed carries one credit, spent by exactly one enter
+        // after the push (its caller's, or the reactor's for the ones
+        // handed off or not taken): as the kernel takes entries in order,
+        // an enter never finds fewer entries than its credits, and every
+        // entry is taken.
+        self.spend(1);
+    }
+
+    /// Have the kernel take `credits` entries; what it does not take goes
+    /// back to the reactor, which is woken to submit it (or to fail the
+    /// ring, answering everyone).
+    fn spend(&self, credits: u32) {
+        let taken = match enter(&self.ring, credits, 0, 0) {
+            Ok(taken) => (taken as u32).min(credits),
+            Err(_) => 0,
+        };
+        if taken < credits {
+            self.lock().unsubmitted += credits - taken;
+            sys::eventfd_signal(self.eventfd.as_raw_fd());
+        }
+    }
+
+    /// Refuse new requests; the reactor exits once the ring is empty.
+    pub(crate) fn close(&self) {
+        self.lock().closed = true;
+        sys::eventfd_signal(self.eventfd.as_raw_fd());
+    }
+}
+
+/// Build the SQE for `op`. The pointers inside point into memory owned by the
+/// request, which stays in `slots` until the completion is reaped.
+fn entry_for(file: &File, op: &mut Op) -> squeue::Entry {
+    let fd = types::Fd(file.as_raw_fd());
+    match op {
+        Op::Read { buf, start, offset } => {
+            let rest = &mut buf[*start..];
+            let length = rest.len().min(MAX_TRANSFER) as u32;
+            opcode::Read::new(fd, rest.as_mut_ptr(), length)
+                .offset(*offset)
+                .build()
+        }
+        Op::Write {
+            data,
+            offset,
+            dsync,
+        } => {
+            let length = data.len().min(MAX_TRANSFER) as u32;
+            let flags = if *dsync { libc::RWF_DSYNC } else { 0 };
+            opcode::Write::new(fd, data.as_ptr(), length)
+                .offset(*offset)
+                .rw_flags(flags)
+                .build()
+        }
+        Op::SyncData => opcode::Fsync::new(fd)
+            .flags(types::FsyncFlags::DATASYNC)
+            .build(),
+        Op::Fallocate {
+            mode,
+            offset,
+            length,
+        } => opcode::Fallocate::new(fd, *length)
+            .offset(*offset)
+            .mode(*mode)
+            .build(),
+    }
+}
+
+struct Reactor {
+    ring: Arc<Ring>,
+    /// Closed with the ring when the ring fails, so admission stops too.
+    queue: Arc<Queue>,
+    /// Reaped requests and their results, answered outside the lock.
+    reaped: Vec<(Request, i32)>,
 }
 
 impl Reactor {
     fn run(&mut self) {
         loop {
-            let (batch, closed) = self.queue.take_pending();
-            if let Err(error) = self.submit_batch(batch) {
-                return self.fail(error);
-            }
-            if !closed && !self.wake_armed {
-                if let Err(error) = self.arm_wake() {
-                    return self.fail(error);
+            let to_submit = {
+                let mut state = self.ring.lock();
+                if state.closed && state.in_kernel == 0 {
+                    return;
                 }
-            }
-            if closed && self.in_kernel == 0 {
-                return;
-            }
-            match self.ring.submit_and_wait(1) {
-                Ok(_) => {}
+                if !state.closed && !state.wake_armed {
+                    let entry = opcode::PollAdd::new(
+                        types::Fd(self.ring.eventfd.as_raw_fd()),
+                        libc::POLLIN as u32,
+                    )
+                    .build()
+                    .user_data(WAKE_TOKEN);
+                    // SAFETY: under the lock; the poll points to no memory.
+                    // The SQ has room for every admitted request plus it.
+                    if unsafe { self.ring.ring.submission_shared().push(&entry) }.is_err() {
+                        drop(state);
+                        return self.fail(io::Error::from_raw_os_error(libc::EBUSY));
+                    }
+                    state.wake_armed = true;
+                    state.unsubmitted += 1;
+                }
+                // Handed-off entries pushed from now on signal anew: none is
+                // left waiting for a reactor that is not coming.
+                state.wake_signalled = false;
+                std::mem::take(&mut state.unsubmitted)
+            };
+            // Submits the poll and whatever callers failed to submit, then
+            // sleeps until a completion arrives.
+            match enter(&self.ring.ring, to_submit, 1, IORING_ENTER_GETEVENTS) {
+                Ok(taken) => {
+                    let taken = (taken as u32).min(to_submit);
+                    self.ring.lock().unsubmitted += to_submit - taken;
+                }
                 // Interrupted, short of memory, or completions must be reaped
                 // before more can be posted: reap and go round again.
-                Err(error) if is_transient(&error) => {}
+                Err(error) if is_transient(&error) => {
+                    self.ring.lock().unsubmitted += to_submit;
+                }
                 Err(error) => return self.fail(error),
             }
             self.reap();
         }
     }
 
-    fn submit_batch(&mut self, batch: VecDeque<Request>) -> io::Result<()> {
-        let mut batch = batch.into_iter();
-        while let Some(mut request) = batch.next() {
-            let entry = self.entry_for(&mut request.op);
-            let slot = self.free_slots.pop().unwrap_or_else(|| {
-                self.slots.push(None);
-                self.slots.len() - 1
-            });
-            let entry = entry.user_data(slot as u64);
-            self.slots[slot] = Some(request);
-            self.in_kernel += 1;
-            if let Err(error) = self.push(&entry) {
-                self.in_kernel -= 1;
-                self.free_slots.push(slot);
-                // Neither this request nor the rest reached the kernel, so
-                // their buffers can go back to their callers.
-                let code = error.raw_os_error().unwrap_or(libc::EIO);
-                for request in self.slots[slot].take().into_iter().chain(batch) {
-                    request.complete(Err(io::Error::from_raw_os_error(code)));
-                }
-                return Err(error);
-            }
-        }
-        Ok(())
-    }
-
-    /// Build the SQE for `op`. The pointers inside point into memory owned by
-    /// the request, which stays in `slots` until the completion is reaped.
-    fn entry_for(&self, op: &mut Op) -> squeue::Entry {
-        let fd = types::Fd(self.file.as_raw_fd());
-        match op {
-            Op::Read { buf, start, offset } => {
-                let rest = &mut buf[*start..];
-                let length = rest.len().min(MAX_TRANSFER) as u32;
-                opcode::Read::new(fd, rest.as_mut_ptr(), length)
-                    .offset(*offset)
-                    .build()
-            }
-            Op::Write {
-                data,
-                offset,
-                dsync,
-            } => {
-                let length = data.len().min(MAX_TRANSFER) as u32;
-                let flags = if *dsync { libc::RWF_DSYNC } else { 0 };
-                opcode::Write::new(fd, data.as_ptr(), length)
-                    .offset(*offset)
-                    .rw_flags(flags)
-                    .build()
-            }
-            Op::SyncData => opcode::Fsync::new(fd)
-                .flags(types::FsyncFlags::DATASYNC)
-                .build(),
-            Op::Fallocate {
-                mode,
-                offset,
-                length,
-            } => opcode::Fallocate::new(fd, *length)
-                .offset(*offset)
-                .mode(*mode)
-                .build(),
-        }
-    }
-
-    /// Queue one SQE, submitting what is queued if the ring is full.
-    fn push(&mut self, entry: &squeue::Entry) -> io::Result<()> {
-        for _ in 0..2 {
-            // SAFETY: every buffer an entry points to is owned by a request
-            // held in `self.slots` (or, for the wake poll, there is none) and
-            // lives until its completion is reaped; the fd is kept open by
-            // `self.file` / `self.queue`.
-            if unsafe { self.ring.submission().push(entry) }.is_ok() {
-                return Ok(());
-            }
-            match self.ring.submit() {
-                Ok(_) => {}
-                Err(error) if is_transient(&error) => self.reap(),
-                Err(error) => return Err(error),
-            }
-        }
-        Err(io::Error::from_raw_os_error(libc::EBUSY))
-    }
-
-    fn arm_wake(&mut self) -> io::Result<()> {
-        let entry = opcode::PollAdd::new(types::Fd(self.eventfd), libc::POLLIN as u32)
-            .build()
-            .user_data(WAKE_TOKEN);
-        self.push(&entry)?;
-        self.wake_armed = true;
-        Ok(())
-    }
-
     fn reap(&mut self) {
-        for entry in self.ring.completion() {
-            let token = entry.user_data();
-            if token == WAKE_TOKEN {
-                sys::eventfd_drain(self.eventfd);
-                self.wake_armed = false;
-                continue;
+        {
+            let mut state = self.ring.lock();
+            // SAFETY: only the reactor reads the CQ.
+            for entry in unsafe { self.ring.ring.completion_shared() } {
+                let token = entry.user_data();
+                if token == WAKE_TOKEN {
+                    sys::eventfd_drain(self.ring.eventfd.as_raw_fd());
+                    state.wake_armed = false;
+                    continue;
+                }
+                let slot = token as usize;
+                let Some(request) = state.slots.get_mut(slot).and_then(Option::take) else {
+                    continue;
+                };
+                state.free_slots.push(slot);
+                state.in_kernel -= 1;
+                self.reaped.push((request, entry.result()));
             }
-            let slot = token as usize;
-            let Some(request) = self.slots.get_mut(slot).and_then(Option::take) else {
-                continue;
-            };
-            self.free_slots.push(slot);
-            self.in_kernel -= 1;
-            let result = entry.result();
+        }
+        for (request, result) in self.reaped.drain(..) {
             let result = if result >= 0 {
                 Ok(result as usize)
             } else {
@@ -267,24 +381,29 @@ impl Reactor {
     /// error, and leak the buffers of requests the kernel may still hold: the
     /// caller gets the error without its buffer (it allocates a new one).
     fn fail(&mut self, error: io::Error) {
-        self.queue.close();
         let code = error.raw_os_error().unwrap_or(libc::EIO);
-        for slot in self.slots.iter_mut() {
-            if let Some(mut request) = slot.take() {
-                let op = std::mem::replace(&mut request.op, Op::SyncData);
-                std::mem::forget(op);
-                request.complete(Err(io::Error::from_raw_os_error(code)));
-            }
+        let requests: Vec<Request> = {
+            let mut state = self.ring.lock();
+            state.closed = true;
+            state.in_kernel = 0;
+            state.slots.iter_mut().filter_map(Option::take).collect()
+        };
+        self.queue.close();
+        for mut request in requests {
+            let op = std::mem::replace(&mut request.op, Op::SyncData);
+            std::mem::forget(op);
+            request.complete(Err(io::Error::from_raw_os_error(code)));
         }
-        loop {
-            let (batch, _) = self.queue.take_pending();
-            if batch.is_empty() {
-                break;
-            }
-            for request in batch {
-                request.complete(Err(io::Error::from_raw_os_error(code)));
-            }
-        }
+    }
+}
+
+/// `io_uring_enter`: submit up to `to_submit` entries, then wait for
+/// `min_complete` completions when `flags` asks for events.
+fn enter(ring: &IoUring, to_submit: u32, min_complete: u32, flags: u32) -> io::Result<usize> {
+    // SAFETY: no argument struct is passed.
+    unsafe {
+        ring.submitter()
+            .enter::<libc::sigset_t>(to_submit, min_complete, flags, None)
     }
 }
 

@@ -146,13 +146,16 @@ async fn serve(
     };
     // Requests of 64 KiB and more run on this multi-thread runtime: their
     // cost is copying bytes, which then overlaps the connection thread's
-    // socket copies on another core.
+    // socket copies on another core. A connection thread's reading of the
+    // socket is the connection's bottleneck, so the disk submissions of the
+    // requests it starts go to the devices' reactor threads.
     let server = Arc::new(
         Server::new(
             Arc::new(SpaceCatalog::new(daemon.registry.clone())),
             options,
         )
-        .with_offload(tokio::runtime::Handle::current()),
+        .with_offload(tokio::runtime::Handle::current())
+        .on_connection_thread_start(terrace_engine::io::file::hand_off_submissions),
     );
     let mut servers = Vec::new();
     if let Some(listener) = tcp {
