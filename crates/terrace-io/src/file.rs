@@ -6,7 +6,7 @@
 //! Its operations run on one of two engines behind the same type:
 //!
 //! * **io_uring** (`uring.rs`): callers submit to the device's ring on their
-//!   own thread (or hand off to its reactor, see [`hand_off_submissions`]);
+//!   own thread (or hand them off to its reactor, see [`hand_off_submissions`]);
 //!   a reactor thread reaps the completions and wakes them. Preferred: up to
 //!   [`MAX_IN_FLIGHT`] operations in the kernel at once, one thread per
 //!   device.

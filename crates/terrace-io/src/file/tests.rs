@@ -371,8 +371,9 @@ fn hundreds_of_concurrent_operations_complete_correctly() {
 }
 
 /// Callers on several threads submit to one device's ring at once (the
-/// io_uring engine has them push and enter themselves): every block reads
-/// back what its thread wrote.
+/// io_uring engine has them push and enter themselves; half the threads
+/// hand their writes and small reads to the reactor instead): every block
+/// reads back what its thread wrote, in small reads and in one large one.
 #[test]
 fn callers_on_many_threads_share_a_device() {
     const THREADS: usize = 4;
@@ -385,6 +386,9 @@ fn callers_on_many_threads_share_a_device() {
             for thread in 0..THREADS {
                 let device = &device;
                 scope.spawn(move || {
+                    if thread % 2 == 1 {
+                        hand_off_submissions();
+                    }
                     let block = |i: usize| ((thread * PER_THREAD + i) * 4096) as u64;
                     let seed = |i: usize| (thread * 31 + i) as u8;
                     let writes = (0..PER_THREAD)
@@ -400,6 +404,14 @@ fn callers_on_many_threads_share_a_device() {
                             &buf[..],
                             &pattern(seed(i), 4096)[..],
                             "thread {thread} block {i}"
+                        );
+                    }
+                    let whole = read(device, block(0), PER_THREAD * 4096).unwrap();
+                    for (i, chunk) in whole.chunks(4096).enumerate() {
+                        assert_eq!(
+                            chunk,
+                            &pattern(seed(i), 4096)[..],
+                            "thread {thread} large read"
                         );
                     }
                 });

@@ -14,8 +14,8 @@
 //! switch each way per round when it was). The SQ is shared by the callers
 //! under the ring's lock; the kernel allows concurrent submitters on a ring
 //! without `IORING_SETUP_SINGLE_ISSUER`. A thread whose own work is the
-//! bottleneck (an NBD connection thread) can hand its submissions to the
-//! reactor instead: [`hand_off_submissions`].
+//! bottleneck (an NBD connection thread) can hand its writes and small
+//! reads to the reactor to submit instead: [`hand_off_submissions`].
 //!
 //! The reactor sleeps in `io_uring_enter` waiting for at least one
 //! completion, reaps, and answers the callers. A one-shot `POLL_ADD` on an
@@ -155,18 +155,26 @@ struct RingState {
     wake_signalled: bool,
 }
 
+/// Reads this large are submitted by their caller even on a thread that
+/// hands its submissions off (see [`hand_off_submissions`]).
+pub const DIRECT_READ_MIN_BYTES: usize = 64 << 10;
+
 thread_local! {
     static HAND_OFF: Cell<bool> = const { Cell::new(false) };
 }
 
 /// From now on, requests started on this thread are submitted to the kernel
-/// by their device's reactor thread instead of by this one.
+/// by their device's reactor thread instead of by this one, except reads of
+/// [`DIRECT_READ_MIN_BYTES`] or more, which are still submitted here.
 ///
 /// For a thread whose own work is the bottleneck, such as one reading a
-/// connection's requests off a socket: submitting a write to a file costs
+/// connection's requests off a socket. Submitting a write to a file costs
 /// the file system's and the block layer's work for it, which the reactor
-/// can do on another CPU meanwhile. Other threads submit their own requests
-/// (one fewer thread switch each way).
+/// can do on another CPU meanwhile; small reads come many at a time, and
+/// the reactor submits a round of them with one system call where this
+/// thread would make one each. A large read's submission costs less than
+/// the thread switches there and back, so it stays on the caller's thread;
+/// so do all requests of threads that do not hand off.
 pub fn hand_off_submissions() {
     HAND_OFF.with(|hand_off| hand_off.set(true));
 }
@@ -181,7 +189,9 @@ impl Ring {
     /// [`hand_off_submissions`]), on the reactor's. A closed ring answers
     /// ENXIO at once.
     pub(crate) fn submit(&self, mut request: Request) {
-        let hand_off = HAND_OFF.with(Cell::get);
+        let hand_off = HAND_OFF.with(Cell::get)
+            && !matches!(&request.op, Op::Read { buf, start, .. }
+                if buf.len() - start >= DIRECT_READ_MIN_BYTES);
         let entry = entry_for(&self.file, &mut request.op);
         let signal = {
             let mut state = self.lock();

@@ -148,7 +148,7 @@ async fn serve(
     // cost is copying bytes, which then overlaps the connection thread's
     // socket copies on another core. A connection thread's reading of the
     // socket is the connection's bottleneck, so the disk submissions of the
-    // requests it starts go to the devices' reactor threads.
+    // writes and small reads it starts go to the devices' reactor threads.
     let server = Arc::new(
         Server::new(
             Arc::new(SpaceCatalog::new(daemon.registry.clone())),
