@@ -160,7 +160,7 @@ impl Server {
         self.thread_start
     }
 
-    /// Run requests of 64 KiB and more on `runtime` (a multi-thread
+    /// Run requests of 256 KiB and more on `runtime` (a multi-thread
     /// runtime), where their copying can use every core; useful with
     /// [`ServerOptions::connection_threads`], which keeps each connection
     /// on one thread.

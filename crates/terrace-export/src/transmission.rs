@@ -246,30 +246,24 @@ struct Requests<R> {
     offload: Option<Handle>,
 }
 
-/// Writes moving at least this many bytes run on the offload runtime when
-/// there is one (after their start, see [`IN_ORDER_MAX_BYTES`]). Their
-/// cost is copying bytes and submitting them to the disks, which
-/// parallelises across cores and dwarfs the cross-thread wake-up (~10 µs)
-/// that moving them costs; smaller requests stay on the connection's
-/// thread, where wake-ups are cheap and would otherwise dominate.
-const OFFLOAD_MIN_BYTES: u32 = 64 << 10;
-
-/// Reads moving at least this many bytes run on the offload runtime. A
-/// read of a file device costs the connection's thread only its
-/// submission (the disk fills the buffer), so below this a read stays on
-/// the connection's thread, and neither its start nor its completion
-/// crosses to another thread (a simple space on raw files, streams of
-/// 64 KiB reads at 64 and 512 in flight: 1,195–1,580 and 1,156–1,564 MB/s
-/// offloaded, 1,552–1,909 and 1,598–2,020 here; docs/BENCHMARKS.md).
-const READ_OFFLOAD_MIN_BYTES: u32 = 256 << 10;
-
-/// Offloaded writes smaller than this start on the connection's thread, in
-/// order (see `dispatch`). Larger ones start on the offload runtime: what
-/// their first step does (submitting a MiB to the disks) is worth moving
-/// off the connection thread (1 MiB writes at 8 in flight ran at 0.88 of
-/// `nbdkit file` when started here, 1.24 when not), and a stream of them
-/// has few pieces per row to gather.
-const IN_ORDER_MAX_BYTES: u32 = 256 << 10;
+/// Requests moving at least this many bytes run on the offload runtime when
+/// there is one; smaller ones run on the connection's thread from start to
+/// reply.
+///
+/// A large request's cost is copying bytes and submitting them to the
+/// disks, which parallelises across cores and dwarfs the cross-thread
+/// wake-ups that moving it costs (1 MiB writes at 8 in flight ran at 0.88
+/// of `nbdkit file` when started on the connection thread, 1.24 when not).
+/// Below this the wake-ups dominate. A read of a file device costs the
+/// connection's thread only its submission (the disk fills the buffer),
+/// and a write's payload is already copied in by the time it is
+/// dispatched; the writes' submissions go to the devices' reactors
+/// (`hand_off_submissions` in terrace-io). On a simple space over raw
+/// files, keeping 64 KiB requests here took streams of reads at 64 and 512
+/// in flight from 1,195–1,580 and 1,156–1,564 MB/s to 1,552–1,909 and
+/// 1,598–2,020, and restores at 8 in flight from 0.66–0.71 to 0.80–0.81 ×
+/// the raw files (docs/BENCHMARKS.md).
+const OFFLOAD_MIN_BYTES: u32 = 256 << 10;
 
 impl<R: AsyncBufRead + Unpin> Requests<R> {
     async fn run(&mut self) -> Result<(), ConnectionError> {
@@ -328,15 +322,11 @@ impl<R: AsyncBufRead + Unpin> Requests<R> {
             }
             Admission::Run(job) => job,
         };
-        let offload = self.offload.as_ref().filter(|_| {
-            let least = match job.header.kind {
-                NBD_CMD_READ => READ_OFFLOAD_MIN_BYTES,
-                _ => OFFLOAD_MIN_BYTES,
-            };
-            job.header.length >= least
-        });
-        let starts_here =
-            job.header.kind == NBD_CMD_WRITE && job.header.length < IN_ORDER_MAX_BYTES;
+        let offload = self
+            .offload
+            .as_ref()
+            .filter(|_| job.header.length >= OFFLOAD_MIN_BYTES);
+        let write = job.header.kind == NBD_CMD_WRITE;
         let session = self.session.clone();
         let replies = self.replies.clone();
         let task = async move {
@@ -350,21 +340,20 @@ impl<R: AsyncBufRead + Unpin> Requests<R> {
                 .await;
         };
         match offload {
-            // A write below IN_ORDER_MAX_BYTES starts here, in the order
-            // the requests came, and only its rest moves to the offload
-            // runtime: the engine recognises a stream of writes by the
-            // order they reach it (a restore's 64 KiB pieces are gathered
-            // into whole rows), and tasks started on several threads reach
-            // it shuffled. Reads need no order.
-            Some(handle) if starts_here => {
+            Some(handle) => {
+                self.tasks.spawn_on(task, handle);
+            }
+            // A write starts here and now, in the order the requests came:
+            // the engine recognises a stream of writes by the order they
+            // reach it (a restore's 64 KiB pieces are gathered into whole
+            // rows). Its first poll runs it up to its first wait, past the
+            // point where the engine places it (gather, log or disks).
+            None if write => {
                 let mut task = Box::pin(task);
                 let mut here = Context::from_waker(Waker::noop());
                 if task.as_mut().poll(&mut here).is_pending() {
-                    self.tasks.spawn_on(task, handle);
+                    self.tasks.spawn(task);
                 }
-            }
-            Some(handle) => {
-                self.tasks.spawn_on(task, handle);
             }
             None => {
                 self.tasks.spawn(task);

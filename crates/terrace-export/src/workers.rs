@@ -10,7 +10,7 @@
 //! call and a context switch, and with small requests they cost more than
 //! the requests. Pinning a connection to one single-threaded runtime keeps
 //! every wake-up within the thread; different connections still run in
-//! parallel on different threads. Requests of 64 KiB and more are the
+//! parallel on different threads. Requests of 256 KiB and more are the
 //! exception when the server has an offload runtime
 //! ([`Server::with_offload`]): their copying then overlaps the connection
 //! thread's socket work on another core.

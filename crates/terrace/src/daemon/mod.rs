@@ -144,7 +144,7 @@ async fn serve(
         threads_per_connection: daemon.config.nbd_threads,
         ..ServerOptions::default()
     };
-    // Requests of 64 KiB and more run on this multi-thread runtime: their
+    // Requests of 256 KiB and more run on this multi-thread runtime: their
     // cost is copying bytes, which then overlaps the connection thread's
     // socket copies on another core. A connection thread's reading of the
     // socket is the connection's bottleneck, so the disk submissions of the
