@@ -370,6 +370,13 @@ fn hundreds_of_concurrent_operations_complete_correctly() {
     }
 }
 
+/// A device on a new sparse file of `blocks` 4 KiB blocks.
+fn blocks_device(dir: &Path, blocks: usize, engine: Engine) -> (PathBuf, FileDevice) {
+    let path = sparse_file(dir, (blocks * 4096) as u64);
+    let device = FileDevice::open(&path, options(engine)).unwrap();
+    (path, device)
+}
+
 /// Callers on several threads submit to one device's ring at once (the
 /// io_uring engine has them push and enter themselves; half the threads
 /// hand their writes and small reads to the reactor instead): every block
@@ -380,8 +387,7 @@ fn callers_on_many_threads_share_a_device() {
     const PER_THREAD: usize = 256;
     for engine in ENGINES {
         let dir = tempfile::tempdir().unwrap();
-        let path = sparse_file(dir.path(), (THREADS * PER_THREAD * 4096) as u64);
-        let device = FileDevice::open(&path, options(engine)).unwrap();
+        let (_, device) = blocks_device(dir.path(), THREADS * PER_THREAD, engine);
         std::thread::scope(|scope| {
             for thread in 0..THREADS {
                 let device = &device;
@@ -429,8 +435,7 @@ fn a_device_dropped_while_threads_submit_answers_every_operation() {
     const PER_THREAD: usize = 64;
     for engine in ENGINES {
         let dir = tempfile::tempdir().unwrap();
-        let path = sparse_file(dir.path(), (THREADS * PER_THREAD * 4096) as u64);
-        let device = FileDevice::open(&path, options(engine)).unwrap();
+        let (path, device) = blocks_device(dir.path(), THREADS * PER_THREAD, engine);
         let start = Arc::new(std::sync::Barrier::new(THREADS + 1));
         let workers: Vec<_> = (0..THREADS)
             .map(|thread| {
