@@ -19,7 +19,7 @@
 //!
 //! The reactor sleeps in `io_uring_enter` waiting for at least one
 //! completion, reaps, and answers the callers. A one-shot `POLL_ADD` on an
-//! eventfd is always armed while the ring is open; closing the device,
+//! eventfd is always armed while the reactor runs; closing the device,
 //! handing off a submission, or a caller's failed `io_uring_enter` signals
 //! it, so the reactor wakes out of the kernel, submits the entries left to
 //! it and sees whether the ring is closed. The poll owns no memory, so
@@ -318,7 +318,10 @@ impl Reactor {
                 if state.closed && state.in_kernel == 0 {
                     return;
                 }
-                if !state.closed && !state.wake_armed {
+                // Armed after closing too: a caller whose enter failed still
+                // needs the reactor to submit its entry, whose completion
+                // the reactor then waits for before it exits.
+                if !state.wake_armed {
                     let entry = opcode::PollAdd::new(
                         types::Fd(self.ring.eventfd.as_raw_fd()),
                         libc::POLLIN as u32,
