@@ -89,7 +89,6 @@ pub(crate) fn start(file: Arc<File>, capacity: usize) -> io::Result<(Arc<Queue>,
         state: Mutex::new(RingState {
             slots: Vec::new(),
             free_slots: Vec::new(),
-            in_kernel: 0,
             closed: false,
             wake_armed: false,
             unsubmitted: 0,
@@ -141,8 +140,8 @@ pub(crate) struct Ring {
 struct RingState {
     /// Requests whose SQE is in the ring, indexed by their `user_data`.
     slots: Vec<Option<Request>>,
+    /// Indices of the empty entries of `slots`.
     free_slots: Vec<usize>,
-    in_kernel: usize,
     /// No more SQEs: set by [`Ring::close`] or when the ring failed.
     closed: bool,
     wake_armed: bool,
@@ -177,6 +176,13 @@ thread_local! {
 /// so do all requests of threads that do not hand off.
 pub fn hand_off_submissions() {
     HAND_OFF.with(|hand_off| hand_off.set(true));
+}
+
+impl RingState {
+    /// Requests whose SQE is in the ring (submitted or not yet).
+    fn in_ring(&self) -> usize {
+        self.slots.len() - self.free_slots.len()
+    }
 }
 
 impl Ring {
@@ -218,7 +224,6 @@ impl Ring {
                 return;
             }
             state.slots[slot] = Some(request);
-            state.in_kernel += 1;
             if hand_off {
                 state.unsubmitted += 1;
                 // One signal per reactor round: the reactor takes every
@@ -315,7 +320,7 @@ impl Reactor {
         loop {
             let to_submit = {
                 let mut state = self.ring.lock();
-                if state.closed && state.in_kernel == 0 {
+                if state.closed && state.in_ring() == 0 {
                     return;
                 }
                 // Armed after closing too: a caller whose enter failed still
@@ -345,10 +350,8 @@ impl Reactor {
             // Submits the poll and whatever callers failed to submit, then
             // sleeps until a completion arrives.
             match enter(&self.ring.ring, to_submit, 1, IORING_ENTER_GETEVENTS) {
-                Ok(taken) => {
-                    let taken = (taken as u32).min(to_submit);
-                    self.ring.lock().unsubmitted += to_submit - taken;
-                }
+                Ok(taken) if taken as u32 >= to_submit => {}
+                Ok(taken) => self.ring.lock().unsubmitted += to_submit - taken as u32,
                 // Interrupted, short of memory, or completions must be reaped
                 // before more can be posted: reap and go round again.
                 Err(error) if is_transient(&error) => {
@@ -376,7 +379,6 @@ impl Reactor {
                     continue;
                 };
                 state.free_slots.push(slot);
-                state.in_kernel -= 1;
                 self.reaped.push((request, entry.result()));
             }
         }
@@ -398,8 +400,11 @@ impl Reactor {
         let requests: Vec<Request> = {
             let mut state = self.ring.lock();
             state.closed = true;
-            state.in_kernel = 0;
-            state.slots.iter_mut().filter_map(Option::take).collect()
+            state.free_slots.clear();
+            std::mem::take(&mut state.slots)
+                .into_iter()
+                .flatten()
+                .collect()
         };
         self.queue.close();
         for mut request in requests {
