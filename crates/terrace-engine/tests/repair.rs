@@ -6,7 +6,6 @@
 mod common;
 
 use std::future::Future;
-use std::time::Duration;
 
 use common::*;
 use futures::executor::block_on;
@@ -30,12 +29,7 @@ async fn with_jobs<T>(pool: &Pool, work: impl Future<Output = T>) -> T {
 }
 
 async fn sleep(milliseconds: u64) {
-    futures_timer_sleep(Duration::from_millis(milliseconds)).await;
-}
-
-fn futures_timer_sleep(duration: Duration) -> impl Future<Output = ()> {
-    let env = env();
-    async move { env.sleep(duration.as_nanos() as u64).await }
+    env().sleep(milliseconds * 1_000_000).await;
 }
 
 /// Wait until no job is active; returns the final statuses.

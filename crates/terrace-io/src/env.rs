@@ -21,7 +21,8 @@ pub trait Env: Send + Sync + 'static {
     fn random_u64(&self) -> u64;
 }
 
-/// The real clock, a timer thread, and the kernel's random source.
+/// The real clock, a timer thread ([`crate::timer`]), and the kernel's
+/// random source.
 #[derive(Debug)]
 pub struct SystemEnv {
     origin: Instant,
@@ -54,7 +55,8 @@ impl Env for SystemEnv {
     }
 
     fn sleep(&self, duration_ns: u64) -> BoxFuture<()> {
-        Box::pin(futures_timer::Delay::new(Duration::from_nanos(duration_ns)))
+        let deadline = Instant::now() + Duration::from_nanos(duration_ns);
+        Box::pin(crate::timer::sleep_until(deadline))
     }
 
     fn random_u64(&self) -> u64 {

@@ -31,6 +31,7 @@ pub mod file;
 pub mod latch;
 pub mod memory;
 pub mod model;
+mod timer;
 
 pub use env::{Env, SystemEnv};
 
