@@ -12,7 +12,7 @@
 use serde::{Deserialize, Serialize};
 
 /// A disk named on the command line, with optional attributes
-/// (`path[,media=ssd][,usage=journal][,enclosure=E][,node=N][,model=M]`).
+/// (`path[,media=ssd][,usage=journal][,enclosure=E][,node=N][,model=M[,override...]]`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
 pub struct DiskSpec {
     pub path: String,

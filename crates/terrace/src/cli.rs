@@ -40,7 +40,8 @@ pub struct DiskDefaults {
 #[derive(Subcommand, Debug)]
 pub enum PoolCommand {
     /// Create a pool from blank disks or files: DISK is a path, optionally
-    /// followed by ,media=hdd|ssd ,usage=U ,enclosure=E ,node=N.
+    /// followed by ,media=hdd|ssd ,usage=U ,enclosure=E ,node=N ,model=M
+    /// (a model's overrides follow it: a.img,model=hdd-7k,wcache=0).
     Create {
         name: String,
         #[arg(required = true)]
@@ -233,7 +234,10 @@ pub enum SpaceCommand {
     },
 }
 
-/// Parse `path[,key=value...]` into a disk spec, with defaults.
+/// Parse `path[,key=value...]` into a disk spec, with defaults. A model's
+/// overrides follow it in the same list (`a.img,model=hdd-7k,wcache=0`):
+/// after `model=`, a key that is not a disk attribute belongs to the model
+/// (the daemon checks it against the model's parameters).
 pub fn disk_spec(text: &str, defaults: &DiskDefaults) -> Result<DiskSpec, CliError> {
     let mut parts = text.split(',');
     let path = parts.next().unwrap_or_default();
@@ -246,6 +250,7 @@ pub fn disk_spec(text: &str, defaults: &DiskDefaults) -> Result<DiskSpec, CliErr
         node: defaults.node.clone(),
         model: defaults.model.clone(),
     };
+    let mut model_given = false;
     for part in parts {
         let (key, value) = part
             .split_once('=')
@@ -255,10 +260,20 @@ pub fn disk_spec(text: &str, defaults: &DiskDefaults) -> Result<DiskSpec, CliErr
             "usage" => &mut spec.usage,
             "enclosure" => &mut spec.enclosure,
             "node" => &mut spec.node,
-            "model" => &mut spec.model,
+            "model" => {
+                model_given = true;
+                &mut spec.model
+            }
+            _ if model_given => {
+                let model = spec.model.get_or_insert_with(String::new);
+                model.push(',');
+                model.push_str(part);
+                continue;
+            }
             other => {
                 return Err(CliError::Usage(format!(
-                    "unknown disk attribute {other:?}: use media, usage, enclosure, node or model"
+                    "unknown disk attribute {other:?}: use media, usage, enclosure, node or \
+                     model (a model's overrides follow it: a.img,model=hdd-7k,wcache=0)"
                 )))
             }
         };
@@ -582,4 +597,38 @@ pub fn render(request: &Request, result: serde_json::Value) -> Result<String, Cl
             None => format!("{result}\n"),
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_disk_spec_carries_its_models_overrides() {
+        let defaults = DiskDefaults::default();
+        let spec = disk_spec(
+            "/d/a.img,model=ssd-sata,units=4,wbuf=0,usage=journal",
+            &defaults,
+        )
+        .unwrap();
+        assert_eq!(spec.path, "/d/a.img");
+        assert_eq!(spec.model.as_deref(), Some("ssd-sata,units=4,wbuf=0"));
+        assert_eq!(spec.usage.as_deref(), Some("journal"));
+        let plain = disk_spec("/d/b.img,media=hdd,model=hdd-7k", &defaults).unwrap();
+        assert_eq!(plain.model.as_deref(), Some("hdd-7k"));
+        assert_eq!(plain.media.as_deref(), Some("hdd"));
+    }
+
+    #[test]
+    fn a_disk_spec_refuses_unknown_attributes_before_a_model() {
+        let defaults = DiskDefaults::default();
+        for text in [
+            "/d/a.img,wcache=0,model=hdd-7k",
+            "/d/a.img,colour=red",
+            "/d/a.img,usage",
+        ] {
+            let error = disk_spec(text, &defaults).unwrap_err();
+            assert!(matches!(error, CliError::Usage(_)), "{text}: {error}");
+        }
+    }
 }

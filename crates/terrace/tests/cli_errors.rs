@@ -125,6 +125,19 @@ fn refused_commands_say_why_and_change_nothing() {
         1,
         &[&b0, "twice"],
     );
+    // A model override the model does not have; one before its model.
+    setup.refused(
+        &format!("pool create beta {b0},model=ssd-sata,units=4,bogus=1 {b1} --slab 8M"),
+        None,
+        1,
+        &["bogus", "units"],
+    );
+    setup.refused(
+        &format!("pool create beta {b0},wcache=0,model=hdd-7k {b1} --slab 8M"),
+        None,
+        2,
+        &["wcache", "model=hdd-7k,wcache=0"],
+    );
     // Sizes, layouts and settings that make no sense are usage errors.
     setup.refused(
         "space create alpha s --layout simple --size 12Q",
