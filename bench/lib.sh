@@ -6,7 +6,9 @@
 #                        (the NBD socket) and starts the daemon
 #   paper_disks DIR KIND sets disks to the white paper's drives as sparse
 #                        files in DIR/disks: 8 × 24G HDDs and 3 × 8G journal
-#                        SSDs, with drive models if KIND is model; with
+#                        SSDs, with drive models if KIND is model (the
+#                        SSDs' model spec from SSD_MODEL, default ssd-sata,
+#                        e.g. nvme or ssd-sata,write_mbs=1040); with
 #                        SSD_DIR set, the SSDs' files go into a new folder
 #                        there instead (listed in ssd_dirs, for cleanup)
 #   daemon_in BIN DIR    starts BIN's daemon serving on sockets in DIR
@@ -122,7 +124,7 @@ paper_pool() {
 ssd_dirs=()
 
 paper_disks() {
-    local dir="$1" kind="$2" i hdd=",model=hdd-10k,media=hdd" ssd=",model=ssd-sata,media=ssd"
+    local dir="$1" kind="$2" i hdd=",model=hdd-10k,media=hdd" ssd=",model=${SSD_MODEL:-ssd-sata},media=ssd"
     [ "$kind" = model ] || { hdd=; ssd=; }
     disks=()
     mkdir -p "$dir/disks"

@@ -27,11 +27,7 @@
 //! timer thread a wakeup, and a row of a stream has dozens of pieces. A stream that cannot fill a row
 //! (fewer bytes in flight than a row) would pay the window on every row, so
 //! after [`MISSES_OFF`] released rows in a row no gather starts for
-//! [`OFF_NS`], and for twice as long each time that happens again before a
-//! row fills, up to [`OFF_MAX_NS`]: such a stream stalls for two windows
-//! every 16 s instead of every second (about 20 ms of 1 s for 64 KiB
-//! writes at 3 outstanding on modelled drives). A row that fills starts
-//! the pauses again from [`OFF_NS`].
+//! [`OFF_NS`].
 
 use std::collections::{HashMap, VecDeque};
 
@@ -45,11 +41,8 @@ use terrace_layout::BLOCK_BYTES;
 pub(crate) const WINDOW_NS: u64 = 5_000_000;
 /// Released rows in a row after which gathering pauses.
 pub(crate) const MISSES_OFF: u32 = 2;
-/// How long gathering pauses the first time.
+/// How long gathering pauses.
 pub(crate) const OFF_NS: u64 = 1_000_000_000;
-/// Longest pause: the most a stream that begins to fill rows (its client
-/// sends more at once) waits before its rows are gathered again.
-pub(crate) const OFF_MAX_NS: u64 = 16_000_000_000;
 /// Ends of recent writes remembered to recognise a stream.
 const ENDS: usize = 32;
 
@@ -97,8 +90,6 @@ pub(crate) struct Gathers {
     /// Released rows since the last row that filled.
     misses: u32,
     off_until_ns: u64,
-    /// The next pause, if gathering pauses before a row fills (0: OFF_NS).
-    next_off_ns: u64,
     /// Last time a piece arrived or a gathered row was written.
     last_progress_ns: u64,
     /// Rows whose pieces are being written or logged now.
@@ -197,7 +188,6 @@ impl Gathers {
         row.busy = true;
         self.busy += 1;
         self.misses = 0;
-        self.next_off_ns = OFF_NS;
         Offer::Full(std::mem::take(&mut row.pieces))
     }
 
@@ -236,9 +226,7 @@ impl Gathers {
         self.misses += 1;
         if self.misses >= MISSES_OFF {
             self.misses = 0;
-            let off = self.next_off_ns.max(OFF_NS);
-            self.off_until_ns = now_ns + off;
-            self.next_off_ns = (off * 2).min(OFF_MAX_NS);
+            self.off_until_ns = now_ns + OFF_NS;
         }
         Some(std::mem::take(&mut row.pieces))
     }
@@ -387,51 +375,5 @@ mod tests {
         }
         assert!(!gathers.may_start(now));
         assert!(gathers.may_start(now + OFF_NS));
-    }
-
-    /// Miss MISSES_OFF rows in a row from `now`; when gathering may start
-    /// again.
-    fn pause(gathers: &mut Gathers, mut now: u64) -> u64 {
-        for _ in 0..MISSES_OFF {
-            assert!(gathers.may_start(now));
-            let (p, _) = piece(ROW, 1);
-            assert!(matches!(
-                gathers.offer(now, ROW, ROW, p, true),
-                Offer::Waiting
-            ));
-            now += WINDOW_NS;
-            assert!(gathers.expire(now, ROW).is_some());
-            gathers.finish(now, ROW);
-        }
-        let mut back = now;
-        while !gathers.may_start(back) {
-            back += OFF_NS / 4;
-        }
-        assert!(!gathers.may_start(back - 1));
-        back
-    }
-
-    #[test]
-    fn pauses_double_while_rows_keep_missing_and_a_filled_row_resets_them() {
-        let mut gathers = Gathers::default();
-        let mut now = 0;
-        let mut pauses = Vec::new();
-        for _ in 0..7 {
-            let back = pause(&mut gathers, now);
-            pauses.push((back - now - MISSES_OFF as u64 * WINDOW_NS) / (OFF_NS / 4));
-            now = back;
-        }
-        // In quarters of OFF_NS: 1, 2, 4, 8, 16 s, then no longer.
-        assert_eq!(pauses, vec![4, 8, 16, 32, 64, 64, 64]);
-        // A row that fills: the next pause is the first one again.
-        let (whole, _) = piece(ROW, ROW / BLOCK_BYTES);
-        let offer = gathers.offer(now, ROW, ROW, whole, true);
-        let Offer::Full(pieces) = offer else {
-            panic!("a whole row fills at once");
-        };
-        assert_eq!(pieces.len(), 1);
-        gathers.finish(now, ROW);
-        let back = pause(&mut gathers, now);
-        assert_eq!(back - now - MISSES_OFF as u64 * WINDOW_NS, OFF_NS);
     }
 }
