@@ -27,7 +27,15 @@
 //! timer thread a wakeup, and a row of a stream has dozens of pieces. A stream that cannot fill a row
 //! (fewer bytes in flight than a row) would pay the window on every row, so
 //! after [`MISSES_OFF`] released rows in a row no gather starts for
-//! [`OFF_NS`].
+//! [`OFF_NS`], and for twice as long each time that happens again before a
+//! row fills, up to [`OFF_MAX_NS`]: such a stream stalls for two windows
+//! every 16 s instead of every second (about 20 ms of 1 s for 64 KiB
+//! writes at 3 outstanding on modelled drives). A row that fills starts
+//! the pauses again from [`OFF_NS`]. So does a client that sends more at
+//! once: a pause ends early when the partial-row writes in flight come to
+//! a row's worth and more than were in flight when it began (a sweep that
+//! goes from 16 outstanding writes to 32 straight on would otherwise find
+//! its rows still not gathered for up to 16 s).
 
 use std::collections::{HashMap, VecDeque};
 
@@ -41,8 +49,11 @@ use terrace_layout::BLOCK_BYTES;
 pub(crate) const WINDOW_NS: u64 = 5_000_000;
 /// Released rows in a row after which gathering pauses.
 pub(crate) const MISSES_OFF: u32 = 2;
-/// How long gathering pauses.
+/// How long gathering pauses the first time.
 pub(crate) const OFF_NS: u64 = 1_000_000_000;
+/// Longest pause: the most a stream that begins to fill rows (its client
+/// sends more at once) waits before its rows are gathered again.
+pub(crate) const OFF_MAX_NS: u64 = 16_000_000_000;
 /// Ends of recent writes remembered to recognise a stream.
 const ENDS: usize = 32;
 
@@ -90,6 +101,12 @@ pub(crate) struct Gathers {
     /// Released rows since the last row that filled.
     misses: u32,
     off_until_ns: u64,
+    /// The next pause, if gathering pauses before a row fills (0: OFF_NS).
+    next_off_ns: u64,
+    /// Bytes of partial-row writes in flight now, and when the current
+    /// pause began.
+    in_flight: u64,
+    in_flight_at_pause: u64,
     /// Last time a piece arrived or a gathered row was written.
     last_progress_ns: u64,
     /// Rows whose pieces are being written or logged now.
@@ -137,9 +154,27 @@ impl Gathers {
                 .any(|row| self.rows.contains_key(&row))
     }
 
-    /// Whether a new gather may start now.
-    pub(crate) fn may_start(&self, now_ns: u64) -> bool {
-        now_ns >= self.off_until_ns
+    /// Whether a new gather of a row of `row_bytes` may start now.
+    pub(crate) fn may_start(&mut self, now_ns: u64, row_bytes: u64) -> bool {
+        if now_ns >= self.off_until_ns {
+            return true;
+        }
+        if self.in_flight >= row_bytes && self.in_flight > self.in_flight_at_pause {
+            // More in flight than when the rows missed: try again now.
+            self.off_until_ns = now_ns;
+            return true;
+        }
+        false
+    }
+
+    /// A partial-row write of `bytes` begins (it is counted as in flight
+    /// until [`Gathers::leave`]).
+    pub(crate) fn enter(&mut self, bytes: u64) {
+        self.in_flight += bytes;
+    }
+
+    pub(crate) fn leave(&mut self, bytes: u64) {
+        self.in_flight = self.in_flight.saturating_sub(bytes);
     }
 
     /// Offer `piece` (block-aligned, within the row of `row_bytes` at
@@ -188,6 +223,7 @@ impl Gathers {
         row.busy = true;
         self.busy += 1;
         self.misses = 0;
+        self.next_off_ns = OFF_NS;
         Offer::Full(std::mem::take(&mut row.pieces))
     }
 
@@ -226,7 +262,10 @@ impl Gathers {
         self.misses += 1;
         if self.misses >= MISSES_OFF {
             self.misses = 0;
-            self.off_until_ns = now_ns + OFF_NS;
+            let off = self.next_off_ns.max(OFF_NS);
+            self.off_until_ns = now_ns + off;
+            self.in_flight_at_pause = self.in_flight;
+            self.next_off_ns = (off * 2).min(OFF_MAX_NS);
         }
         Some(std::mem::take(&mut row.pieces))
     }
@@ -362,7 +401,7 @@ mod tests {
         assert!(gathers.continues(ROW) && !gathers.continues(2 * ROW));
         let mut now = 0;
         for miss in 0..MISSES_OFF {
-            assert!(gathers.may_start(now), "miss {miss}");
+            assert!(gathers.may_start(now, ROW), "miss {miss}");
             let (p, _) = piece(ROW, 1);
             assert!(matches!(
                 gathers.offer(now, ROW, ROW, p, true),
@@ -373,7 +412,85 @@ mod tests {
             assert!(gathers.expire(now, ROW).is_some());
             gathers.finish(now, ROW);
         }
-        assert!(!gathers.may_start(now));
-        assert!(gathers.may_start(now + OFF_NS));
+        assert!(!gathers.may_start(now, ROW));
+        assert!(gathers.may_start(now + OFF_NS, ROW));
+    }
+
+    /// Miss MISSES_OFF rows in a row from `now`; when gathering may start
+    /// again.
+    fn pause(gathers: &mut Gathers, mut now: u64) -> u64 {
+        for _ in 0..MISSES_OFF {
+            assert!(gathers.may_start(now, ROW));
+            let (p, _) = piece(ROW, 1);
+            assert!(matches!(
+                gathers.offer(now, ROW, ROW, p, true),
+                Offer::Waiting
+            ));
+            now += WINDOW_NS;
+            assert!(gathers.expire(now, ROW).is_some());
+            gathers.finish(now, ROW);
+        }
+        let mut back = now;
+        while !gathers.may_start(back, ROW) {
+            back += OFF_NS / 4;
+        }
+        assert!(!gathers.may_start(back - 1, ROW));
+        back
+    }
+
+    #[test]
+    fn pauses_double_while_rows_keep_missing_and_a_filled_row_resets_them() {
+        let mut gathers = Gathers::default();
+        let mut now = 0;
+        let mut pauses = Vec::new();
+        for _ in 0..7 {
+            let back = pause(&mut gathers, now);
+            pauses.push((back - now - MISSES_OFF as u64 * WINDOW_NS) / (OFF_NS / 4));
+            now = back;
+        }
+        // In quarters of OFF_NS: 1, 2, 4, 8, 16 s, then no longer.
+        assert_eq!(pauses, vec![4, 8, 16, 32, 64, 64, 64]);
+        // A row that fills: the next pause is the first one again.
+        let (whole, _) = piece(ROW, ROW / BLOCK_BYTES);
+        let offer = gathers.offer(now, ROW, ROW, whole, true);
+        let Offer::Full(pieces) = offer else {
+            panic!("a whole row fills at once");
+        };
+        assert_eq!(pieces.len(), 1);
+        gathers.finish(now, ROW);
+        let back = pause(&mut gathers, now);
+        assert_eq!(back - now - MISSES_OFF as u64 * WINDOW_NS, OFF_NS);
+    }
+
+    #[test]
+    fn more_in_flight_than_at_the_pause_ends_it_early() {
+        let mut gathers = Gathers::default();
+        let mut now = 0;
+        for _ in 0..3 {
+            now = pause(&mut gathers, now);
+        }
+        // Half a row in flight when the rows miss again (an 8 s pause).
+        gathers.enter(ROW / 2);
+        let mut at = now;
+        for _ in 0..MISSES_OFF {
+            let (p, _) = piece(ROW, 1);
+            assert!(matches!(
+                gathers.offer(at, ROW, ROW, p, true),
+                Offer::Waiting
+            ));
+            at += WINDOW_NS;
+            assert!(gathers.expire(at, ROW).is_some());
+            gathers.finish(at, ROW);
+        }
+        assert!(!gathers.may_start(at + 1, ROW));
+        // More, but under a row: still paused.
+        gathers.enter(BLOCK_BYTES);
+        assert!(!gathers.may_start(at + 2, ROW));
+        // A row's worth and more than at the pause: it ends now.
+        gathers.enter(ROW);
+        assert!(gathers.may_start(at + 3, ROW));
+        // Back to what it was: the pause stays ended.
+        gathers.leave(ROW + BLOCK_BYTES);
+        assert!(gathers.may_start(at + 4, ROW));
     }
 }

@@ -654,6 +654,8 @@ impl Journal {
         let row_offset = offset / natural * natural;
         let length = data.len() as u64;
         let env = &home.pool.env;
+        self.gathers().enter(length);
+        let _in_flight = InFlight(self, length);
         let mut receiver = loop {
             let (done, receiver) = oneshot::channel();
             let piece = gather::Piece {
@@ -667,9 +669,9 @@ impl Journal {
                 && length < natural
                 && self.gathering()
                 && {
-                    let gathers = self.gathers();
+                    let mut gathers = self.gathers();
                     !gathers.is_open(row_offset)
-                        && gathers.may_start(now)
+                        && gathers.may_start(now, natural)
                         && (continued || gathers.continues(offset))
                 }
                 && self.direct_allowed(home, row_offset, natural).is_some();
@@ -1924,6 +1926,16 @@ struct Writer<'a>(&'a Journal);
 impl Drop for Writer<'_> {
     fn drop(&mut self) {
         self.0.state().batches.release();
+    }
+}
+
+/// A partial-row write counted in flight by [`gather::Gathers::enter`];
+/// leaves when dropped.
+struct InFlight<'a>(&'a Journal, u64);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.gathers().leave(self.1);
     }
 }
 
