@@ -416,9 +416,9 @@ mod tests {
         assert!(gathers.may_start(now + OFF_NS, ROW));
     }
 
-    /// Miss MISSES_OFF rows in a row from `now`; when gathering may start
-    /// again.
-    fn pause(gathers: &mut Gathers, mut now: u64) -> u64 {
+    /// Miss MISSES_OFF rows in a row from `now`; when the last one was
+    /// released.
+    fn miss(gathers: &mut Gathers, mut now: u64) -> u64 {
         for _ in 0..MISSES_OFF {
             assert!(gathers.may_start(now, ROW));
             let (p, _) = piece(ROW, 1);
@@ -430,7 +430,13 @@ mod tests {
             assert!(gathers.expire(now, ROW).is_some());
             gathers.finish(now, ROW);
         }
-        let mut back = now;
+        now
+    }
+
+    /// Miss MISSES_OFF rows in a row from `now`; when gathering may start
+    /// again.
+    fn pause(gathers: &mut Gathers, now: u64) -> u64 {
+        let mut back = miss(gathers, now);
         while !gathers.may_start(back, ROW) {
             back += OFF_NS / 4;
         }
@@ -471,17 +477,7 @@ mod tests {
         }
         // Half a row in flight when the rows miss again (an 8 s pause).
         gathers.enter(ROW / 2);
-        let mut at = now;
-        for _ in 0..MISSES_OFF {
-            let (p, _) = piece(ROW, 1);
-            assert!(matches!(
-                gathers.offer(at, ROW, ROW, p, true),
-                Offer::Waiting
-            ));
-            at += WINDOW_NS;
-            assert!(gathers.expire(at, ROW).is_some());
-            gathers.finish(at, ROW);
-        }
+        let at = miss(&mut gathers, now);
         assert!(!gathers.may_start(at + 1, ROW));
         // More, but under a row: still paused.
         gathers.enter(BLOCK_BYTES);
