@@ -31,11 +31,12 @@
 //! row fills, up to [`OFF_MAX_NS`]: such a stream stalls for two windows
 //! every 16 s instead of every second (about 20 ms of 1 s for 64 KiB
 //! writes at 3 outstanding on modelled drives). A row that fills starts
-//! the pauses again from [`OFF_NS`]. So does a client that sends more at
-//! once: a pause ends early when the partial-row writes in flight come to
-//! a row's worth and more than were in flight when it began (a sweep that
-//! goes from 16 outstanding writes to 32 straight on would otherwise find
-//! its rows still not gathered for up to 16 s).
+//! the pauses again from [`OFF_NS`]. A pause also ends early when the
+//! client sends more at once: when the partial-row writes in flight come
+//! to a row's worth and to more than were in flight when it began (a sweep
+//! that goes from 16 outstanding writes to 32 straight on would otherwise
+//! find its rows still not gathered for up to 16 s); should rows miss
+//! again, the next pause is twice as long as the one that ended.
 
 use std::collections::{HashMap, VecDeque};
 
