@@ -87,10 +87,11 @@ impl Drop for Sleep {
     }
 }
 
-/// A sleep in the heap, earliest deadline first (then in insertion order).
+/// A sleep in the heap, earliest deadline first. Sleeps with one deadline
+/// need no order among them: the thread wakes every sleep that is due at
+/// once.
 struct Pending {
     deadline: Instant,
-    order: u64,
     entry: Arc<Entry>,
 }
 
@@ -111,13 +112,12 @@ impl PartialOrd for Pending {
 impl Ord for Pending {
     fn cmp(&self, other: &Self) -> CmpOrdering {
         // BinaryHeap is a max-heap: the earliest deadline is the greatest.
-        (other.deadline, other.order).cmp(&(self.deadline, self.order))
+        other.deadline.cmp(&self.deadline)
     }
 }
 
 struct State {
     heap: BinaryHeap<Pending>,
-    inserted: u64,
     /// The deadline the thread sleeps towards (`None`: it is awake, and
     /// looks at the heap before it sleeps again).
     sleeping_until: Option<Instant>,
@@ -134,7 +134,6 @@ fn timer() -> &'static Timer {
         let timer: &'static Timer = Box::leak(Box::new(Timer {
             state: Mutex::new(State {
                 heap: BinaryHeap::new(),
-                inserted: 0,
                 sleeping_until: None,
             }),
             wake: Condvar::new(),
@@ -154,13 +153,7 @@ impl Timer {
 
     fn insert(&self, deadline: Instant, entry: Arc<Entry>) {
         let mut state = self.lock();
-        let order = state.inserted;
-        state.inserted += 1;
-        state.heap.push(Pending {
-            deadline,
-            order,
-            entry,
-        });
+        state.heap.push(Pending { deadline, entry });
         if state.sleeping_until.is_some_and(|until| deadline < until) {
             // Once is enough: the thread sets its own deadline again when
             // it wakes.

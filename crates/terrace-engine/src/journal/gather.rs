@@ -102,8 +102,9 @@ pub(crate) struct Gathers {
     /// Released rows since the last row that filled.
     misses: u32,
     off_until_ns: u64,
-    /// The next pause, if gathering pauses before a row fills (0: OFF_NS).
-    next_off_ns: u64,
+    /// Pauses since the last row that filled: the next lasts OFF_NS
+    /// doubled this many times, up to OFF_MAX_NS.
+    pauses: u32,
     /// Bytes of partial-row writes in flight now, and when the current
     /// pause began.
     in_flight: u64,
@@ -224,7 +225,7 @@ impl Gathers {
         row.busy = true;
         self.busy += 1;
         self.misses = 0;
-        self.next_off_ns = OFF_NS;
+        self.pauses = 0;
         Offer::Full(std::mem::take(&mut row.pieces))
     }
 
@@ -263,10 +264,10 @@ impl Gathers {
         self.misses += 1;
         if self.misses >= MISSES_OFF {
             self.misses = 0;
-            let off = self.next_off_ns.max(OFF_NS);
+            let off = (OFF_NS << self.pauses.min(8)).min(OFF_MAX_NS);
             self.off_until_ns = now_ns + off;
             self.in_flight_at_pause = self.in_flight;
-            self.next_off_ns = (off * 2).min(OFF_MAX_NS);
+            self.pauses = self.pauses.saturating_add(1);
         }
         Some(std::mem::take(&mut row.pieces))
     }
