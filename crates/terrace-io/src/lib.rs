@@ -32,6 +32,7 @@ pub mod latch;
 pub mod memory;
 pub mod model;
 mod timer;
+pub use timer::use_thread_timers;
 
 pub use env::{Env, SystemEnv};
 

@@ -154,7 +154,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 nbd_threads,
             };
             daemon::keep_freed_buffers();
-            return runtime()?
+            return daemon::runtime()?
                 .block_on(daemon::run(config))
                 .map_err(CliError::Daemon);
         }

@@ -275,6 +275,7 @@ pub fn run(args: PaperArgs, _control: &Path) -> Result<(), CliError> {
     let daemon_runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(DAEMON_THREADS)
         .enable_all()
+        .on_thread_start(terrace_engine::io::use_thread_timers)
         .build()?;
     let daemon_config = DaemonConfig {
         state_dir: directory.join("state"),

@@ -155,7 +155,7 @@ async fn serve(
             options,
         )
         .with_offload(tokio::runtime::Handle::current())
-        .on_connection_thread_start(terrace_engine::io::file::hand_off_submissions),
+        .on_connection_thread_start(connection_thread_start),
     );
     let mut servers = Vec::new();
     if let Some(listener) = tcp {
@@ -236,6 +236,23 @@ pub fn keep_freed_buffers() {
         libc::mallopt(libc::M_MMAP_THRESHOLD, HEAP_BUFFER_MAX_BYTES);
         libc::mallopt(libc::M_TRIM_THRESHOLD, HEAP_KEEP_BYTES);
     }
+}
+
+/// The daemon's runtime: its workers keep drive models' sleeps in their
+/// own event loops (see [`terrace_engine::io::use_thread_timers`]).
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .on_thread_start(terrace_engine::io::use_thread_timers)
+        .build()
+}
+
+/// Each NBD connection thread hands its devices' submissions to their
+/// reactors (see `transmission.rs` in terrace-export) and keeps its drive
+/// models' sleeps in its own event loop.
+fn connection_thread_start() {
+    terrace_engine::io::file::hand_off_submissions();
+    terrace_engine::io::use_thread_timers();
 }
 
 /// Run until SIGTERM, SIGINT or a shutdown request.
