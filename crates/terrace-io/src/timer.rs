@@ -251,7 +251,7 @@ impl ThreadTimer {
             }),
             fd,
         });
-        runtime.spawn(Close(Arc::clone(&timer)).run());
+        runtime.spawn(Reader(Arc::clone(&timer)).run());
         Ok(timer)
     }
 
@@ -305,10 +305,14 @@ impl ThreadTimer {
     }
 }
 
-impl Close {
-    /// The task that reads the timerfd: on each expiry, end the sleeps that
-    /// are due and arm the timerfd for the next. Owns the [`Close`], so the
-    /// sleeps are handed on when the task is dropped, even unpolled.
+/// The task that reads a thread timer's timerfd. Dropped with its runtime
+/// (or when the event loop fails), even unpolled, it hands the timer's
+/// sleeps to the timer thread.
+struct Reader(Arc<ThreadTimer>);
+
+impl Reader {
+    /// On each expiry, end the sleeps that are due and arm the timerfd for
+    /// the next.
     async fn run(self) {
         let timer = &self.0;
         let mut due = Vec::new();
@@ -350,11 +354,7 @@ impl Close {
     }
 }
 
-/// Hands a thread timer's sleeps to the timer thread when its task ends
-/// (the runtime shut down, or its event loop failed).
-struct Close(Arc<ThreadTimer>);
-
-impl Drop for Close {
+impl Drop for Reader {
     fn drop(&mut self) {
         let heap = {
             let mut state = self.0.lock();
