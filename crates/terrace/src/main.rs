@@ -154,7 +154,8 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 nbd_threads,
             };
             daemon::keep_freed_buffers();
-            return daemon::runtime()?
+            return daemon::runtime_builder()
+                .build()?
                 .block_on(daemon::run(config))
                 .map_err(CliError::Daemon);
         }

@@ -272,10 +272,8 @@ pub fn run(args: PaperArgs, _control: &Path) -> Result<(), CliError> {
         None => directory.clone(),
     };
     let files = disk_files(&directory, &ssd_directory, &args);
-    let daemon_runtime = tokio::runtime::Builder::new_multi_thread()
+    let daemon_runtime = daemon::runtime_builder()
         .worker_threads(DAEMON_THREADS)
-        .enable_all()
-        .on_thread_start(terrace_engine::io::use_thread_timers)
         .build()?;
     let daemon_config = DaemonConfig {
         state_dir: directory.join("state"),

@@ -238,13 +238,14 @@ pub fn keep_freed_buffers() {
     }
 }
 
-/// The daemon's runtime: its workers keep drive models' sleeps in their
-/// own event loops (see [`terrace_engine::io::use_thread_timers`]).
-pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
+/// The daemon's runtime, to build: its workers keep drive models' sleeps
+/// in their own event loops (see [`terrace_engine::io::use_thread_timers`]).
+pub fn runtime_builder() -> tokio::runtime::Builder {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder
         .enable_all()
-        .on_thread_start(terrace_engine::io::use_thread_timers)
-        .build()
+        .on_thread_start(terrace_engine::io::use_thread_timers);
+    builder
 }
 
 /// Each NBD connection thread hands its devices' submissions to their
