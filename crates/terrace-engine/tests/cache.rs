@@ -938,9 +938,81 @@ fn rows_with_many_dirty_runs_destage_as_one_update() {
     }
 }
 
-/// Counts the flushes and FUA writes that reach a device.
+/// A destage round of a stream of partial-row writes writes whole rows and
+/// reads nothing: its runs are cut where rows begin, and the row its budget
+/// cuts is completed from the newer records that hold the rest of it.
+#[test]
+fn a_destage_round_of_a_stream_writes_whole_rows() {
+    block_on(async {
+        let counting: Vec<Arc<Counting>> = memory_devices("round")
+            .into_iter()
+            .map(|inner| {
+                Arc::new(Counting {
+                    inner,
+                    reads: Default::default(),
+                    flushes: Default::default(),
+                    fua_writes: Default::default(),
+                    cheap: false,
+                })
+            })
+            .collect();
+        let devices: Vec<Arc<dyn BlockDevice>> = counting
+            .iter()
+            .map(|c| c.clone() as Arc<dyn BlockDevice>)
+            .collect();
+        let pool = journal_pool(&devices).await;
+        let layout = Layout::Parity { redundancy: 1 };
+        let size = 20 << 20;
+        let mut config = cached("round", layout, size);
+        // Rows of 80 KiB: neither 64 KiB writes nor 4 or 16 MiB fit whole
+        // rows.
+        config.columns = Some(6);
+        let space = pool.create_space(config).await.unwrap().space;
+        let journal = space.journal().unwrap();
+        let row = space.natural_write_bytes();
+        let piece = 64 << 10;
+        assert!(row % piece != 0 && (4 << 20) % row != 0 && (16 << 20) % row != 0);
+        let mut model = Model::new(size);
+        let mut rng = Rng(41);
+        // Pieces in falling order: none continues the one before, so all
+        // are logged (not gathered), and the oldest records are the
+        // highest offsets.
+        for index in (0..size / piece).rev() {
+            let offset = index * piece;
+            let data = rng.bytes(piece as usize);
+            space
+                .write(offset, bytes(data.clone()), false)
+                .await
+                .unwrap();
+            model.write(offset, &data);
+        }
+        assert_eq!(journal.status().absorbed_bytes, size);
+        let reads = || {
+            counting[..6]
+                .iter()
+                .map(|c| c.reads.load(Ordering::Relaxed))
+                .sum::<u64>()
+        };
+        let before = reads();
+        assert!(journal.destage(&space, true).await.unwrap());
+        let status = journal.status();
+        assert!(
+            status.destaged_bytes >= 8 << 20 && status.dirty_bytes > 0,
+            "one round, not the log: {status:?}"
+        );
+        assert_eq!(reads(), before, "the round read from the capacity disks");
+        check_all(&space, &model).await;
+        journal.drain(&space).await.unwrap();
+        check_all(&space, &model).await;
+        assert_consistent(&space, 41).await;
+        pool.close().await.unwrap();
+    });
+}
+
+/// Counts the reads, flushes and FUA writes that reach a device.
 struct Counting {
     inner: Arc<dyn BlockDevice>,
+    reads: AtomicU64,
     flushes: AtomicU64,
     fua_writes: AtomicU64,
     /// What it answers to `cheap_fua`.
@@ -958,6 +1030,7 @@ impl BlockDevice for Counting {
         self.inner.alignment()
     }
     fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
         self.inner.read(offset, buf)
     }
     fn write(&self, offset: u64, data: Bytes, fua: bool) -> BoxFuture<IoResult<()>> {
@@ -1010,6 +1083,7 @@ fn fua_records(cheap: bool) {
             .map(|inner| {
                 Arc::new(Counting {
                     inner: Arc::new(DelayDevice::new(inner.clone(), env(), policy)),
+                    reads: Default::default(),
                     flushes: Default::default(),
                     fua_writes: Default::default(),
                     cheap,

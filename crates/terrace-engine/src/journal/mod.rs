@@ -1455,6 +1455,23 @@ impl Journal {
                         }
                     }
                 }
+                // Rows the round holds in part (a stream's at the edges
+                // of its budget, and where a write was logged as two
+                // records) are taken whole where newer durable records
+                // hold the rest of them: one full-row write instead of two
+                // partial ones, this round's and a later one's, each
+                // reading what it lacks.
+                if let Some(row_bytes) = parity_row_bytes {
+                    let row_blocks = row_bytes / BLOCK_BYTES;
+                    let space_blocks = home.size_bytes() / BLOCK_BYTES;
+                    let rows: BTreeSet<u64> = work.keys().map(|block| block / row_blocks).collect();
+                    for row in rows {
+                        let first = row * row_blocks;
+                        let end = (first + row_blocks).min(space_blocks);
+                        let rest = rest_of_row(&state, &work, first..end);
+                        work.extend(rest);
+                    }
+                }
                 // No direct write may pin them from now on.
                 for &sequence in &picked {
                     if let Some(record) = state.record_mut(sequence) {
@@ -1512,7 +1529,7 @@ impl Journal {
                     .range(range.clone())
                     .map(|(&block, entry)| (block, entry.clone()))
                     .collect();
-                for (offset, data) in coalesce(&blocks) {
+                for (offset, data) in coalesce(&blocks, row_bytes / BLOCK_BYTES) {
                     home.write_home(offset, data, false).await?;
                 }
                 for block in range {
@@ -1528,7 +1545,8 @@ impl Journal {
                 parallel.max(destage_parallel(p.fill, p.flat_out))
             })
         };
-        let updates = updates(coalesce(&plain), parity_row_bytes);
+        let row_blocks = parity_row_bytes.map_or(1, |bytes| bytes / BLOCK_BYTES);
+        let updates = updates(coalesce(&plain, row_blocks), parity_row_bytes);
         let merged = updates.iter().filter(|update| update.len() > 1).count();
         self.counters
             .rows_merged
@@ -2097,17 +2115,20 @@ fn ranges(blocks: &[u64]) -> Vec<(u64, u64)> {
     out
 }
 
-/// Contiguous blocks joined into one write each (at most 4 MiB).
-fn coalesce(work: &BTreeMap<u64, (u64, Bytes)>) -> Vec<(u64, Bytes)> {
+/// Contiguous blocks joined into one write each: at most 4 MiB, and cut
+/// only where a row of `row_blocks` blocks begins (so a run may be one row
+/// where a row is larger); 1 where rows do not matter.
+fn coalesce(work: &BTreeMap<u64, (u64, Bytes)>, row_blocks: u64) -> Vec<(u64, Bytes)> {
     const RUN_MAX_BLOCKS: u64 = (4 << 20) / BLOCK_BYTES;
+    // Cuts fall on row boundaries: a run cut inside a row would leave that
+    // row to two partial-row updates (each reading what it lacks) that
+    // could have been one full-row write.
+    let cut_blocks = (RUN_MAX_BLOCKS / row_blocks).max(1) * row_blocks;
     let mut runs: Vec<(u64, Vec<&Bytes>)> = Vec::new();
     let mut last = None;
     for (&block, (_, data)) in work {
         match runs.last_mut() {
-            Some((start, parts))
-                if last == Some(block - 1) && (parts.len() as u64) < RUN_MAX_BLOCKS =>
-            {
-                let _ = start;
+            Some((_, parts)) if last == Some(block - 1) && !block.is_multiple_of(cut_blocks) => {
                 parts.push(data);
             }
             _ => runs.push((block, vec![data])),
@@ -2262,6 +2283,29 @@ fn dense_row(state: &State, first: u64, row_blocks: u64) -> Vec<(u64, (u64, Byte
     }
 }
 
+/// The durable dirty blocks of `row` (a range of blocks) that `work` lacks,
+/// if with them `work` holds the whole row; else none. Like
+/// [`dense_row`], they may come from records newer than a round's.
+fn rest_of_row(state: &State, work: &Work, row: std::ops::Range<u64>) -> Vec<(u64, (u64, Bytes))> {
+    let mut rest = Vec::new();
+    for block in row {
+        if work.contains_key(&block) {
+            continue;
+        }
+        match state
+            .index
+            .get(&block)
+            .and_then(|entry| entry.committed.as_ref())
+        {
+            Some((sequence, data)) if *sequence < state.durable_below => {
+                rest.push((block, (*sequence, data.clone())));
+            }
+            _ => return Vec::new(),
+        }
+    }
+    rest
+}
+
 /// Coalesced runs (sorted) as updates home, each run alone; but where
 /// `row_bytes` is given (parity), the runs within one row go together as
 /// one merged update if there are [`MERGE_RUNS_MIN`] of them or more.
@@ -2341,7 +2385,7 @@ async fn write_update(home: &Space, update: &[(u64, Bytes)]) -> Result<(), Engin
 pub(crate) async fn replay(home: &Space, blocks: &BTreeMap<u64, Bytes>) -> Result<(), EngineError> {
     let tagged: BTreeMap<u64, (u64, Bytes)> =
         blocks.iter().map(|(b, d)| (*b, (0, d.clone()))).collect();
-    let updates = updates(coalesce(&tagged), None);
+    let updates = updates(coalesce(&tagged, 1), None);
     write_updates_home(home, &updates, &|| DESTAGE_PARALLEL).await?;
     home.pool.flush_disks().await
 }
@@ -2373,12 +2417,24 @@ mod tests {
             [(4, (1, block(4))), (5, (1, block(5))), (9, (2, block(9)))]
                 .into_iter()
                 .collect();
-        let runs = coalesce(&work);
+        let runs = coalesce(&work, 1);
         assert_eq!(runs.len(), 2);
         assert_eq!(runs[0].0, 4 * BLOCK_BYTES);
         assert_eq!(runs[0].1.len() as u64, 2 * BLOCK_BYTES);
         assert_eq!(runs[0].1[BLOCK_BYTES as usize], 5);
         assert_eq!(runs[1].0, 9 * BLOCK_BYTES);
+        // A long run is cut at 4 MiB, or where rows begin.
+        let long: BTreeMap<u64, (u64, Bytes)> =
+            (3..1100).map(|b| (b, (1, block(b as u8)))).collect();
+        let starts = |row_blocks| -> Vec<u64> {
+            coalesce(&long, row_blocks)
+                .iter()
+                .map(|(offset, _)| offset / BLOCK_BYTES)
+                .collect()
+        };
+        assert_eq!(starts(1), vec![3, 1024]);
+        assert_eq!(starts(7), vec![3, 1022]);
+        assert_eq!(starts(2000), vec![3]);
     }
 
     #[test]
