@@ -367,6 +367,23 @@ async fn reconstruct_write(
     let wanted: Vec<bool> = (0..columns.count())
         .map(|c| !lost.contains(&c) && (rebuild || (c < columns.data && !plan.fully_covers(c))))
         .collect();
+    if !wanted.contains(&true) {
+        // The write covers the band of every data column: parity straight
+        // from its bytes, nothing read or copied.
+        let new: Vec<Bytes> = (0..columns.data)
+            .map(|column| {
+                plan.new_bytes(column)
+                    .expect("every data column is covered")
+            })
+            .collect();
+        let data: Vec<&[u8]> = new.iter().map(|b| &b[..]).collect();
+        let mut parity: Vec<BytesMut> = (0..columns.redundancy)
+            .map(|_| aligned_buffer(plan.width() as usize))
+            .collect();
+        encode(&data, &mut parity);
+        write_row(io, columns, plan, parity, lost, fua).await;
+        return Ok(Attempt::Done);
+    }
     let Some(mut band) = read_band(io, columns, plan.low, plan.high, &wanted).await else {
         return Ok(Attempt::Replan);
     };
@@ -383,13 +400,18 @@ async fn reconstruct_write(
         }
     }
     let data: Vec<&[u8]> = band.iter().map(|b| &b[..]).collect();
-    match parity.as_mut_slice() {
-        [p] => terrace_ec::encode_p(&data, p),
-        [p, q] => terrace_ec::encode_pq(&data, p, q),
-        _ => unreachable!("parity layouts have one or two parity columns"),
-    }
+    encode(&data, &mut parity);
     write_row(io, columns, plan, parity, lost, fua).await;
     Ok(Attempt::Done)
+}
+
+/// Parity of `data` into `parity` (one or two columns).
+fn encode(data: &[&[u8]], parity: &mut [BytesMut]) {
+    match parity {
+        [p] => terrace_ec::encode_p(data, p),
+        [p, q] => terrace_ec::encode_pq(data, p, q),
+        _ => unreachable!("parity layouts have one or two parity columns"),
+    }
 }
 
 /// Write the new data pieces and the parity band to every surviving slot.

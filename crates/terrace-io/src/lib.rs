@@ -213,12 +213,21 @@ pub fn aligned_buffer(length: usize) -> BytesMut {
 /// A copy of `data` in memory aligned to [`DIRECT_IO_ALIGNMENT`] (one
 /// pass over the bytes: nothing is zeroed first).
 pub fn aligned_copy(data: &[u8]) -> BytesMut {
-    let mut buffer = BytesMut::with_capacity(data.len() + DIRECT_IO_ALIGNMENT);
+    aligned_concat(data.len(), [data])
+}
+
+/// `parts` one after another in memory aligned to [`DIRECT_IO_ALIGNMENT`],
+/// `length` bytes in all (room is made for that much; more is allowed).
+/// One pass over the bytes: nothing is zeroed first.
+pub fn aligned_concat<'a>(length: usize, parts: impl IntoIterator<Item = &'a [u8]>) -> BytesMut {
+    let mut buffer = BytesMut::with_capacity(length + DIRECT_IO_ALIGNMENT);
     let misalignment = buffer.as_ptr() as usize % DIRECT_IO_ALIGNMENT;
     let padding = (DIRECT_IO_ALIGNMENT - misalignment) % DIRECT_IO_ALIGNMENT;
     buffer.extend_from_slice(&[0u8; DIRECT_IO_ALIGNMENT][..padding]);
     let _ = buffer.split_to(padding);
-    buffer.extend_from_slice(data);
+    for part in parts {
+        buffer.extend_from_slice(part);
+    }
     debug_assert_eq!(buffer.as_ptr() as usize % DIRECT_IO_ALIGNMENT, 0);
     buffer
 }

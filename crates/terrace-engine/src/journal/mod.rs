@@ -51,7 +51,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use futures::channel::oneshot;
 use futures::future::join_all;
 use futures::stream::{FuturesUnordered, StreamExt};
-use terrace_io::{aligned_buffer, Bytes, BytesMut};
+use terrace_io::{aligned_buffer, aligned_concat, Bytes, BytesMut};
 use terrace_layout::{Layout, BLOCK_BYTES};
 use terrace_meta::{CacheRecord, SpaceId};
 
@@ -729,13 +729,7 @@ impl Journal {
         let Some(invalidate) = self.direct_allowed(home, row_offset, natural) else {
             return self.log_gathered(home, row_offset, pieces).await;
         };
-        // Every block is covered, so every byte of the buffer is written;
-        // later pieces land over earlier ones, in the order they came.
-        let mut row = aligned_buffer(natural as usize);
-        for piece in &pieces {
-            let at = (piece.offset - row_offset) as usize;
-            row[at..at + piece.data.len()].copy_from_slice(&piece.data);
-        }
+        let row = gathered_row(row_offset, natural, &pieces);
         let fua = pieces.iter().any(|piece| piece.fua);
         let result = self
             .write_direct(home, row_offset, row.freeze(), fua, invalidate)
@@ -770,11 +764,10 @@ impl Journal {
         let mut result = Ok(());
         let numbers: Vec<u64> = blocks.keys().copied().collect();
         for (first, count) in ranges(&numbers) {
-            let mut run = aligned_buffer((count * BLOCK_BYTES) as usize);
-            for (i, block) in (first..first + count).enumerate() {
-                let at = i * BLOCK_BYTES as usize;
-                run[at..at + BLOCK_BYTES as usize].copy_from_slice(&blocks[&block]);
-            }
+            let run = aligned_concat(
+                (count * BLOCK_BYTES) as usize,
+                (first..first + count).map(|block| &blocks[&block][..]),
+            );
             result = self
                 .write_logged(home, first * BLOCK_BYTES, run.freeze())
                 .await;
@@ -1062,11 +1055,14 @@ impl Journal {
                 kind == Kind::Dirty,
             )
             .await?;
-        let mut payload = aligned_buffer(record_bytes as usize);
-        for (i, (_, data)) in pieces.iter().enumerate() {
-            let start = (HEADER_BYTES + i as u64 * BLOCK_BYTES) as usize;
-            payload[start..start + BLOCK_BYTES as usize].copy_from_slice(data);
-        }
+        // The header's place first, filled in once the payload's checksum
+        // is known.
+        let header_place = [0u8; HEADER_BYTES as usize];
+        let mut payload = aligned_concat(
+            record_bytes as usize,
+            std::iter::once(&header_place[..]).chain(pieces.iter().map(|(_, data)| &data[..])),
+        );
+        debug_assert_eq!(payload.len() as u64, record_bytes);
         let header = Header {
             kind,
             epoch: self.epoch,
@@ -2137,11 +2133,8 @@ fn coalesce(work: &BTreeMap<u64, (u64, Bytes)>, row_blocks: u64) -> Vec<(u64, By
     }
     runs.into_iter()
         .map(|(start, parts)| {
-            let mut buffer = aligned_buffer(parts.len() * BLOCK_BYTES as usize);
-            for (i, part) in parts.iter().enumerate() {
-                let at = i * BLOCK_BYTES as usize;
-                buffer[at..at + BLOCK_BYTES as usize].copy_from_slice(part);
-            }
+            let length = parts.len() * BLOCK_BYTES as usize;
+            let buffer = aligned_concat(length, parts.iter().map(|part| &part[..]));
             (start * BLOCK_BYTES, buffer.freeze())
         })
         .collect()
@@ -2281,6 +2274,28 @@ fn dense_row(state: &State, first: u64, row_blocks: u64) -> Vec<(u64, (u64, Byte
     } else {
         Vec::new()
     }
+}
+
+/// A gather's row as one buffer. Every block is covered, so every byte is
+/// written; pieces that follow each other without overlap (a stream's) are
+/// laid end to end, else later pieces land over earlier ones, in the order
+/// they came.
+fn gathered_row(row_offset: u64, natural: u64, pieces: &[gather::Piece]) -> BytesMut {
+    let mut end = row_offset;
+    let in_order = pieces.iter().all(|piece| {
+        let follows = piece.offset == end;
+        end = piece.offset + piece.data.len() as u64;
+        follows
+    });
+    if in_order && end == row_offset + natural {
+        return aligned_concat(natural as usize, pieces.iter().map(|piece| &piece.data[..]));
+    }
+    let mut row = aligned_buffer(natural as usize);
+    for piece in pieces {
+        let at = (piece.offset - row_offset) as usize;
+        row[at..at + piece.data.len()].copy_from_slice(&piece.data);
+    }
+    row
 }
 
 /// The durable dirty blocks of `row` (a range of blocks) that `work` lacks,
@@ -2435,6 +2450,35 @@ mod tests {
         assert_eq!(starts(1), vec![3, 1024]);
         assert_eq!(starts(7), vec![3, 1022]);
         assert_eq!(starts(2000), vec![3]);
+    }
+
+    #[test]
+    fn a_gathered_row_is_its_pieces_in_order_and_later_over_earlier() {
+        let piece = |offset: u64, byte: u8, length: u64| gather::Piece {
+            offset,
+            data: Bytes::from(vec![byte; length as usize]),
+            fua: false,
+            done: oneshot::channel().0,
+        };
+        let k = BLOCK_BYTES;
+        // A stream's pieces, end to end.
+        let row = gathered_row(
+            8 * k,
+            4 * k,
+            &[piece(8 * k, 1, 2 * k), piece(10 * k, 2, 2 * k)],
+        );
+        assert_eq!(row.len() as u64, 4 * k);
+        assert!(row[..2 * k as usize].iter().all(|&b| b == 1));
+        assert!(row[2 * k as usize..].iter().all(|&b| b == 2));
+        // Out of order and overlapping: the later piece wins.
+        let row = gathered_row(
+            8 * k,
+            4 * k,
+            &[piece(9 * k, 3, 3 * k), piece(8 * k, 4, 2 * k)],
+        );
+        assert!(row[..2 * k as usize].iter().all(|&b| b == 4));
+        assert!(row[2 * k as usize..].iter().all(|&b| b == 3));
+        assert_eq!(row.as_ptr() as usize % terrace_io::DIRECT_IO_ALIGNMENT, 0);
     }
 
     #[test]
