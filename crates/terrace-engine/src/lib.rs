@@ -26,6 +26,7 @@ pub mod journal;
 mod membership;
 mod mirror;
 mod parity;
+mod payload;
 mod pool;
 mod rebuild;
 mod resync;

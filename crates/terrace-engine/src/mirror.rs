@@ -7,10 +7,11 @@
 //! succeeds while each of its pieces reached at least one copy.
 
 use futures::future::join_all;
-use terrace_io::{Bytes, BytesMut};
+use terrace_io::BytesMut;
 use terrace_layout::{ColumnPiece, RowSpan};
 
 use crate::error::EngineError;
+use crate::payload::Payload;
 use crate::row::{read_pieces, RowIo};
 use crate::simple::piece_range;
 
@@ -49,7 +50,7 @@ async fn read_piece(
 pub async fn write(
     io: &RowIo<'_>,
     span: &RowSpan,
-    data: &Bytes,
+    data: &Payload,
     fua: bool,
 ) -> Result<(), EngineError> {
     let _guard = io.lock_for_write(span).await;

@@ -44,6 +44,7 @@ use terrace_io::{aligned_buffer, Bytes, BytesMut};
 use terrace_layout::{ColumnPiece, RowSpan};
 
 use crate::error::EngineError;
+use crate::payload::Payload;
 use crate::row::RowIo;
 use crate::simple::piece_range;
 use crate::space::{join_buffer, split_buffer};
@@ -216,7 +217,7 @@ struct WritePlan<'a> {
     pieces: Vec<Option<ColumnPiece>>,
     low: u64,
     high: u64,
-    data: &'a Bytes,
+    data: &'a Payload,
 }
 
 impl WritePlan<'_> {
@@ -250,7 +251,7 @@ enum Attempt {
 pub async fn write(
     io: &RowIo<'_>,
     span: &RowSpan,
-    data: &Bytes,
+    data: &Payload,
     fua: bool,
 ) -> Result<(), EngineError> {
     let columns = Columns::of(io);

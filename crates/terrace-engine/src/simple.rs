@@ -1,9 +1,10 @@
 //! Simple (striped) rows: one slot per column, no redundancy.
 
-use terrace_io::{Bytes, BytesMut};
+use terrace_io::BytesMut;
 use terrace_layout::{ColumnPiece, RowSpan};
 
 use crate::error::EngineError;
+use crate::payload::Payload;
 use crate::row::{read_pieces, RowIo};
 use crate::space::all_ok;
 
@@ -25,7 +26,7 @@ pub async fn read(
 pub async fn write(
     io: &RowIo<'_>,
     span: &RowSpan,
-    data: &Bytes,
+    data: &Payload,
     fua: bool,
 ) -> Result<(), EngineError> {
     // A block lives in one place, but a sub-block write or a move may be

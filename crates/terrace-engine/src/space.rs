@@ -42,6 +42,7 @@ use crate::disk::{Condition, Disk};
 use crate::control::PoolShared;
 use crate::error::EngineError;
 use crate::journal::Journal;
+use crate::payload::Payload;
 use crate::row::RowIo;
 use crate::row_lock::RowLocks;
 pub use crate::target::Target;
@@ -388,9 +389,10 @@ impl Space {
     pub(crate) async fn write_home(
         &self,
         offset: u64,
-        data: Bytes,
+        data: impl Into<Payload>,
         fua: bool,
     ) -> Result<(), EngineError> {
+        let data = data.into();
         let map = self.check(offset, data.len() as u64, Access::Write)?;
         let result = self.write_checked(&map, offset, &data, fua).await;
         self.pool.persist_failures().await?;
@@ -428,7 +430,8 @@ impl Space {
         let (Some(span), None) = (spans.next(), spans.next()) else {
             // Not within one row: piece by piece.
             for (offset, data) in pieces {
-                self.write_checked(map, *offset, data, false).await?;
+                self.write_checked(map, *offset, &Payload::from(data.clone()), false)
+                    .await?;
             }
             return Ok(());
         };
@@ -444,7 +447,7 @@ impl Space {
             let at = (offset - start) as usize;
             merged[at..at + data.len()].copy_from_slice(data);
         }
-        write_span(&io, &span, &merged.freeze(), false).await
+        write_span(&io, &span, &Payload::from(merged.freeze()), false).await
     }
 
     /// Before writing extents with a missing disk, record them dirty for it.
@@ -477,7 +480,7 @@ impl Space {
         &self,
         map: &SpaceMap,
         offset: u64,
-        data: &Bytes,
+        data: &Payload,
         fua: bool,
     ) -> Result<(), EngineError> {
         self.track_missing(map, offset, data.len() as u64).await?;
@@ -493,7 +496,7 @@ impl Space {
         &self,
         map: &SpaceMap,
         span: RowSpan,
-        data: &Bytes,
+        data: &Payload,
         fua: bool,
     ) -> Result<(), EngineError> {
         let (start, end) = (span.row_offset, span.row_offset + span.length);
@@ -534,16 +537,16 @@ impl Space {
             merged[(tail_start - aligned_start) as usize..].copy_from_slice(&tail);
         }
         let source =
-            &data[span.request_offset as usize..(span.request_offset + span.length) as usize];
+            data.slice(span.request_offset as usize..(span.request_offset + span.length) as usize);
         merged[(start - aligned_start) as usize..(end - aligned_start) as usize]
-            .copy_from_slice(source);
+            .copy_from_slice(&source);
         let expanded = RowSpan {
             row_offset: aligned_start,
             length: aligned_end - aligned_start,
             request_offset: 0,
             ..span
         };
-        write_span(&io, &expanded, &merged.freeze(), fua).await
+        write_span(&io, &expanded, &Payload::from(merged.freeze()), fua).await
     }
 
     /// Make `[offset, offset + length)` read as zeroes.
@@ -629,7 +632,7 @@ impl Space {
         if let zero::Mode::Zeroes { fua } = mode {
             for (start, stop) in [(offset, body_start), (body_end, end)] {
                 if stop > start {
-                    let zeroes = Bytes::from(vec![0u8; (stop - start) as usize]);
+                    let zeroes = Payload::from(Bytes::from(vec![0u8; (stop - start) as usize]));
                     edges.push(async move { self.write_checked(map, start, &zeroes, fua).await });
                 }
             }
@@ -735,7 +738,7 @@ async fn read_span(
 async fn write_span(
     io: &RowIo<'_>,
     span: &RowSpan,
-    data: &Bytes,
+    data: &Payload,
     fua: bool,
 ) -> Result<(), EngineError> {
     match io.geometry().layout() {

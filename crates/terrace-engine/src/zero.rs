@@ -131,7 +131,7 @@ async fn zero_partial(
             let Mode::Zeroes { fua } = mode else {
                 return Ok(());
             };
-            let zeroes = Bytes::from(vec![0u8; length as usize]);
+            let zeroes = crate::payload::Payload::from(Bytes::from(vec![0u8; length as usize]));
             for span in &spans {
                 parity::write(&space.row_io(map, span), span, &zeroes, fua).await?;
             }

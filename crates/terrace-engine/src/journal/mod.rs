@@ -56,6 +56,7 @@ use terrace_layout::{Layout, BLOCK_BYTES};
 use terrace_meta::{CacheRecord, SpaceId};
 
 use crate::error::EngineError;
+use crate::payload::Payload;
 use crate::space::Space;
 use format::{Header, Kind, ENTRIES_MAX, HEADER_BYTES};
 
@@ -587,10 +588,11 @@ impl Journal {
         &self,
         home: &Space,
         offset: u64,
-        data: Bytes,
+        data: impl Into<Payload>,
         fua: bool,
         invalidate: bool,
     ) -> Result<(), EngineError> {
+        let data = data.into();
         let length = data.len() as u64;
         let intent = self
             .begin_direct(home, offset, length, DIRECT_AHEAD_BYTES)
@@ -732,7 +734,7 @@ impl Journal {
         let row = gathered_row(row_offset, natural, &pieces);
         let fua = pieces.iter().any(|piece| piece.fua);
         let result = self
-            .write_direct(home, row_offset, row.freeze(), fua, invalidate)
+            .write_direct(home, row_offset, row, fua, invalidate)
             .await;
         if result.is_ok() {
             self.counters
@@ -2276,11 +2278,11 @@ fn dense_row(state: &State, first: u64, row_blocks: u64) -> Vec<(u64, (u64, Byte
     }
 }
 
-/// A gather's row as one buffer. Every block is covered, so every byte is
-/// written; pieces that follow each other without overlap (a stream's) are
-/// laid end to end, else later pieces land over earlier ones, in the order
+/// A gather's row. Every block is covered. Pieces that follow each other
+/// without overlap (a stream's) go as they are, back to back; else they
+/// are laid in one buffer, later pieces over earlier ones, in the order
 /// they came.
-fn gathered_row(row_offset: u64, natural: u64, pieces: &[gather::Piece]) -> BytesMut {
+fn gathered_row(row_offset: u64, natural: u64, pieces: &[gather::Piece]) -> Payload {
     let mut end = row_offset;
     let in_order = pieces.iter().all(|piece| {
         let follows = piece.offset == end;
@@ -2288,14 +2290,14 @@ fn gathered_row(row_offset: u64, natural: u64, pieces: &[gather::Piece]) -> Byte
         follows
     });
     if in_order && end == row_offset + natural {
-        return aligned_concat(natural as usize, pieces.iter().map(|piece| &piece.data[..]));
+        return Payload::parts(pieces.iter().map(|piece| piece.data.clone()).collect());
     }
     let mut row = aligned_buffer(natural as usize);
     for piece in pieces {
         let at = (piece.offset - row_offset) as usize;
         row[at..at + piece.data.len()].copy_from_slice(&piece.data);
     }
-    row
+    Payload::from(row.freeze())
 }
 
 /// The durable dirty blocks of `row` (a range of blocks) that `work` lacks,
@@ -2467,7 +2469,8 @@ mod tests {
             4 * k,
             &[piece(8 * k, 1, 2 * k), piece(10 * k, 2, 2 * k)],
         );
-        assert_eq!(row.len() as u64, 4 * k);
+        assert!(matches!(row, Payload::Parts(ref parts) if parts.len() == 2));
+        let row = row.slice(0..4 * k as usize);
         assert!(row[..2 * k as usize].iter().all(|&b| b == 1));
         assert!(row[2 * k as usize..].iter().all(|&b| b == 2));
         // Out of order and overlapping: the later piece wins.
@@ -2476,6 +2479,8 @@ mod tests {
             4 * k,
             &[piece(9 * k, 3, 3 * k), piece(8 * k, 4, 2 * k)],
         );
+        assert!(matches!(row, Payload::One(_)));
+        let row = row.slice(0..4 * k as usize);
         assert!(row[..2 * k as usize].iter().all(|&b| b == 4));
         assert!(row[2 * k as usize..].iter().all(|&b| b == 3));
         assert_eq!(row.as_ptr() as usize % terrace_io::DIRECT_IO_ALIGNMENT, 0);
