@@ -49,7 +49,8 @@ use std::io::{self, IoSlice};
 use std::sync::Arc;
 use std::task::{Context, Waker};
 
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use bytes::BufMut;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::runtime::Handle;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
@@ -65,7 +66,7 @@ use crate::server::shutdown_requested;
 /// Serves requests until the client disconnects, the stream breaks, or
 /// shutdown drains the connection.
 pub(crate) async fn transmit<R, W>(
-    reader: R,
+    reader: BufReader<R>,
     writer: W,
     session: Session,
     max_in_flight: usize,
@@ -73,7 +74,7 @@ pub(crate) async fn transmit<R, W>(
     offload: Option<Handle>,
 ) -> Result<(), ConnectionError>
 where
-    R: AsyncBufRead + Unpin,
+    R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
 {
     // Every reply but the NBD_ESHUTDOWN refusals of a draining connection
@@ -82,6 +83,7 @@ where
     let writer = WriterTask(tokio::spawn(write_replies(queue, writer)));
     let mut requests = Requests {
         reader,
+        direct: false,
         session: Arc::new(session),
         permits: Arc::new(Semaphore::new(max_in_flight)),
         max_in_flight: max_in_flight as u32,
@@ -193,14 +195,59 @@ async fn write_batch<W: AsyncWrite + Unpin>(out: &mut W, batch: &[Outgoing]) -> 
     Ok(())
 }
 
-/// Reads one request: header, and for `NBD_CMD_WRITE` its payload.
-async fn read_request<R: AsyncBufRead + Unpin>(
-    reader: &mut R,
+/// Waits for the next request: `None` at the end of the stream, else how
+/// many bytes of its header were read into `head`: some, from the socket
+/// alone, after a payload read straight from it (`direct`, with nothing
+/// buffered); none where the reader's buffer holds them. Cancel-safe.
+async fn next_request<R: AsyncRead + Unpin>(
+    reader: &mut BufReader<R>,
+    direct: bool,
+    head: &mut [u8],
+) -> io::Result<Option<usize>> {
+    if direct && reader.buffer().is_empty() {
+        let got = reader.get_mut().read(head).await?;
+        Ok((got > 0).then_some(got))
+    } else {
+        Ok((!reader.fill_buf().await?.is_empty()).then_some(0))
+    }
+}
+
+/// A write payload this large or larger, beyond what the reader holds
+/// already, is read from the socket straight into its own buffer; so is
+/// the header after it (see [`read_request`]).
+const DIRECT_PAYLOAD_MIN: usize = 16 << 10;
+
+/// Reads one request: header, and for `NBD_CMD_WRITE` its payload. `head`
+/// holds the header's first bytes where the caller read them from the
+/// socket itself (the reader's buffer then being empty).
+///
+/// The reader's buffer takes in many small requests with one `read(2)`,
+/// but a large payload that passed through it would be copied once more
+/// (a sixth of the daemon's CPU in a stream of 64 KiB writes). So what of
+/// a payload of [`DIRECT_PAYLOAD_MIN`] or more the buffer does not hold is
+/// read straight into the payload, and `direct` is set: the caller then
+/// reads the next header from the socket alone, which keeps the reader
+/// from pulling the payload after it into its buffer. A request without
+/// such a payload clears `direct`, and the buffer takes over again.
+async fn read_request<R: AsyncRead + Unpin>(
+    reader: &mut BufReader<R>,
+    head: &[u8],
     limit: u32,
+    direct: &mut bool,
 ) -> Result<Incoming, ConnectionError> {
     let mut bytes = [0; REQUEST_HEADER_BYTES];
-    reader.read_exact(&mut bytes).await?;
+    bytes[..head.len()].copy_from_slice(head);
+    if head.is_empty() {
+        reader.read_exact(&mut bytes).await?;
+    } else {
+        debug_assert!(reader.buffer().is_empty());
+        reader
+            .get_mut()
+            .read_exact(&mut bytes[head.len()..])
+            .await?;
+    }
     let header = parse_header(&bytes)?;
+    let mut went_direct = false;
     let payload = match payload_plan(&header, limit)? {
         PayloadPlan::None => Payload::None,
         PayloadPlan::Discard(length) => {
@@ -215,15 +262,30 @@ async fn read_request<R: AsyncBufRead + Unpin>(
             // Read into uninitialised capacity (no zeroing of up to 32 MiB
             // first), aligned for direct-I/O backends.
             let mut data = aligned_capacity(length);
-            let mut part = reader.take(length as u64);
-            while data.len() < length {
-                if part.read_buf(&mut data).await? == 0 {
-                    return Err(ConnectionError::Truncated);
+            let held = reader.buffer().len().min(length);
+            data.extend_from_slice(&reader.buffer()[..held]);
+            reader.consume(held);
+            if length - held >= DIRECT_PAYLOAD_MIN {
+                went_direct = true;
+                while data.len() < length {
+                    let rest = length - data.len();
+                    let mut spare = (&mut data).limit(rest);
+                    if reader.get_mut().read_buf(&mut spare).await? == 0 {
+                        return Err(ConnectionError::Truncated);
+                    }
+                }
+            } else {
+                let mut part = reader.take((length - held) as u64);
+                while data.len() < length {
+                    if part.read_buf(&mut data).await? == 0 {
+                        return Err(ConnectionError::Truncated);
+                    }
                 }
             }
             Payload::Data(data.freeze())
         }
     };
+    *direct = went_direct;
     Ok(Incoming { header, payload })
 }
 
@@ -235,7 +297,10 @@ enum Flow {
 
 /// The reader side of a connection.
 struct Requests<R> {
-    reader: R,
+    reader: BufReader<R>,
+    /// The last request's payload was read straight from the socket: read
+    /// the next header from the socket alone (see [`read_request`]).
+    direct: bool,
     session: Arc<Session>,
     permits: Arc<Semaphore>,
     max_in_flight: u32,
@@ -265,7 +330,7 @@ struct Requests<R> {
 /// the raw files (docs/BENCHMARKS.md).
 const OFFLOAD_MIN_BYTES: u32 = 256 << 10;
 
-impl<R: AsyncBufRead + Unpin> Requests<R> {
+impl<R: AsyncRead + Unpin> Requests<R> {
     async fn run(&mut self) -> Result<(), ConnectionError> {
         loop {
             let permit = tokio::select! {
@@ -278,16 +343,26 @@ impl<R: AsyncBufRead + Unpin> Requests<R> {
             };
             // Wait for the first byte of the next request; shutdown may
             // interrupt only here, never in the middle of a message.
-            tokio::select! {
+            let mut head = [0; REQUEST_HEADER_BYTES];
+            let got = tokio::select! {
                 biased;
-                ready = self.reader.fill_buf() => if ready?.is_empty() { return Ok(()) },
+                next = next_request(&mut self.reader, self.direct, &mut head) => match next? {
+                    Some(got) => got,
+                    None => return Ok(()),
+                },
                 _ = shutdown_requested(&mut self.shutdown) => {
                     // Draining waits for every permit, this one included.
                     drop(permit);
                     return self.drain().await;
                 }
-            }
-            let incoming = read_request(&mut self.reader, self.session.payload_limit()).await?;
+            };
+            let incoming = read_request(
+                &mut self.reader,
+                &head[..got],
+                self.session.payload_limit(),
+                &mut self.direct,
+            )
+            .await?;
             if self.dispatch(incoming, permit).await == Flow::Disconnect {
                 return Ok(());
             }
@@ -304,7 +379,13 @@ impl<R: AsyncBufRead + Unpin> Requests<R> {
                 _ = permits.acquire_many(self.max_in_flight) => return Ok(()),
                 ready = self.reader.fill_buf() => if ready?.is_empty() { return Ok(()) },
             }
-            let incoming = read_request(&mut self.reader, self.session.payload_limit()).await?;
+            let incoming = read_request(
+                &mut self.reader,
+                &[],
+                self.session.payload_limit(),
+                &mut self.direct,
+            )
+            .await?;
             match refuse_for_shutdown(&self.session, &incoming.header) {
                 Some(reply) => self.send(reply, None).await,
                 None => return Ok(()),

@@ -764,6 +764,68 @@ async fn offloaded_stream_writes_reach_the_backend_in_order() {
     server.stop().await;
 }
 
+/// Large writes (whose payloads the server may read straight from the
+/// socket) mixed with small writes and reads, sent in one burst and again
+/// trickled in odd-sized pieces that split headers and payloads: every
+/// request is answered and every byte lands where it was sent.
+async fn large_and_small_requests_mixed_land_intact(mode: Mode) {
+    let (server, disk) = TestServer::with_disk(SIZE, mode).await;
+    let (mut c, _) = RawClient::open(server.addr, "disk", false).await;
+    // (offset, length): 64 KiB, 4 KiB, 40 KiB, 20 KiB, 128 KiB, 8 KiB, 17 KiB.
+    let writes: [(u64, usize); 7] = [
+        (0, 64 << 10),
+        (64 << 10, 4 << 10),
+        (68 << 10, 40 << 10),
+        (108 << 10, 20 << 10),
+        (128 << 10, 128 << 10),
+        (256 << 10, 8 << 10),
+        (264 << 10, 17 << 10),
+    ];
+    for round in 0..2u64 {
+        let mut requests = Vec::new();
+        let mut expected = Vec::new();
+        for (i, &(offset, length)) in writes.iter().enumerate() {
+            let data = pseudo_random(length, round * 10 + i as u64);
+            requests.push(request(
+                CMD_WRITE,
+                0,
+                i as u64,
+                offset,
+                length as u32,
+                &data,
+            ));
+            // A read after each write, of a block the write did not touch.
+            requests.push(request(CMD_READ, 0, 100 + i as u64, 512 << 10, 4096, &[]));
+            expected.push((offset, data));
+        }
+        let count = requests.len();
+        let bytes = requests.concat();
+        if round == 0 {
+            c.stream.write_all(&bytes).await.unwrap();
+        } else {
+            for piece in bytes.chunks(2209) {
+                c.stream.write_all(piece).await.unwrap();
+                c.stream.flush().await.unwrap();
+                tokio::task::yield_now().await;
+            }
+        }
+        for _ in 0..count {
+            assert_ok(
+                &c.read_reply(|cookie| if cookie >= 100 { 4096 } else { 0 })
+                    .await,
+            );
+        }
+        for (offset, data) in expected {
+            assert_eq!(
+                disk.contents(offset, data.len()),
+                data,
+                "round {round} at {offset}"
+            );
+        }
+    }
+    server.stop().await;
+}
+
 in_both_modes!(
     simple_replies_round_trip_every_command,
     zero_length_requests_succeed_without_reaching_the_backend,
@@ -782,4 +844,5 @@ in_both_modes!(
     disc_after_in_flight_writes_applies_them_first,
     shutdown_finishes_in_flight_requests_and_refuses_new_ones,
     shutdown_drops_connections_still_busy_after_the_grace_period,
+    large_and_small_requests_mixed_land_intact,
 );
