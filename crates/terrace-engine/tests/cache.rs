@@ -603,12 +603,7 @@ fn a_shrunk_cache_gives_back_its_log_slabs() {
             let piece = row - (4 << 10);
             for _ in 0..bytes_total / piece {
                 let offset = rng.below(space.size_bytes() / row) * row + (4 << 10);
-                let data = rng.bytes(piece as usize);
-                space
-                    .write(offset, bytes(data.clone()), false)
-                    .await
-                    .unwrap();
-                model.write(offset, &data);
+                model.write_random(&space, &mut rng, offset, piece).await;
             }
         };
         write_logged(&mut model, 30 << 20).await;
@@ -853,13 +848,8 @@ fn a_full_log_frees_a_round_at_a_time() {
         // No destage task runs: only writers that find the log full destage.
         for _ in 0..12_000 {
             let offset = rng.below(blocks) * BLOCK;
-            let data = rng.bytes(BLOCK as usize);
             let before = journal.status();
-            space
-                .write(offset, bytes(data.clone()), false)
-                .await
-                .unwrap();
-            model.write(offset, &data);
+            model.write_random(&space, &mut rng, offset, BLOCK).await;
             let after = journal.status();
             if after.destaged_bytes > before.destaged_bytes {
                 waits += 1;
@@ -978,13 +968,9 @@ fn a_destage_round_of_a_stream_writes_whole_rows() {
         // are logged (not gathered), and the oldest records are the
         // highest offsets.
         for index in (0..size / piece).rev() {
-            let offset = index * piece;
-            let data = rng.bytes(piece as usize);
-            space
-                .write(offset, bytes(data.clone()), false)
-                .await
-                .unwrap();
-            model.write(offset, &data);
+            model
+                .write_random(&space, &mut rng, index * piece, piece)
+                .await;
         }
         assert_eq!(journal.status().absorbed_bytes, size);
         let reads = || {

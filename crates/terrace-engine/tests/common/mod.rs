@@ -128,6 +128,23 @@ impl Model {
     pub fn slice(&self, offset: u64, length: u64) -> &[u8] {
         &self.bytes[offset as usize..(offset + length) as usize]
     }
+
+    /// Write `length` bytes from `rng` at `offset` of `space` (not FUA),
+    /// and here.
+    pub async fn write_random(
+        &mut self,
+        space: &terrace_engine::Space,
+        rng: &mut Rng,
+        offset: u64,
+        length: u64,
+    ) {
+        let data = rng.bytes(length as usize);
+        space
+            .write(offset, bytes(data.clone()), false)
+            .await
+            .unwrap();
+        self.write(offset, &data);
+    }
 }
 
 /// A random (offset, length) within `size`, up to `max` bytes: block
