@@ -68,7 +68,7 @@ use crate::error::ConnectionError;
 use crate::protocol::{EncodedReply, REQUEST_HEADER_BYTES};
 use crate::requests::{
     admit, aligned_capacity, parse_header, payload_plan, refuse_for_shutdown, run, Admission,
-    Incoming, Job, Payload, PayloadPlan, Session,
+    Incoming, Job, Payload, PayloadPlan, Session, DIRECT_PAYLOAD_MIN,
 };
 use crate::server::{shutdown_requested, READ_BUFFER_BYTES};
 
@@ -470,8 +470,11 @@ impl Connection {
 
     /// A write payload, in memory aligned for direct-I/O backends. Read
     /// into uninitialised capacity: zeroing up to 32 MiB first would be one
-    /// more pass over memory than the copy itself. A part as large as the
-    /// socket buffer is read straight into the payload.
+    /// more pass over memory than the copy itself. What of a payload of
+    /// [`DIRECT_PAYLOAD_MIN`] or more the buffer does not hold is read
+    /// straight into the payload, and the buffer's next read then takes
+    /// only a request header, so that it does not pull the next payload in
+    /// to be copied out again (as in async mode, `transmission.rs`).
     fn read_payload(
         &self,
         reader: &mut ReadBuffer,
@@ -479,15 +482,17 @@ impl Connection {
     ) -> Result<BytesMut, ConnectionError> {
         let mut data = aligned_capacity(length);
         data.extend_from_slice(reader.take(length));
+        let direct = length - data.len() >= DIRECT_PAYLOAD_MIN;
         while data.len() < length {
             let rest = length - data.len();
-            if rest >= READ_BUFFER_BYTES {
+            if direct {
                 self.read_more(|| self.socket.read_spare(&mut data, rest))?;
             } else {
                 self.read_more(|| reader.fill(&self.socket))?;
                 data.extend_from_slice(reader.take(rest));
             }
         }
+        reader.header_next = direct;
         Ok(data)
     }
 
@@ -688,6 +693,9 @@ struct ReadBuffer {
     bytes: Box<[u8]>,
     start: usize,
     end: usize,
+    /// The next read takes at most a request header (after a payload read
+    /// straight from the socket).
+    header_next: bool,
 }
 
 impl ReadBuffer {
@@ -698,6 +706,7 @@ impl ReadBuffer {
             bytes,
             start: 0,
             end: leftover.len(),
+            header_next: false,
         }
     }
 
@@ -709,7 +718,13 @@ impl ReadBuffer {
     /// first; `Ok(0)` at the end of the stream.
     fn fill(&mut self, socket: &BlockingSocket) -> io::Result<usize> {
         debug_assert!(self.is_empty());
-        let count = socket.read(&mut self.bytes)?;
+        let limit = if self.header_next {
+            REQUEST_HEADER_BYTES
+        } else {
+            self.bytes.len()
+        };
+        let count = socket.read(&mut self.bytes[..limit])?;
+        self.header_next = false;
         (self.start, self.end) = (0, count);
         Ok(count)
     }

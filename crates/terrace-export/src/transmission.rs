@@ -59,7 +59,7 @@ use crate::error::ConnectionError;
 use crate::protocol::*;
 use crate::requests::{
     admit, aligned_capacity, parse_header, payload_plan, refuse_for_shutdown, run, Admission,
-    Incoming, Payload, PayloadPlan, Session,
+    Incoming, Payload, PayloadPlan, Session, DIRECT_PAYLOAD_MIN,
 };
 use crate::server::shutdown_requested;
 
@@ -211,11 +211,6 @@ async fn next_request<R: AsyncRead + Unpin>(
         Ok((!reader.fill_buf().await?.is_empty()).then_some(0))
     }
 }
-
-/// A write payload this large or larger, beyond what the reader holds
-/// already, is read from the socket straight into its own buffer; so is
-/// the header after it (see [`read_request`]).
-const DIRECT_PAYLOAD_MIN: usize = 16 << 10;
 
 /// Reads one request: header, and for `NBD_CMD_WRITE` its payload. `head`
 /// holds the header's first bytes where the caller read them from the
