@@ -8,9 +8,10 @@
 # Each round, for every build in BINS (default: this checkout's release
 # build), starts a daemon with a pool of 4 sparse 4 GiB files under
 # /var/tmp and a 2 GiB simple space, fills the space with 1 MiB writes,
-# then runs with fio's nbd engine: 64 KiB sequential writes at 8 and at
-# 64 outstanding, and 4 KiB random writes at 64 (1 s ramp, then the given
-# seconds each). Prints MB/s and the daemon's CPU seconds per GB written
+# then runs with fio's nbd engine each of PATTERNS (fio rw, block size,
+# outstanding I/Os; default "write 64k 8,write 64k 64,randwrite 4k 64",
+# e.g. "read 64k 8,read 64k 64" for reads; 1 s ramp, then the given
+# seconds each). Prints MB/s and the daemon's CPU seconds per GB moved
 # (its CPU time over the ramp and the run, over the bytes of the run
 # stretched to the ramp). Needs fio.
 set -euo pipefail
@@ -21,8 +22,16 @@ rounds="${1:-3}"
 seconds="${2:-6}"
 ab_work simple-ab
 
-echo "| round | build | 64 KiB writes at 8: MB/s | CPU s/GB | at 64: MB/s | CPU s/GB | 4 KiB random writes at 64: MB/s | CPU s/GB |"
-echo "|---|---|---|---|---|---|---|---|"
+patterns="${PATTERNS:-write 64k 8,write 64k 64,randwrite 4k 64}"
+IFS=, read -r -a specs <<<"$patterns"
+header="| round | build |"
+rule="|---|---|"
+for spec in "${specs[@]}"; do
+    header="$header $spec: MB/s | CPU s/GB |"
+    rule="$rule---|---|"
+done
+echo "$header"
+echo "$rule"
 for round in $(seq "$rounds"); do
     for bin in $BINS; do
         rm -rf "${work:?}"/*
@@ -40,13 +49,13 @@ for round in $(seq "$rounds"); do
         fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=16 \
             --size=2G >/dev/null 2>&1
         line="| $round | $bin"
-        for spec in "write 64k 8" "write 64k 64" "randwrite 4k 64"; do
+        for spec in "${specs[@]}"; do
             read -r rw bs depth <<<"$spec"
             before=$(awk '{print $14 + $15}' "/proc/$daemon/stat")
             mbs=$(fio --name=ab --ioengine=nbd --uri="$uri" --rw="$rw" --bs="$bs" \
                 --iodepth="$depth" --size=2G --time_based --runtime="$seconds" --ramp_time=1 \
                 --output-format=json 2>/dev/null |
-                python3 -c 'import json,sys; t=sys.stdin.read(); print("%.1f" % (json.loads(t[t.index("{"):])["jobs"][0]["write"]["bw_bytes"] / 1e6))')
+                python3 -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print("%.1f" % ((j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 1e6))')
             after=$(awk '{print $14 + $15}' "/proc/$daemon/stat")
             line="$line | $mbs | $(python3 -c 'import sys; t, hz, mbs, s = map(float, sys.argv[1:]); print("%.2f" % (t / hz / (mbs * (s + 1) / 1000)))' \
                 "$((after - before))" "$(getconf CLK_TCK)" "$mbs" "$seconds")"

@@ -171,7 +171,9 @@ const PAYLOAD_ALIGNMENT: usize = 4096;
 /// reader holds already, is read from the socket straight into its own
 /// buffer, and the header after it alone, in both transmission modes: a
 /// copy through the reader's buffer was a sixth of the daemon's CPU in a
-/// stream of 64 KiB writes.
+/// stream of 64 KiB writes. In async mode, a batch of replies carrying
+/// this much read data or more likewise goes to the socket past the write
+/// buffer.
 pub(crate) const DIRECT_PAYLOAD_MIN: usize = 16 << 10;
 
 /// An empty buffer with room for `length` bytes, starting on a

@@ -45,7 +45,8 @@ use crate::{handshake, threaded, transmission, Catalog};
 pub(crate) const READ_BUFFER_BYTES: usize = 128 << 10;
 
 /// Socket write buffer per connection: gathers many small replies into one
-/// system call; read data larger than this is written directly.
+/// system call; replies carrying `DIRECT_PAYLOAD_MIN` bytes of read data or
+/// more are written past it (async mode).
 const WRITE_BUFFER_BYTES: usize = 128 << 10;
 
 /// Pause after an accept error that is not about one failed connection

@@ -767,7 +767,8 @@ async fn offloaded_stream_writes_reach_the_backend_in_order() {
 /// Large writes (whose payloads the server may read straight from the
 /// socket) mixed with small writes and reads, sent in one burst and again
 /// trickled in odd-sized pieces that split headers and payloads: every
-/// request is answered and every byte lands where it was sent.
+/// request is answered and every byte lands where it was sent; then large
+/// and small reads in one burst bring every byte back.
 async fn large_and_small_requests_mixed_land_intact(mode: Mode) {
     let (server, disk) = TestServer::with_disk(SIZE, mode).await;
     let (mut c, _) = RawClient::open(server.addr, "disk", false).await;
@@ -815,12 +816,48 @@ async fn large_and_small_requests_mixed_land_intact(mode: Mode) {
                     .await,
             );
         }
-        for (offset, data) in expected {
+        for (offset, data) in &expected {
             assert_eq!(
-                disk.contents(offset, data.len()),
-                data,
+                disk.contents(*offset, data.len()),
+                *data,
                 "round {round} at {offset}"
             );
+        }
+        // Read it all back in one burst: replies with large and small read
+        // data side by side, each with its own bytes.
+        let reads: Vec<Vec<u8>> = writes
+            .iter()
+            .enumerate()
+            .map(|(i, &(offset, length))| {
+                request(CMD_READ, 0, i as u64, offset, length as u32, &[])
+            })
+            .collect();
+        c.stream.write_all(&reads.concat()).await.unwrap();
+        for _ in 0..writes.len() {
+            let reply = c.read_reply(|cookie| writes[cookie as usize].1).await;
+            assert_ok(&reply);
+            let cookie = reply.cookie() as usize;
+            assert_eq!(
+                reply.read_data(0),
+                expected[cookie].1,
+                "round {round}, read {cookie}"
+            );
+        }
+        // Many replies without data (the write buffer gathers them), then
+        // one with much: on the wire in the order they were written.
+        let mut mixed: Vec<Vec<u8>> = (0..80u64)
+            .map(|i| request(CMD_WRITE, 0, i, (512 << 10) + i * 4096, 4096, &[7; 4096]))
+            .collect();
+        mixed.push(request(CMD_READ, 0, 1000, 0, 64 << 10, &[]));
+        c.stream.write_all(&mixed.concat()).await.unwrap();
+        for _ in 0..mixed.len() {
+            let reply = c
+                .read_reply(|cookie| if cookie == 1000 { 64 << 10 } else { 0 })
+                .await;
+            assert_ok(&reply);
+            if reply.cookie() == 1000 {
+                assert_eq!(reply.read_data(0), expected[0].1, "round {round}");
+            }
         }
     }
     server.stop().await;
