@@ -213,14 +213,16 @@ async fn read_band(
 }
 
 /// How a write covers each data column of its row.
-struct WritePlan<'a> {
+struct WritePlan {
     pieces: Vec<Option<ColumnPiece>>,
     low: u64,
     high: u64,
-    data: &'a Payload,
+    /// Each covered data column's new bytes, cut from the write once (a
+    /// cut across a gathered row's buffers is a copy).
+    new: Vec<Option<Bytes>>,
 }
 
-impl WritePlan<'_> {
+impl WritePlan {
     fn width(&self) -> u64 {
         self.high - self.low
     }
@@ -238,7 +240,7 @@ impl WritePlan<'_> {
     }
 
     fn new_bytes(&self, column: usize) -> Option<Bytes> {
-        self.pieces[column].map(|piece| self.data.slice(piece_range(&piece)))
+        self.new[column].clone()
     }
 }
 
@@ -271,11 +273,15 @@ pub async fn write(
         .map(|p| p.column_offset + p.length)
         .max()
         .unwrap_or(0);
+    let new = pieces
+        .iter()
+        .map(|piece| piece.map(|piece| data.slice(piece_range(&piece))))
+        .collect();
     let plan = WritePlan {
         pieces,
         low,
         high,
-        data,
+        new,
     };
     let _guard = io.lock().await;
     for _round in 0..=columns.redundancy + 1 {
@@ -303,7 +309,7 @@ pub async fn write(
 async fn read_modify_write(
     io: &RowIo<'_>,
     columns: &Columns,
-    plan: &WritePlan<'_>,
+    plan: &WritePlan,
     fua: bool,
 ) -> Attempt {
     let old_data = plan
@@ -335,11 +341,12 @@ async fn read_modify_write(
     }
     let mut parity = band.split_off(columns.data);
     for (column, (old, _)) in old_data.into_iter().enumerate() {
-        let (Some(mut delta), Some(piece)) = (old, plan.pieces[column]) else {
+        let (Some(mut delta), Some(piece), Some(new)) =
+            (old, plan.pieces[column], plan.new[column].as_ref())
+        else {
             continue;
         };
-        let new = plan.data.slice(piece_range(&piece));
-        terrace_ec::xor_into(&mut delta, &new);
+        terrace_ec::xor_into(&mut delta, new);
         let start = (piece.column_offset - plan.low) as usize;
         let end = start + piece.length as usize;
         terrace_ec::xor_into(&mut parity[0][start..end], &delta);
@@ -356,7 +363,7 @@ async fn reconstruct_write(
     io: &RowIo<'_>,
     span: &RowSpan,
     columns: &Columns,
-    plan: &WritePlan<'_>,
+    plan: &WritePlan,
     lost: &[usize],
     fua: bool,
 ) -> Result<Attempt, EngineError> {
@@ -371,13 +378,11 @@ async fn reconstruct_write(
     if !wanted.contains(&true) {
         // The write covers the band of every data column: parity straight
         // from its bytes, nothing read or copied.
-        let new: Vec<Bytes> = (0..columns.data)
-            .map(|column| {
-                plan.new_bytes(column)
-                    .expect("every data column is covered")
-            })
+        let data: Vec<&[u8]> = plan
+            .new
+            .iter()
+            .map(|new| &new.as_ref().expect("every data column is covered")[..])
             .collect();
-        let data: Vec<&[u8]> = new.iter().map(|b| &b[..]).collect();
         let mut parity: Vec<BytesMut> = (0..columns.redundancy)
             .map(|_| aligned_buffer(plan.width() as usize))
             .collect();
@@ -420,7 +425,7 @@ fn encode(data: &[&[u8]], parity: &mut [BytesMut]) {
 async fn write_row(
     io: &RowIo<'_>,
     columns: &Columns,
-    plan: &WritePlan<'_>,
+    plan: &WritePlan,
     parity: Vec<BytesMut>,
     lost: &[usize],
     fua: bool,

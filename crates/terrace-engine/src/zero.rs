@@ -15,6 +15,7 @@ use terrace_layout::{Layout, RowSpan};
 
 use crate::error::EngineError;
 use crate::parity;
+use crate::payload::Payload;
 use crate::row::RowIo;
 use crate::space::{Space, SpaceMap};
 
@@ -131,7 +132,7 @@ async fn zero_partial(
             let Mode::Zeroes { fua } = mode else {
                 return Ok(());
             };
-            let zeroes = crate::payload::Payload::from(Bytes::from(vec![0u8; length as usize]));
+            let zeroes = Payload::from(Bytes::from(vec![0u8; length as usize]));
             for span in &spans {
                 parity::write(&space.row_io(map, span), span, &zeroes, fua).await?;
             }
