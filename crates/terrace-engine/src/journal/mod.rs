@@ -1462,12 +1462,17 @@ impl Journal {
                 if let Some(row_bytes) = parity_row_bytes {
                     let row_blocks = row_bytes / BLOCK_BYTES;
                     let space_blocks = home.size_bytes() / BLOCK_BYTES;
-                    let rows: BTreeSet<u64> = work.keys().map(|block| block / row_blocks).collect();
-                    for row in rows {
+                    let mut held: BTreeMap<u64, u64> = BTreeMap::new();
+                    for block in work.keys() {
+                        *held.entry(block / row_blocks).or_default() += 1;
+                    }
+                    for (row, count) in held {
                         let first = row * row_blocks;
                         let end = (first + row_blocks).min(space_blocks);
-                        let rest = rest_of_row(&state, &work, first..end);
-                        work.extend(rest);
+                        if count < end - first {
+                            let rest = rest_of_row(&state, &work, first..end);
+                            work.extend(rest);
+                        }
                     }
                 }
                 // No direct write may pin them from now on.
