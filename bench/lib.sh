@@ -24,9 +24,10 @@
 #                        daemon (none yet); on exit the daemon and, if set,
 #                        sampler are stopped and the folder removed
 #   stop_daemon          stops the daemon in daemon, and forgets it
-#   ab_rounds ROUNDS FN  ROUNDS times, for every build in BINS in turn: a
-#                        fresh paper_pool in $work, then FN ROUND BIN, then
-#                        stop_daemon
+#   ab_rounds ROUNDS FN [POOL]
+#                        ROUNDS times, for every build in BINS in turn: a
+#                        fresh POOL BIN $work (default paper_pool), then
+#                        FN ROUND BIN, then stop_daemon
 #   restore_mbs SPACE DEPTH SECONDS
 #                        64 KiB sequential writes on SPACE of $work's NBD
 #                        socket by fio at DEPTH outstanding I/Os (2 s ramp,
@@ -57,12 +58,12 @@ ab_cleanup() {
 }
 
 ab_rounds() {
-    local rounds="$1" body="$2" round bin
+    local rounds="$1" body="$2" pool="${3:-paper_pool}" round bin
     for round in $(seq "$rounds"); do
         for bin in $BINS; do
             rm -rf "${work:?}"/* "${ssd_dirs[@]}"
             ssd_dirs=()
-            paper_pool "$bin" "$work"
+            "$pool" "$bin" "$work"
             "$body" "$round" "$bin"
             stop_daemon
         done

@@ -32,35 +32,39 @@ for spec in "${specs[@]}"; do
 done
 echo "$header"
 echo "$rule"
-for round in $(seq "$rounds"); do
-    for bin in $BINS; do
-        rm -rf "${work:?}"/*
-        mkdir -p "$work/disks"
-        daemon_in "$bin" "$work"
-        ctl=("$bin" --control "$work/ctl.sock")
-        disks=()
-        for i in 0 1 2 3; do
-            truncate -s 4G "$work/disks/d$i.img"
-            disks+=("$work/disks/d$i.img")
-        done
-        "${ctl[@]}" pool create p "${disks[@]}" >/dev/null
-        "${ctl[@]}" space create p s --layout simple --size 2G >/dev/null
-        uri="nbd+unix:///s?socket=$work/nbd.sock"
-        fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=16 \
-            --size=2G >/dev/null 2>&1
-        line="| $round | $bin"
-        for spec in "${specs[@]}"; do
-            read -r rw bs depth <<<"$spec"
-            before=$(awk '{print $14 + $15}' "/proc/$daemon/stat")
-            mbs=$(fio --name=ab --ioengine=nbd --uri="$uri" --rw="$rw" --bs="$bs" \
-                --iodepth="$depth" --size=2G --time_based --runtime="$seconds" --ramp_time=1 \
-                --output-format=json 2>/dev/null |
-                python3 -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print("%.1f" % ((j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 1e6))')
-            after=$(awk '{print $14 + $15}' "/proc/$daemon/stat")
-            line="$line | $mbs | $(python3 -c 'import sys; t, hz, mbs, s = map(float, sys.argv[1:]); print("%.2f" % (t / hz / (mbs * (s + 1) / 1000)))' \
-                "$((after - before))" "$(getconf CLK_TCK)" "$mbs" "$seconds")"
-        done
-        echo "$line |"
-        stop_daemon
+# A daemon of BIN in DIR with pool p (4 sparse 4 GiB files) and a filled
+# 2 GiB simple space s.
+raw_pool() {
+    local bin="$1" dir="$2" i
+    daemon_in "$bin" "$dir"
+    ctl=("$bin" --control "$dir/ctl.sock")
+    mkdir -p "$dir/disks"
+    disks=()
+    for i in 0 1 2 3; do
+        truncate -s 4G "$dir/disks/d$i.img"
+        disks+=("$dir/disks/d$i.img")
     done
-done
+    "${ctl[@]}" pool create p "${disks[@]}" >/dev/null
+    "${ctl[@]}" space create p s --layout simple --size 2G >/dev/null
+    fio --name=fill --ioengine=nbd --uri="nbd+unix:///s?socket=$dir/nbd.sock" --rw=write \
+        --bs=1M --iodepth=16 --size=2G >/dev/null 2>&1
+}
+
+# One round of one build: every pattern, with the daemon's CPU.
+ab_round() {
+    local round="$1" bin="$2" spec rw bs depth before after mbs
+    local uri="nbd+unix:///s?socket=$work/nbd.sock" line="| $round | $bin"
+    for spec in "${specs[@]}"; do
+        read -r rw bs depth <<<"$spec"
+        before=$(awk '{print $14 + $15}' "/proc/$daemon/stat")
+        mbs=$(fio --name=ab --ioengine=nbd --uri="$uri" --rw="$rw" --bs="$bs" \
+            --iodepth="$depth" --size=2G --time_based --runtime="$seconds" --ramp_time=1 \
+            --output-format=json 2>/dev/null |
+            python3 -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print("%.1f" % ((j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 1e6))')
+        after=$(awk '{print $14 + $15}' "/proc/$daemon/stat")
+        line="$line | $mbs | $(python3 -c 'import sys; t, hz, mbs, s = map(float, sys.argv[1:]); print("%.2f" % (t / hz / (mbs * (s + 1) / 1000)))' \
+            "$((after - before))" "$(getconf CLK_TCK)" "$mbs" "$seconds")"
+    done
+    echo "$line |"
+}
+ab_rounds "$rounds" ab_round raw_pool
