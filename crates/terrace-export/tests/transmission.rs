@@ -844,7 +844,9 @@ async fn large_and_small_requests_mixed_land_intact(mode: Mode) {
             );
         }
         // Many replies without data (the write buffer gathers them), then
-        // one with much: on the wire in the order they were written.
+        // one with much: every reply arrives whole and the read brings its
+        // bytes. (Whether they meet in one writer pass depends on timing;
+        // the order itself is pinned by the unit test of `write_batch`.)
         let mut mixed: Vec<Vec<u8>> = (0..80u64)
             .map(|i| request(CMD_WRITE, 0, i, (512 << 10) + i * 4096, 4096, &[7; 4096]))
             .collect();
