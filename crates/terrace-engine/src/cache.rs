@@ -181,7 +181,7 @@ impl Pool {
             space.set_journal(Some(Arc::new(journal)));
             return Ok(false);
         }
-        journal::replay(&space, &recovered.blocks).await?;
+        journal::replay(&space, &log, &recovered.blocks).await?;
         // Rows the log touched may have been cut mid-update (a destage or a
         // direct write): make their redundancy agree with their data. The
         // replay itself may have read-modify-written torn parity.

@@ -46,6 +46,39 @@ pub struct PoolShared {
     dirty_known: std::sync::Mutex<std::collections::HashSet<(u16, u64, u32)>>,
     /// Write intent of spaces without a log (see [`PoolShared::begin_intent`]).
     intent: std::sync::Mutex<IntentState>,
+    /// Memory the write-back logs of the pool's spaces hold their dirty
+    /// data in (see [`LogMemory`]).
+    pub(crate) log_memory: LogMemory,
+}
+
+/// Bytes of log records whose data the write-back logs of a pool keep in
+/// memory, and how many they may. A record logged while the budget has
+/// room keeps its data in memory until the ring's tail passes it; one
+/// logged beyond the budget keeps only where its blocks lie in the log,
+/// and reads and destaging read them back from the log's disks. A log
+/// smaller than the budget never reads its own data back.
+#[derive(Debug)]
+pub(crate) struct LogMemory {
+    pub(crate) held: AtomicU64,
+    pub(crate) max: AtomicU64,
+}
+
+impl LogMemory {
+    /// Take `bytes` of the budget if it has room for them.
+    pub(crate) fn take(&self, bytes: u64) -> bool {
+        let max = self.max.load(Ordering::Relaxed);
+        self.held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(bytes).filter(|&total| total <= max)
+            })
+            .is_ok()
+    }
+
+    pub(crate) fn give_back(&self, bytes: u64) {
+        if bytes > 0 {
+            self.held.fetch_sub(bytes, Ordering::AcqRel);
+        }
+    }
 }
 
 /// How long an extent must go unwritten before its write intent is
@@ -116,6 +149,10 @@ impl PoolShared {
             failures_persisted: AtomicU64::new(failures_observed.load(Ordering::Acquire)),
             job_runtime: crate::jobs::JobRuntime::default(),
             failures_observed,
+            log_memory: LogMemory {
+                held: AtomicU64::new(0),
+                max: AtomicU64::new(crate::journal::LOG_MEMORY_DEFAULT_BYTES),
+            },
         }
     }
 

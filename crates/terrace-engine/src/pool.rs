@@ -374,6 +374,22 @@ impl Pool {
         self.shared.check_open().is_ok()
     }
 
+    /// Set how many bytes of log records the write-back logs of the pool's
+    /// spaces may keep in memory (see [`crate::journal`]); records logged
+    /// beyond it are read back from the log's disks when needed.
+    pub fn set_log_memory(&self, bytes: u64) {
+        self.shared.log_memory.max.store(bytes, Ordering::Relaxed);
+    }
+
+    /// Bytes of log records held in memory now, and the most allowed.
+    pub fn log_memory(&self) -> (u64, u64) {
+        let memory = &self.shared.log_memory;
+        (
+            memory.held.load(Ordering::Relaxed),
+            memory.max.load(Ordering::Relaxed),
+        )
+    }
+
     /// Why the pool refuses writes, if it does.
     pub fn read_only_reason(&self) -> Option<&str> {
         self.shared.read_only.as_deref()

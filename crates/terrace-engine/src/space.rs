@@ -298,10 +298,10 @@ impl Space {
         let end = (offset + length).next_multiple_of(BLOCK_BYTES);
         // Logged data is snapshotted before the disks are read: a block
         // destaged in between is on the disks by then.
-        let logged = self
-            .journal()
-            .map(|journal| journal.snapshot(start, end - start))
-            .unwrap_or_default();
+        let logged = match self.journal() {
+            Some(journal) => journal.snapshot(start, end - start).await?,
+            None => Vec::new(),
+        };
         let mut buffer = self.read_blocks(&map, start, end - start).await?;
         Journal::apply(&logged, start, &mut buffer);
         buffer.advance((offset - start) as usize);

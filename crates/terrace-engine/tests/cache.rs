@@ -13,6 +13,7 @@ use futures::executor::block_on;
 use futures::future::join_all;
 use terrace_engine::io::crash::CrashDevice;
 use terrace_engine::io::delay::{DelayDevice, DelayPolicy};
+use terrace_engine::io::fault::{FaultControls, FaultDevice};
 use terrace_engine::io::memory::MemoryDevice;
 use terrace_engine::io::{BlockDevice, BoxFuture, Bytes, BytesMut, IoResult};
 use terrace_engine::layout::Layout;
@@ -48,6 +49,21 @@ fn memory_devices(name: &str) -> Vec<Arc<dyn BlockDevice>> {
             Arc::new(MemoryDevice::new(format!("{name}{i}"), size)) as Arc<dyn BlockDevice>
         })
         .collect()
+}
+
+/// The pool's disks on memory behind fault wrappers, and the wrappers'
+/// controls (to lose a disk).
+fn fault_devices(name: &str) -> (Vec<Arc<dyn BlockDevice>>, Vec<FaultControls>) {
+    let wrapped: Vec<FaultDevice> = memory_devices(name)
+        .into_iter()
+        .map(FaultDevice::new)
+        .collect();
+    let faults = wrapped.iter().map(FaultDevice::controls).collect();
+    let devices = wrapped
+        .into_iter()
+        .map(|w| Arc::new(w) as Arc<dyn BlockDevice>)
+        .collect();
+    (devices, faults)
 }
 
 /// A pool of six capacity and three journal disks on `devices`.
@@ -364,26 +380,7 @@ fn concurrent_small_writes_share_records_and_survive_a_cut() {
 #[test]
 fn journal_disks_failing_cost_no_data() {
     block_on(async {
-        let disks = {
-            let memory: Vec<Arc<MemoryDevice>> = sizes()
-                .into_iter()
-                .enumerate()
-                .map(|(i, size)| Arc::new(MemoryDevice::new(format!("jfail-{i}"), size)))
-                .collect();
-            let wrapped: Vec<terrace_engine::io::fault::FaultDevice> = memory
-                .iter()
-                .map(|m| {
-                    terrace_engine::io::fault::FaultDevice::new(m.clone() as Arc<dyn BlockDevice>)
-                })
-                .collect();
-            let faults: Vec<_> = wrapped.iter().map(|w| w.controls()).collect();
-            let devices: Vec<Arc<dyn BlockDevice>> = wrapped
-                .into_iter()
-                .map(|w| Arc::new(w) as Arc<dyn BlockDevice>)
-                .collect();
-            (devices, faults)
-        };
-        let (devices, faults) = disks;
+        let (devices, faults) = fault_devices("jfail-");
         let pool = Pool::create(env(), small_config("tank"), journal_pool_disks(&devices))
             .await
             .unwrap();
@@ -993,6 +990,226 @@ fn a_destage_round_of_a_stream_writes_whole_rows() {
         assert_consistent(&space, 41).await;
         pool.close().await.unwrap();
     });
+}
+
+/// A log whose pool may keep little of it in memory keeps the rest only on
+/// the log's disks: reads and destaging read it back from there (from the
+/// surviving copy once a journal disk is lost), everything reads back
+/// before and after a drain and across a restart, and the memory held never
+/// exceeds the pool's budget.
+#[test]
+fn a_log_beyond_its_memory_is_read_back_from_its_disks() {
+    block_on(async {
+        let (devices, faults) = fault_devices("beyond");
+        let counting: Vec<Arc<Counting>> = devices
+            .into_iter()
+            .map(|inner| {
+                Arc::new(Counting {
+                    inner,
+                    reads: Default::default(),
+                    flushes: Default::default(),
+                    fua_writes: Default::default(),
+                    cheap: false,
+                })
+            })
+            .collect();
+        let devices: Vec<Arc<dyn BlockDevice>> = counting
+            .iter()
+            .map(|c| c.clone() as Arc<dyn BlockDevice>)
+            .collect();
+        let pool = journal_pool(&devices).await;
+        let budget = 256 << 10;
+        pool.set_log_memory(budget);
+        let space = cached_space(&pool, "s", Layout::Parity { redundancy: 1 }).await;
+        let journal = space.journal().unwrap();
+        journal.set_gathering(false);
+        let mut model = Model::new(space.size_bytes());
+        let mut rng = Rng(43);
+        write_randomly(&space, &mut model, &mut rng, 150).await;
+        let status = journal.status();
+        assert!(
+            status.memory_bytes <= budget && status.dirty_bytes > budget,
+            "{status:?}"
+        );
+        assert_eq!(pool.log_memory(), (status.memory_bytes, budget));
+        let log_reads = || {
+            counting[6..]
+                .iter()
+                .map(|c| c.reads.load(Ordering::Relaxed))
+                .sum::<u64>()
+        };
+        let before = log_reads();
+        check_all(&space, &model).await;
+        assert!(log_reads() > before, "nothing was read back from the log");
+        // One copy of the log lost: the other holds every record.
+        let log_disk = (6..9)
+            .find(|&d| counting[d].reads.load(Ordering::Relaxed) > 0)
+            .unwrap();
+        faults[log_disk].lose();
+        check_all(&space, &model).await;
+        write_randomly(&space, &mut model, &mut rng, 60).await;
+        assert!(pool.log_memory().0 <= budget);
+        check_all(&space, &model).await;
+        journal.drain(&space).await.unwrap();
+        assert_eq!(pool.log_memory().0, 0, "a drained log holds no memory");
+        check_all(&space, &model).await;
+        assert_consistent(&space, 43).await;
+        // Dirty again, beyond the budget; a restart replays it from the log.
+        write_randomly(&space, &mut model, &mut rng, 60).await;
+        assert!(journal.status().dirty_bytes > journal.status().memory_bytes);
+        pool.close().await.unwrap();
+        let reopened = Pool::import(env(), devices.clone(), ImportOptions::default())
+            .await
+            .unwrap();
+        let space = reopened.space("s").unwrap();
+        check_all(&space, &model).await;
+        assert_consistent(&space, 43).await;
+        reopened.close().await.unwrap();
+    });
+}
+
+/// A read of blocks held only in the log, held up at the log's disks while
+/// writes elsewhere fill the ring and destaging frees it, finds the tail
+/// past the record it read back (its ring holds newer records by then),
+/// reads again, and returns the blocks' data, not the newer records'.
+#[test]
+fn a_read_back_that_the_ring_overtakes_reads_again() {
+    block_on(async {
+        let gate = Arc::new(ReadGate::default());
+        let devices: Vec<Arc<dyn BlockDevice>> = memory_devices("overtaken")
+            .into_iter()
+            .enumerate()
+            .map(|(i, inner)| {
+                if i < 6 {
+                    inner
+                } else {
+                    Arc::new(Gated {
+                        inner,
+                        gate: gate.clone(),
+                    }) as Arc<dyn BlockDevice>
+                }
+            })
+            .collect();
+        let pool = journal_pool(&devices).await;
+        pool.set_log_memory(0);
+        let mut config = cached("s", Layout::Parity { redundancy: 1 }, 4 << 20);
+        config.cache_bytes = Some(1 << 20);
+        let space = pool.create_space(config).await.unwrap().space;
+        let journal = space.journal().unwrap();
+        journal.set_gathering(false);
+        let size = space.size_bytes();
+        let mut model = Model::new(size);
+        let mut rng = Rng(47);
+        // Less than a row, logged.
+        let region = 32 << 10;
+        assert!(region < space.natural_write_bytes());
+        model.write_random(&space, &mut rng, 0, region).await;
+        assert_eq!(journal.status().dirty_bytes, region);
+        let fixed = model.slice(0, region).to_vec();
+        gate.arm();
+        let reader = async {
+            let read = space.read(0, region).await.unwrap();
+            assert!(read[..] == *fixed, "the read returned other data");
+        };
+        let writer = async {
+            for _ in 0..1000 {
+                if gate.holding() {
+                    break;
+                }
+                env().sleep(100_000).await;
+            }
+            assert!(gate.holding(), "the read did not reach the log's disks");
+            let destaged = journal.status().destaged_bytes;
+            // Three rings' worth of writes elsewhere: the region's record
+            // goes home and its ring is written over.
+            for round in 0..48u64 {
+                let offset = region + (round * (64 << 10)) % (size - region);
+                let data = rng.bytes(64 << 10);
+                space
+                    .write(offset, bytes(data.clone()), false)
+                    .await
+                    .unwrap();
+                model.write(offset, &data);
+            }
+            assert!(journal.status().destaged_bytes > destaged + (2 << 20));
+            gate.release();
+        };
+        futures::join!(reader, writer);
+        check_all(&space, &model).await;
+        journal.drain(&space).await.unwrap();
+        assert_consistent(&space, 47).await;
+        pool.close().await.unwrap();
+    });
+}
+
+/// Holds the next read that reaches any device sharing it until released.
+#[derive(Default)]
+struct ReadGate {
+    armed: AtomicBool,
+    held: AtomicBool,
+    open: std::sync::Mutex<Option<futures::channel::oneshot::Sender<()>>>,
+    wait: std::sync::Mutex<Option<futures::channel::oneshot::Receiver<()>>>,
+}
+
+impl ReadGate {
+    fn arm(&self) {
+        let (open, wait) = futures::channel::oneshot::channel();
+        *self.open.lock().unwrap() = Some(open);
+        *self.wait.lock().unwrap() = Some(wait);
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    fn holding(&self) -> bool {
+        self.held.load(Ordering::SeqCst)
+    }
+
+    fn release(&self) {
+        if let Some(open) = self.open.lock().unwrap().take() {
+            let _ = open.send(());
+        }
+    }
+}
+
+/// A device whose reads pass a [`ReadGate`].
+struct Gated {
+    inner: Arc<dyn BlockDevice>,
+    gate: Arc<ReadGate>,
+}
+
+impl BlockDevice for Gated {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn alignment(&self) -> u64 {
+        self.inner.alignment()
+    }
+    fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
+        let inner = self.inner.clone();
+        let wait = if self.gate.armed.swap(false, Ordering::SeqCst) {
+            self.gate.held.store(true, Ordering::SeqCst);
+            self.gate.wait.lock().unwrap().take()
+        } else {
+            None
+        };
+        Box::pin(async move {
+            if let Some(wait) = wait {
+                let _ = wait.await;
+            }
+            inner.read(offset, buf).await
+        })
+    }
+    fn write(&self, offset: u64, data: Bytes, fua: bool) -> BoxFuture<IoResult<()>> {
+        self.inner.write(offset, data, fua)
+    }
+    fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BoxFuture<IoResult<()>> {
+        self.inner.write_zeroes(offset, length, fua)
+    }
+    fn flush(&self) -> BoxFuture<IoResult<()>> {
+        self.inner.flush()
+    }
 }
 
 /// Counts the reads, flushes and FUA writes that reach a device.

@@ -57,6 +57,9 @@ pub struct Plan {
     /// The disks say FUA is cheap on them, so the log writes every record
     /// with FUA instead of flushing behind them.
     pub cheap_fua: bool,
+    /// The pool's log memory, if it is small enough that the log keeps
+    /// records only on its disks (destaging and reads read them back).
+    pub log_memory: Option<u64>,
 }
 
 /// Journal disks of runs with a log, and their slabs (a 2 MiB ring needs 32).
@@ -105,6 +108,7 @@ impl Plan {
                 .then(|| (1 << 20) << random.below(2)),
             gather: random.chance(1, 2),
             cheap_fua: random.chance(1, 2),
+            log_memory: random.chance(1, 2).then(|| random.below(3) * (64 << 10)),
         }
     }
 }
@@ -171,8 +175,15 @@ pub fn run(seed: u64) -> Result<Report, String> {
             .map_err(|e| format!("{:?}: phase {phase}: {e}", run.plan))?;
         destaged_bytes += journal.map_or(0, |j| j.status().destaged_bytes);
     }
-    finish(&run.sim, &run.random, pool, space, &run.model)
-        .map_err(|e| format!("{:?}: at the end: {e}", run.plan))?;
+    finish(
+        &run.sim,
+        &run.random,
+        pool,
+        space,
+        &run.model,
+        run.plan.log_memory,
+    )
+    .map_err(|e| format!("{:?}: at the end: {e}", run.plan))?;
     let counters = run.counters.borrow();
     Ok(Report {
         cached_runs: usize::from(run.plan.cache_bytes.is_some()),
@@ -285,7 +296,7 @@ impl Run {
         drop(pool);
         self.crashes += 1;
         self.sim.power_cut(&mut self.random.borrow_mut())?;
-        recover(&self.sim, &self.random, &self.model)
+        recover(&self.sim, &self.random, &self.model, self.plan.log_memory)
             .map_err(|e| format!("after power cut {}: {e}", self.crashes))
     }
 }
@@ -322,6 +333,7 @@ fn setup(
     space_config.columns = plan.columns;
     space_config.interleave_bytes = Some(plan.interleave_bytes);
     space_config.cache_bytes = Some(plan.cache_bytes.unwrap_or(0));
+    let log_memory = plan.log_memory;
     executor.block_on(async move {
         let config = PoolConfig {
             name: "sim".into(),
@@ -331,6 +343,9 @@ fn setup(
         let pool = Pool::create(env, config, disks)
             .await
             .map_err(|e| e.to_string())?;
+        if let Some(bytes) = log_memory {
+            pool.set_log_memory(bytes);
+        }
         let created = pool
             .create_space(space_config)
             .await
@@ -459,10 +474,14 @@ const CHECK_BLOCKS: u64 = 32;
 async fn import(
     sim_env: Arc<dyn Env>,
     devices: Vec<Arc<dyn BlockDevice>>,
+    log_memory: Option<u64>,
 ) -> Result<(Pool, Arc<Space>), String> {
     let pool = Pool::import(sim_env, devices, ImportOptions::default())
         .await
         .map_err(|e| format!("import failed: {e}"))?;
+    if let Some(bytes) = log_memory {
+        pool.set_log_memory(bytes);
+    }
     if let Some(reason) = pool.read_only_reason() {
         return Err(format!("imported read-only: {reason}"));
     }
@@ -508,11 +527,12 @@ fn recover(
     sim: &SimDisks,
     random: &Shared<Random>,
     model: &Shared<Model>,
+    log_memory: Option<u64>,
 ) -> Result<(Pool, Arc<Space>), String> {
     let mut executor = Executor::new(random.clone(), sim.world.clone());
     let (env, devices, model) = (sim.env.clone(), sim.devices.clone(), model.clone());
     executor.block_on(async move {
-        let (pool, space) = import(env, devices).await?;
+        let (pool, space) = import(env, devices, log_memory).await?;
         check_space(&space, &model, true).await?;
         Ok((pool, space))
     })
@@ -524,6 +544,7 @@ fn finish(
     pool: Pool,
     space: Arc<Space>,
     model: &Shared<Model>,
+    log_memory: Option<u64>,
 ) -> Result<(), String> {
     let mut executor = Executor::new(random.clone(), sim.world.clone());
     let (env, devices, model) = (sim.env.clone(), sim.devices.clone(), model.clone());
@@ -533,7 +554,7 @@ fn finish(
         pool.close()
             .await
             .map_err(|e| format!("close failed: {e}"))?;
-        let (pool, space) = import(env, devices).await?;
+        let (pool, space) = import(env, devices, log_memory).await?;
         check_space(&space, &model, false).await?;
         drop(space);
         pool.close().await.map_err(|e| format!("close failed: {e}"))

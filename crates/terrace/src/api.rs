@@ -295,6 +295,10 @@ pub struct SpaceView {
 pub struct CacheView {
     pub bytes: u64,
     pub dirty_bytes: u64,
+    /// Bytes of log records whose data is held in memory; the rest of the
+    /// dirty data is read back from the log's disks when needed.
+    #[serde(default)]
+    pub memory_bytes: u64,
     /// Ring in use (dirty records and records not yet released).
     pub used_bytes: u64,
     pub fill_percent: u32,

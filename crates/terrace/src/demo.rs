@@ -165,6 +165,7 @@ pub async fn run(options: DemoOptions) -> Result<(), CliError> {
         nbd_tcp: Some(options.listen),
         nbd_socket: Some(directory.join("nbd.sock")),
         nbd_threads: daemon::NBD_THREADS_DEFAULT,
+        log_memory: None,
     };
     let running = match daemon::start(config.clone(), Arc::new(SystemEnv::new())).await {
         Ok(running) => running,

@@ -91,6 +91,11 @@ enum Command {
         /// request at a time; 0 serves connections with async tasks.
         #[arg(long, default_value_t = daemon::NBD_THREADS_DEFAULT)]
         nbd_threads: usize,
+        /// Bytes of log records each pool's write-back logs keep in memory,
+        /// e.g. 4G (default: a quarter of the machine's memory). Logged data
+        /// beyond it is read back from the log's disks when read or destaged.
+        #[arg(long, value_parser = units::parse_size)]
+        log_memory: Option<u64>,
     },
     /// Demo pool of sparse files: serve a mirror and a dual-parity space over
     /// NBD, write and verify through the protocol, lose a disk, verify again.
@@ -145,6 +150,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             no_tcp,
             nbd_socket,
             nbd_threads,
+            log_memory,
         } => {
             let config = daemon::DaemonConfig {
                 state_dir: state_dir.unwrap_or_else(paths::state_dir),
@@ -152,6 +158,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 nbd_tcp: (!no_tcp).then_some(listen),
                 nbd_socket: Some(nbd_socket.unwrap_or_else(paths::nbd_socket)),
                 nbd_threads,
+                log_memory,
             };
             daemon::keep_freed_buffers();
             return daemon::runtime_builder()

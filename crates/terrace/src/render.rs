@@ -319,10 +319,11 @@ pub fn cache_lines(space: &SpaceView) -> String {
     };
     let disks: Vec<String> = cache.log_disks.iter().map(u16::to_string).collect();
     let mut out = format!(
-        "  write-back cache: {} ({}% used, {} dirty), log on disks {} ({} copies, {})\n",
+        "  write-back cache: {} ({}% used, {} dirty, {} held in memory), log on disks {} ({} copies, {})\n",
         format_size(cache.bytes),
         cache.fill_percent,
         format_size(cache.dirty_bytes),
+        format_size(cache.memory_bytes),
         disks.join(", "),
         cache.log_copies,
         cache.log_health,

@@ -37,8 +37,11 @@
 //!   dirty data still held in memory is written home and flushed, and the
 //!   space continues write-through with the reason in its status.
 //!
-//! Dirty data is also kept in memory (bounded by the cache size), so reads
-//! from the log and destaging never read the log back; only recovery does.
+//! Dirty data is also kept in memory, so reads from the log and destaging
+//! need not read the log back, as long as the pool's log memory has room
+//! (see [`LOG_MEMORY_DEFAULT_BYTES`]): a record logged beyond it keeps only
+//! where its blocks lie in the log, and what needs them reads them back.
+//! Recovery reads the log back too, a bounded amount at a time.
 
 mod batch;
 pub mod format;
@@ -67,6 +70,20 @@ pub const CACHE_MIN_BYTES: u64 = 32 << 20;
 /// rings so that wrapping and a full log happen within a few writes.
 pub const CACHE_ENGINE_MIN_BYTES: u64 = 256 << 10;
 pub const CACHE_MAX_BYTES: u64 = 100 << 30;
+/// Bytes of log records the write-back logs of one pool keep in memory
+/// unless the pool is told otherwise ([`crate::Pool::set_log_memory`]; the
+/// daemon sets a quarter of the machine's memory). A cache may be larger
+/// than the memory of its machine: what does not fit is read back from the
+/// log's disks (SSDs, normally) when read or destaged.
+pub const LOG_MEMORY_DEFAULT_BYTES: u64 = 4 << 30;
+/// Bytes of blocks held only in the log that one destage round reads back
+/// at most (a drain or a write-through round goes on in further rounds),
+/// and that one read-back of recovery takes at a time.
+const READ_BACK_ROUND_BYTES: u64 = 64 << 20;
+/// Largest read of the log when reading blocks back.
+const READ_BACK_RUN_BYTES: u64 = 4 << 20;
+/// Reads of the log in flight at once when reading blocks back.
+const READ_BACK_PARALLEL: usize = 8;
 /// Cache size of a space when the pool has journal disks (as Storage Spaces).
 pub const CACHE_DEFAULT_BYTES: u64 = 1 << 30;
 /// Log of a parity space in a pool without journal disks: enough that no
@@ -130,6 +147,18 @@ const DESTAGE_PARALLEL_START: usize = 4;
 /// data, that data).
 type Work = BTreeMap<u64, (u64, Bytes)>;
 
+/// Where a block's newest logged data lies (its byte offset in the log
+/// space), and the data itself unless its record was logged beyond the
+/// pool's log memory.
+#[derive(Clone)]
+struct Held {
+    at: u64,
+    data: Option<Bytes>,
+}
+
+/// Blocks a destage round took, before what only the log holds is read back.
+type Picked = BTreeMap<u64, (u64, Held)>;
+
 /// Where a record starts: its absolute position (bytes appended since the
 /// ring was started), its byte offset in the log space, and its lap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,14 +188,17 @@ struct Record {
     pins: u32,
     /// A destage round took it: no direct write may pin it again.
     picked: bool,
+    /// Bytes of the pool's log memory its data holds (its whole buffer, kept
+    /// while any of its blocks is in the index), until the tail passes it.
+    charged: u64,
 }
 
 /// The newest logged data of one block.
 struct Entry {
     /// Highest sequence reserved for this block (a write in flight).
     reserved: u64,
-    /// Newest durable data and its sequence.
-    committed: Option<(u64, Bytes)>,
+    /// Sequence of the newest durable data, and where it is.
+    committed: Option<(u64, Held)>,
 }
 
 struct State {
@@ -196,6 +228,8 @@ struct State {
     /// Recent dirty-range records: range start, end, sequence, when logged.
     leases: VecDeque<Lease>,
     dirty_bytes: u64,
+    /// Bytes of the pool's log memory the records hold (see [`Record`]).
+    charged: u64,
     /// Why the space runs write-through, if it does.
     failed: Option<String>,
     /// Client writes waiting to share a record (see [`batch`]).
@@ -249,6 +283,9 @@ pub struct CacheStatus {
     pub bytes: u64,
     pub log_space: SpaceId,
     pub dirty_bytes: u64,
+    /// Bytes of log records whose data is held in memory (the rest is read
+    /// back from the log when needed).
+    pub memory_bytes: u64,
     /// Bytes of ring between the committed tail and the head.
     pub used_bytes: u64,
     pub absorbed_writes: u64,
@@ -313,6 +350,7 @@ impl Journal {
                 space_waiters: Vec::new(),
                 leases: VecDeque::new(),
                 dirty_bytes: 0,
+                charged: 0,
                 failed: None,
                 batches: batch::Batches::default(),
                 renewing: false,
@@ -360,6 +398,7 @@ impl Journal {
             bytes: state.next_lap_bytes,
             log_space: self.log.id(),
             dirty_bytes: state.dirty_bytes,
+            memory_bytes: state.charged,
             used_bytes: used,
             absorbed_writes: self.counters.absorbed_writes.load(Ordering::Relaxed),
             absorbed_bytes: self.counters.absorbed_bytes.load(Ordering::Relaxed),
@@ -424,26 +463,68 @@ impl Journal {
         })
     }
 
-    /// Copy logged data over `buffer`, which holds the home data of blocks
-    /// starting at `offset` (block-aligned). Take the snapshot with
-    /// [`Journal::snapshot`] *before* reading home.
-    pub(crate) fn snapshot(&self, offset: u64, length: u64) -> Vec<(u64, Bytes)> {
-        let state = self.state();
-        if state.index.is_empty() {
-            return Vec::new();
+    /// The newest logged data of the blocks of `[offset, offset + length)`
+    /// (block-aligned), read back from the log where only the log holds it.
+    /// Take it *before* reading home: a block destaged in between is on the
+    /// disks by then. Lay it over the home data with [`Journal::apply`].
+    pub(crate) async fn snapshot(
+        &self,
+        offset: u64,
+        length: u64,
+    ) -> Result<Vec<(u64, Bytes)>, EngineError> {
+        loop {
+            let logged: Vec<(u64, u64, Held)> = {
+                let state = self.state();
+                if state.index.is_empty() {
+                    return Ok(Vec::new());
+                }
+                let first = offset / BLOCK_BYTES;
+                let end = (offset + length).div_ceil(BLOCK_BYTES);
+                state
+                    .index
+                    .range(first..end)
+                    .filter_map(|(&block, entry)| {
+                        let (sequence, held) = entry.committed.as_ref()?;
+                        Some((block, *sequence, held.clone()))
+                    })
+                    .collect()
+            };
+            let wanted: Vec<(u64, u64)> = logged
+                .iter()
+                .filter(|(_, _, held)| held.data.is_none())
+                .map(|(block, _, held)| (*block, held.at))
+                .collect();
+            let oldest = logged
+                .iter()
+                .filter(|(_, _, held)| held.data.is_none())
+                .map(|(_, sequence, _)| *sequence)
+                .min();
+            let mut read = read_back(&self.log, &wanted).await?;
+            // Read back from ring the tail has passed since (the blocks
+            // went home), it may hold a newer record: look again.
+            if oldest.is_none_or(|sequence| self.still_logged(sequence)) {
+                return Ok(logged
+                    .into_iter()
+                    .filter_map(|(block, _, held)| {
+                        Some((block, held.data.or_else(|| read.remove(&block))?))
+                    })
+                    .collect());
+            }
         }
-        let first = offset / BLOCK_BYTES;
-        let end = (offset + length).div_ceil(BLOCK_BYTES);
-        state
-            .index
-            .range(first..end)
-            .filter_map(|(&block, entry)| {
-                entry
-                    .committed
-                    .as_ref()
-                    .map(|(_, data)| (block, data.clone()))
-            })
-            .collect()
+    }
+
+    /// Whether the ring still holds the record `sequence` as it was logged:
+    /// the tail has not passed it (ring behind the tail is reused), or the
+    /// log writes no more (write-through), or it is a recovered block of a
+    /// read-only pool (sequence 0).
+    fn still_logged(&self, sequence: u64) -> bool {
+        let state = self.state();
+        sequence == 0
+            || state.failed.is_some()
+            || state
+                .records
+                .front()
+                .is_some_and(|r| r.sequence <= sequence)
     }
 
     pub(crate) fn apply(snapshot: &[(u64, Bytes)], offset: u64, buffer: &mut [u8]) {
@@ -1091,7 +1172,8 @@ impl Journal {
                 fua,
             ));
         }
-        writes.push(self.log.write_home(at.offset, payload.freeze(), fua));
+        let record = payload.freeze();
+        writes.push(self.log.write_home(at.offset, record.clone(), fua));
         let results = join_all(writes).await;
         self.counters
             .log_bytes_written
@@ -1123,16 +1205,30 @@ impl Journal {
                 // Durable from here on once every record before it is.
                 advance_durable(&mut state);
             }
+            // The index holds the record's own buffer (one allocation per
+            // record, accounted whole), if the pool's log memory has room.
+            let resident = !pieces.is_empty() && self.log.pool.log_memory.take(record_bytes);
+            if resident {
+                state.charged += record_bytes;
+                if let Some(logged) = state.record_mut(sequence) {
+                    logged.charged = record_bytes;
+                }
+            }
             // In order: of two pieces of one block in one record (writes
             // sharing it), the later wins, as on replay.
-            for (block, data) in pieces {
+            for (i, (block, _)) in pieces.into_iter().enumerate() {
+                let from = (HEADER_BYTES + i as u64 * BLOCK_BYTES) as usize;
+                let held = Held {
+                    at: at.offset + from as u64,
+                    data: resident.then(|| record.slice(from..from + BLOCK_BYTES as usize)),
+                };
                 let entry = state.index.get_mut(&block).expect("reserved entry");
                 if entry.committed.as_ref().is_none_or(|(s, _)| *s <= sequence) {
                     if entry.committed.is_none() {
                         state.dirty_bytes += BLOCK_BYTES;
                     }
                     let entry = state.index.get_mut(&block).expect("reserved entry");
-                    entry.committed = Some((sequence, data));
+                    entry.committed = Some((sequence, held));
                 }
             }
             // A group commit waiting for this write can go now.
@@ -1147,11 +1243,10 @@ impl Journal {
     /// durable; if the log fails first, write its data home instead.
     async fn make_durable(&self, home: &Space, sequence: u64) -> Result<(), EngineError> {
         if self.sync_through(sequence).await.is_err() {
-            // The log failed: this record's data is committed in memory;
-            // write it home with the rest.
+            // The log failed: this record's data is committed in the
+            // index; write it home with the rest.
             let _guard = self.destaging.lock().await;
-            self.destage_locked(home, u64::MAX, DESTAGE_PARALLEL)
-                .await?;
+            self.destage_all_locked(home).await?;
         }
         Ok(())
     }
@@ -1285,12 +1380,24 @@ impl Journal {
         }
     }
 
-    /// The log could not take a record: write every dirty block home from
-    /// memory, flush, and run write-through from now on.
+    /// The log could not take a record: write every dirty block home (from
+    /// memory, or read back from what is left of the log), flush, and run
+    /// write-through from now on.
     async fn log_failed(&self, home: &Space, sequences: &[u64], blocks: &[u64], reason: String) {
         self.log_failed_locked(sequences, blocks, reason);
         let _guard = self.destaging.lock().await;
-        let _ = self.destage_locked(home, u64::MAX, DESTAGE_PARALLEL).await;
+        let _ = self.destage_all_locked(home).await;
+    }
+
+    /// Destage rounds until one finds nothing to take: a write-through log
+    /// reads back a bounded amount per round.
+    async fn destage_all_locked(&self, home: &Space) -> Result<(), EngineError> {
+        while self
+            .destage_locked(home, u64::MAX, DESTAGE_PARALLEL)
+            .await?
+            && !self.is_clean()
+        {}
+        Ok(())
     }
 
     /// Mark the log failed (write-through from now on) and release what
@@ -1348,14 +1455,32 @@ impl Journal {
     }
 
     /// Before a flush completes: in write-through mode, everything still in
-    /// memory goes home.
+    /// the index goes home.
     pub(crate) async fn settle(&self, home: &Space) -> Result<(), EngineError> {
         if self.state().failed.is_some() && !self.is_clean() {
             let _guard = self.destaging.lock().await;
-            self.destage_locked(home, u64::MAX, DESTAGE_PARALLEL)
-                .await?;
+            self.destage_all_locked(home).await?;
         }
         Ok(())
+    }
+
+    /// A round's blocks with their data, read back from the log where only
+    /// the log holds it. The ring cannot move under them: its tail moves
+    /// only under the destaging lock the round holds.
+    async fn load(&self, picked: Picked) -> Result<Work, EngineError> {
+        let wanted: Vec<(u64, u64)> = picked
+            .iter()
+            .filter(|(_, (_, held))| held.data.is_none())
+            .map(|(&block, (_, held))| (block, held.at))
+            .collect();
+        let mut read = read_back(&self.log, &wanted).await?;
+        Ok(picked
+            .into_iter()
+            .map(|(block, (sequence, held))| {
+                let data = held.data.or_else(|| read.remove(&block));
+                (block, (sequence, data.expect("read back")))
+            })
+            .collect())
     }
 
     /// Destage everything (before a resize, export or for tests).
@@ -1397,18 +1522,26 @@ impl Journal {
             let mut state = self.state();
             if failed {
                 // Write-through: everything committed goes home, whatever
-                // became of the records.
-                let work: BTreeMap<u64, (u64, Bytes)> = state
+                // became of the records (what only the log holds, a
+                // bounded amount per round).
+                let mut reading = 0;
+                let work: Picked = state
                     .index
                     .iter()
                     .filter_map(|(&block, entry)| entry.committed.clone().map(|c| (block, c)))
+                    .take_while(|(_, (_, held))| {
+                        if held.data.is_none() {
+                            reading += BLOCK_BYTES;
+                        }
+                        reading <= READ_BACK_ROUND_BYTES
+                    })
                     .collect();
                 let picked: Vec<u64> = state.records.iter().map(|r| r.sequence).collect();
                 (picked, work)
             } else {
                 let mut taken = 0;
                 let mut picked = Vec::new();
-                let mut work: BTreeMap<u64, (u64, Bytes)> = BTreeMap::new();
+                let mut work: Picked = BTreeMap::new();
                 let mut rows_seen = BTreeSet::new();
                 // Only once writers have gone quiet: while they write,
                 // the rows' reads and writes take the disks from their
@@ -1419,23 +1552,31 @@ impl Journal {
                     0
                 };
                 let mut dense_rows = 0;
+                let mut read_back = 0;
                 for record in state.records.iter().filter(|r| !r.destaged) {
+                    let reading = if record.charged > 0 {
+                        0
+                    } else {
+                        record.bytes - HEADER_BYTES
+                    };
                     if !record.durable
                         || record.pins > 0
                         || (taken > 0 && taken + record.bytes > budget)
+                        || (read_back > 0 && read_back + reading > READ_BACK_ROUND_BYTES)
                     {
                         break;
                     }
                     taken += record.bytes;
+                    read_back += reading;
                     picked.push(record.sequence);
                     for block in &record.blocks {
                         if let Some(Entry {
-                            committed: Some((sequence, data)),
+                            committed: Some((sequence, held)),
                             ..
                         }) = state.index.get(block)
                         {
                             if *sequence == record.sequence {
-                                work.insert(*block, (*sequence, data.clone()));
+                                work.insert(*block, (*sequence, held.clone()));
                             }
                         }
                         let Some(row_bytes) = parity_row_bytes.filter(|_| dense_rows < dense_max)
@@ -1487,6 +1628,7 @@ impl Journal {
         if picked.is_empty() && work.is_empty() {
             return Ok(false);
         }
+        let work = self.load(work).await?;
         // Rows of a degraded parity extent are written whole, after a row
         // image in the log: a cut in the middle cannot leave the missing
         // column undefined (the write hole), recovery rewrites the row.
@@ -1607,6 +1749,8 @@ impl Journal {
             let mut state = self.state();
             let head = state.head;
             state.tail = head;
+            let charged = std::mem::take(&mut state.charged);
+            self.log.pool.log_memory.give_back(charged);
             state.records.clear();
             state.recent.clear();
         }
@@ -1789,6 +1933,8 @@ impl Journal {
             .is_some_and(|r| r.at.position < tail.position)
         {
             let record = state.records.pop_front().expect("front");
+            state.charged -= record.charged;
+            self.log.pool.log_memory.give_back(record.charged);
             for block in record.blocks {
                 if let Some(count) = state.recent.get_mut(&block) {
                     *count -= 1;
@@ -1929,6 +2075,7 @@ fn push_record(
         wrap,
         pins: u32::from(pinned),
         picked: false,
+        charged: 0,
     });
 }
 
@@ -1943,6 +2090,13 @@ pub(crate) struct Contents {
 /// One of the log's writers of client records (see [`batch`]), passed on
 /// when dropped.
 struct Writer<'a>(&'a Journal);
+
+impl Drop for Journal {
+    fn drop(&mut self) {
+        let charged = self.state().charged;
+        self.log.pool.log_memory.give_back(charged);
+    }
+}
 
 impl Drop for Writer<'_> {
     fn drop(&mut self) {
@@ -2149,8 +2303,9 @@ fn coalesce(work: &BTreeMap<u64, (u64, Bytes)>, row_blocks: u64) -> Vec<(u64, By
 
 /// Everything recovery found in a log.
 pub(crate) struct Recovered {
-    /// Newest logged data per block (after invalidations).
-    pub blocks: BTreeMap<u64, Bytes>,
+    /// Where the newest logged data of each block lies in the log (byte
+    /// offset, after invalidations).
+    pub blocks: BTreeMap<u64, u64>,
     /// Ranges written straight to the disks whose redundancy may disagree.
     pub dirty: Vec<(u64, u64)>,
 }
@@ -2158,7 +2313,7 @@ pub(crate) struct Recovered {
 /// Scan a log from its committed tail: every valid record in order, until
 /// the first that is not.
 pub(crate) async fn scan(log: &Space, cache: &CacheRecord) -> Result<Recovered, EngineError> {
-    let mut blocks: BTreeMap<u64, Bytes> = BTreeMap::new();
+    let mut blocks: BTreeMap<u64, u64> = BTreeMap::new();
     let mut dirty = Vec::new();
     let mut position = cache.checkpoint_hint;
     let mut offset = cache.checkpoint_offset;
@@ -2191,16 +2346,15 @@ pub(crate) async fn scan(log: &Space, cache: &CacheRecord) -> Result<Recovered, 
         if crc32c::crc32c(&payload) != header.payload_checksum {
             break;
         }
-        let payload = payload.freeze();
+        drop(payload);
         expected_sequence = Some(header.sequence + 1);
         match header.kind {
             Kind::Writes | Kind::RowImage => {
-                let mut at = 0usize;
+                let mut at = offset + HEADER_BYTES;
                 for [start, length, _] in &header.entries {
                     for i in 0..length / BLOCK_BYTES {
-                        let piece = payload.slice(at..at + BLOCK_BYTES as usize);
-                        blocks.insert(start / BLOCK_BYTES + i, piece);
-                        at += BLOCK_BYTES as usize;
+                        blocks.insert(start / BLOCK_BYTES + i, at);
+                        at += BLOCK_BYTES;
                     }
                 }
                 position += header.record_bytes;
@@ -2238,7 +2392,7 @@ pub(crate) async fn scan(log: &Space, cache: &CacheRecord) -> Result<Recovered, 
 }
 
 /// Byte ranges of runs of contiguous blocks.
-pub(crate) fn block_runs(blocks: &BTreeMap<u64, Bytes>) -> Vec<(u64, u64)> {
+pub(crate) fn block_runs<T>(blocks: &BTreeMap<u64, T>) -> Vec<(u64, u64)> {
     let keys: Vec<u64> = blocks.keys().copied().collect();
     ranges(&keys)
         .into_iter()
@@ -2266,13 +2420,13 @@ fn destage_parallel(fill: u64, flat_out: bool) -> usize {
 /// round's may go home with it: it is their newest data, and durable, so
 /// a replay after a crash writes the same; their own records find them
 /// gone from the index when their turn comes.
-fn dense_row(state: &State, first: u64, row_blocks: u64) -> Vec<(u64, (u64, Bytes))> {
-    let durable: Vec<(u64, (u64, Bytes))> = state
+fn dense_row(state: &State, first: u64, row_blocks: u64) -> Vec<(u64, (u64, Held))> {
+    let durable: Vec<(u64, (u64, Held))> = state
         .index
         .range(first..first + row_blocks)
         .filter_map(|(&block, entry)| {
-            let (sequence, data) = entry.committed.as_ref()?;
-            (*sequence < state.durable_below).then(|| (block, (*sequence, data.clone())))
+            let (sequence, held) = entry.committed.as_ref()?;
+            (*sequence < state.durable_below).then(|| (block, (*sequence, held.clone())))
         })
         .collect();
     let blocks: Vec<u64> = durable.iter().map(|(block, _)| *block).collect();
@@ -2308,7 +2462,7 @@ fn gathered_row(row_offset: u64, natural: u64, pieces: &[gather::Piece]) -> Payl
 /// The durable dirty blocks of `row` (a range of blocks) that `work` lacks,
 /// if with them `work` holds the whole row; else none. Like
 /// [`dense_row`], they may come from records newer than a round's.
-fn rest_of_row(state: &State, work: &Work, row: std::ops::Range<u64>) -> Vec<(u64, (u64, Bytes))> {
+fn rest_of_row(state: &State, work: &Picked, row: std::ops::Range<u64>) -> Vec<(u64, (u64, Held))> {
     let mut rest = Vec::new();
     for block in row {
         if work.contains_key(&block) {
@@ -2319,8 +2473,8 @@ fn rest_of_row(state: &State, work: &Work, row: std::ops::Range<u64>) -> Vec<(u6
             .get(&block)
             .and_then(|entry| entry.committed.as_ref())
         {
-            Some((sequence, data)) if *sequence < state.durable_below => {
-                rest.push((block, (*sequence, data.clone())));
+            Some((sequence, held)) if *sequence < state.durable_below => {
+                rest.push((block, (*sequence, held.clone())));
             }
             _ => return Vec::new(),
         }
@@ -2403,28 +2557,86 @@ async fn write_update(home: &Space, update: &[(u64, Bytes)]) -> Result<(), Engin
     }
 }
 
-/// Write recovered blocks home (coalesced), then flush.
-pub(crate) async fn replay(home: &Space, blocks: &BTreeMap<u64, Bytes>) -> Result<(), EngineError> {
-    let tagged: BTreeMap<u64, (u64, Bytes)> =
-        blocks.iter().map(|(b, d)| (*b, (0, d.clone()))).collect();
-    let updates = updates(coalesce(&tagged, 1), None);
-    write_updates_home(home, &updates, &|| DESTAGE_PARALLEL).await?;
+/// Write recovered blocks (see [`Recovered::blocks`]) home, read back from
+/// `log` a bounded amount at a time and coalesced, then flush.
+pub(crate) async fn replay(
+    home: &Space,
+    log: &Space,
+    blocks: &BTreeMap<u64, u64>,
+) -> Result<(), EngineError> {
+    let mut from = 0;
+    loop {
+        let part: Vec<(u64, u64)> = blocks
+            .range(from..)
+            .take((READ_BACK_ROUND_BYTES / BLOCK_BYTES) as usize)
+            .map(|(&block, &at)| (block, at))
+            .collect();
+        let Some(&(last, _)) = part.last() else {
+            break;
+        };
+        from = last + 1;
+        let tagged: Work = read_back(log, &part)
+            .await?
+            .into_iter()
+            .map(|(block, data)| (block, (0, data)))
+            .collect();
+        let updates = updates(coalesce(&tagged, 1), None);
+        write_updates_home(home, &updates, &|| DESTAGE_PARALLEL).await?;
+    }
     home.pool.flush_disks().await
 }
 
-/// A read-only pool cannot replay: serve the recovered blocks from memory.
-pub(crate) fn load_read_only(journal: &Journal, blocks: BTreeMap<u64, Bytes>) {
+/// A read-only pool cannot replay: serve the recovered blocks from the log
+/// (it is not written while the pool is read-only).
+pub(crate) fn load_read_only(journal: &Journal, blocks: BTreeMap<u64, u64>) {
     let mut state = journal.state();
-    for (block, data) in blocks {
+    for (block, at) in blocks {
         state.dirty_bytes += BLOCK_BYTES;
         state.index.insert(
             block,
             Entry {
                 reserved: 0,
-                committed: Some((0, data)),
+                committed: Some((0, Held { at, data: None })),
             },
         );
     }
+}
+
+/// Read blocks back from `log`: `wanted` holds (block, byte offset in the
+/// log); neighbouring offsets are read as one, a few reads at a time.
+async fn read_back(
+    log: &Space,
+    wanted: &[(u64, u64)],
+) -> Result<BTreeMap<u64, Bytes>, EngineError> {
+    let mut places: Vec<(u64, u64)> = wanted.iter().map(|&(block, at)| (at, block)).collect();
+    places.sort_unstable();
+    let mut runs: Vec<(u64, Vec<u64>)> = Vec::new();
+    for (at, block) in places {
+        match runs.last_mut() {
+            Some((start, blocks))
+                if *start + blocks.len() as u64 * BLOCK_BYTES == at
+                    && (blocks.len() as u64 + 1) * BLOCK_BYTES <= READ_BACK_RUN_BYTES =>
+            {
+                blocks.push(block);
+            }
+            _ => runs.push((at, vec![block])),
+        }
+    }
+    let mut reads = futures::stream::iter(runs.into_iter().map(|(start, blocks)| async move {
+        let length = blocks.len() as u64 * BLOCK_BYTES;
+        let data = log.read(start, length).await?.freeze();
+        Ok::<_, EngineError>((blocks, data))
+    }))
+    .buffer_unordered(READ_BACK_PARALLEL);
+    let block_bytes = BLOCK_BYTES as usize;
+    let mut read = BTreeMap::new();
+    while let Some(result) = reads.next().await {
+        let (blocks, data) = result?;
+        for (i, block) in blocks.into_iter().enumerate() {
+            read.insert(block, data.slice(i * block_bytes..(i + 1) * block_bytes));
+        }
+    }
+    Ok(read)
 }
 
 #[cfg(test)]
@@ -2543,7 +2755,10 @@ mod tests {
         let k = BLOCK_BYTES;
         let mut state = state_with(64 * k, at(0, 0, 0), at(0, 0, 0));
         state.durable_below = 10;
-        let block = || Bytes::from(vec![0; k as usize]);
+        let block = || Held {
+            at: 0,
+            data: Some(Bytes::from(vec![0; k as usize])),
+        };
         // Row 1 (blocks 8..16): durable blocks of records 3 to 9 in four
         // runs, and block 14 of record 12, not yet durable. Row 0: three
         // runs.
@@ -2606,6 +2821,7 @@ mod tests {
             space_waiters: Vec::new(),
             leases: VecDeque::new(),
             dirty_bytes: 0,
+            charged: 0,
             failed: None,
             batches: batch::Batches::default(),
             renewing: false,

@@ -281,6 +281,7 @@ pub fn run(args: PaperArgs, _control: &Path) -> Result<(), CliError> {
         nbd_tcp: None,
         nbd_socket: Some(directory.join("nbd.sock")),
         nbd_threads: daemon::NBD_THREADS_DEFAULT,
+        log_memory: None,
     };
     let _ = std::fs::remove_dir_all(&daemon_config.state_dir);
     for (path, size, _) in &files {

@@ -41,6 +41,19 @@ pub struct DaemonConfig {
     /// Threads per NBD socket connection (0: async tasks); see
     /// [`ServerOptions::threads_per_connection`].
     pub nbd_threads: usize,
+    /// Bytes of log records each pool's write-back logs may keep in memory;
+    /// `None`: [`log_memory_default`].
+    pub log_memory: Option<u64>,
+}
+
+/// A quarter of this machine's memory (the engine's own default where it
+/// cannot be read): what each pool's write-back logs keep in memory unless
+/// configured. Beyond it, logged data is read back from the log's disks.
+pub fn log_memory_default() -> u64 {
+    match terrace_bench::machine::Machine::this().memory_bytes {
+        0 => terrace_engine::journal::LOG_MEMORY_DEFAULT_BYTES,
+        memory => memory / 4,
+    }
 }
 
 /// Threads per NBD connection unless configured: enough to keep requests
@@ -105,7 +118,8 @@ pub async fn start(config: DaemonConfig, env: Arc<dyn Env>) -> Result<Running, S
         )
     })?;
     let control = bind_unix(&config.control_socket).await?;
-    let registry = Arc::new(Registry::new(env, &config.state_dir));
+    let log_memory = config.log_memory.unwrap_or_else(log_memory_default);
+    let registry = Arc::new(Registry::new(env, &config.state_dir, log_memory));
     for problem in registry.import_saved().await {
         log(format!("not imported: {problem}"));
     }

@@ -51,6 +51,8 @@ pub struct Registry {
     unavailable: RwLock<Vec<SavedPool>>,
     /// Serialises admin changes (create, import, export, destroy...).
     pub admin: tokio::sync::Mutex<()>,
+    /// Bytes of log records each pool's write-back logs may keep in memory.
+    log_memory: u64,
 }
 
 /// Open a device or file for pool use, behaving like its drive model if
@@ -122,13 +124,14 @@ pub fn expand_paths(paths: &[String]) -> Vec<String> {
 }
 
 impl Registry {
-    pub fn new(env: Arc<dyn Env>, state_dir: &Path) -> Registry {
+    pub fn new(env: Arc<dyn Env>, state_dir: &Path, log_memory: u64) -> Registry {
         Registry {
             env,
             state_path: state_dir.join("pools.json"),
             pools: RwLock::new(BTreeMap::new()),
             unavailable: RwLock::new(Vec::new()),
             admin: tokio::sync::Mutex::new(()),
+            log_memory,
         }
     }
 
@@ -150,6 +153,7 @@ impl Registry {
     }
 
     pub fn insert(&self, entry: PoolEntry) -> Result<(), String> {
+        entry.pool.set_log_memory(self.log_memory);
         start_background(&entry.pool);
         let name = entry.pool.name().to_string();
         self.unavailable
@@ -243,6 +247,7 @@ impl Registry {
             match Pool::import(self.env.clone(), devices, options).await {
                 Ok(pool) => {
                     let pool = Arc::new(pool);
+                    pool.set_log_memory(self.log_memory);
                     start_background(&pool);
                     let entry = PoolEntry {
                         pool,

@@ -141,6 +141,7 @@ fn cache_view(cache: &terrace_engine::CacheInfo) -> crate::api::CacheView {
     crate::api::CacheView {
         bytes: status.bytes,
         dirty_bytes: status.dirty_bytes,
+        memory_bytes: status.memory_bytes,
         used_bytes: status.used_bytes,
         fill_percent: (status.used_bytes * 100)
             .checked_div(status.bytes)
