@@ -138,6 +138,10 @@ pub struct PoolStatus {
     pub disks: Vec<DiskStatus>,
     pub spaces: Vec<SpaceStatus>,
     pub impact: Vec<FailureImpact>,
+    /// Bytes of log records the pool's write-back logs hold in memory, and
+    /// the most they may (see [`Pool::set_log_memory`]).
+    pub log_memory_bytes: u64,
+    pub log_memory_max_bytes: u64,
 }
 
 impl Space {
@@ -228,6 +232,8 @@ impl Pool {
             impact: self.impacts(&metadata),
             disks,
             spaces,
+            log_memory_bytes: self.log_memory().0,
+            log_memory_max_bytes: self.log_memory().1,
         }
     }
 

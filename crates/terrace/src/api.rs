@@ -333,6 +333,12 @@ pub struct PoolView {
     pub jobs: Vec<JobView>,
     /// What each disk, enclosure or node failing now would cost.
     pub impact: Vec<ImpactView>,
+    /// Bytes of log records the pool's write-back logs hold in memory, and
+    /// the pool's share of the daemon's log memory.
+    #[serde(default)]
+    pub log_memory_bytes: u64,
+    #[serde(default)]
+    pub log_memory_max_bytes: u64,
 }
 
 /// One slot of one extent in `space show`.

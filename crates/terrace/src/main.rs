@@ -91,9 +91,10 @@ enum Command {
         /// request at a time; 0 serves connections with async tasks.
         #[arg(long, default_value_t = daemon::NBD_THREADS_DEFAULT)]
         nbd_threads: usize,
-        /// Bytes of log records each pool's write-back logs keep in memory,
-        /// e.g. 4G (default: a quarter of the machine's memory). Logged data
-        /// beyond it is read back from the log's disks when read or destaged.
+        /// Bytes of log records the write-back logs keep in memory, shared
+        /// equally by the open pools, e.g. 4G (default: a quarter of the
+        /// machine's memory). Logged data beyond it is read back from the
+        /// log's disks when read or destaged.
         #[arg(long, value_parser = units::parse_size)]
         log_memory: Option<u64>,
     },

@@ -52,14 +52,16 @@ fn columns(space: &SpaceView) -> String {
 pub fn pool_status(pool: &PoolView) -> String {
     let summary = &pool.summary;
     let mut out = format!(
-        "  pool: {}\n    id: {}\n state: {}\nstatus: {}\n  size: {} raw capacity, {} allocated, slab {}\n\ndisks:\n",
+        "  pool: {}\n    id: {}\n state: {}\nstatus: {}\n  size: {} raw capacity, {} allocated, slab {}\n  logs: {} of {} log memory held\n\ndisks:\n",
         summary.name,
         summary.id,
         summary.state,
         summary.reason,
         format_size(summary.capacity_bytes),
         format_size(summary.allocated_bytes),
-        format_size(pool.slab_bytes)
+        format_size(pool.slab_bytes),
+        format_size(pool.log_memory_bytes),
+        format_size(pool.log_memory_max_bytes),
     );
     let mut disks = table(&[
         "#", "DEVICE", "STATE", "MEDIA", "USAGE", "SIZE", "USED", "DOMAIN", "NOTE",

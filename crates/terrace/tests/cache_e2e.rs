@@ -1,7 +1,9 @@
 //! The write-back cache end to end: SIGKILL the daemon during a fio
 //! random-write run with verify on a journaled dual-parity space, restart,
 //! and fio's verify of every acknowledged write passes and a full parity
-//! check finds no mismatch.
+//! check finds no mismatch — with the log held in memory, and with no log
+//! memory at all (every logged block read back from the journal disks).
+//! The daemon's log memory is shared by its pools.
 
 mod common;
 
@@ -33,10 +35,20 @@ fn fio(uri: &str, dir: &Path, extra: &[&str]) -> std::process::Command {
 
 #[test]
 fn sigkill_during_random_writes_loses_no_acknowledged_write() {
+    sigkill_during_random_writes(&[]);
+}
+
+#[test]
+fn sigkill_during_random_writes_with_the_log_read_back_from_its_disks() {
+    sigkill_during_random_writes(&["--log-memory", "0"]);
+}
+
+fn sigkill_during_random_writes(daemon_args: &[&str]) {
     if skip_without("the write-back cache crash test", &["fio"]) {
         return;
     }
-    let mut daemon = Daemon::start();
+    let mut daemon = Daemon::start_with(daemon_args);
+    let read_back = !daemon_args.is_empty();
     let mut disks: Vec<String> = daemon
         .disk_files("cap", 6, GIB)
         .iter()
@@ -85,13 +97,16 @@ fn sigkill_during_random_writes_loses_no_acknowledged_write() {
     let status = daemon.cli_json(&["space", "show", "p"]);
     daemon.kill();
     let _ = writer.wait();
+    let cache = &status["space"]["cache"];
     assert!(
-        status["space"]["cache"]["absorbed_writes"]
-            .as_u64()
-            .unwrap_or(0)
-            > 0,
+        cache["absorbed_writes"].as_u64().unwrap_or(0) > 0,
         "no write went through the log: {status}"
     );
+    if read_back {
+        assert_eq!(cache["memory_bytes"], 0, "{status}");
+    } else {
+        assert!(cache["memory_bytes"].as_u64().unwrap_or(0) > 0, "{status}");
+    }
 
     daemon.restart();
     let verify = run_with(
@@ -108,5 +123,33 @@ fn sigkill_during_random_writes_loses_no_acknowledged_write() {
     let check = daemon.cli_json(&["space", "verify", "p"]);
     assert_eq!(check["mismatched_rows"], 0, "{check}");
     assert!(check["rows"].as_u64().unwrap() > 0, "{check}");
+    daemon.stop();
+}
+
+/// `--log-memory` is the daemon's: each open pool gets an equal share,
+/// which grows back when a pool leaves, and `pool status` shows it.
+#[test]
+fn the_log_memory_is_shared_by_the_pools() {
+    let mut daemon = Daemon::start_with(&["--log-memory", "64M"]);
+    let share = |daemon: &Daemon, pool: &str| {
+        daemon.pool_status(pool)["log_memory_max_bytes"]
+            .as_u64()
+            .unwrap()
+    };
+    let a = daemon.disk_files("a", 3, GIB);
+    daemon.create_pool("a", &a, "16M");
+    daemon.create_space("a", "pa", &["--layout", "parity"], "64M");
+    assert_eq!(share(&daemon, "a"), 64 << 20);
+    let b = daemon.disk_files("b", 3, GIB);
+    daemon.create_pool("b", &b, "16M");
+    assert_eq!(share(&daemon, "a"), 32 << 20);
+    assert_eq!(share(&daemon, "b"), 32 << 20);
+    let text = daemon.cli_ok(&["pool", "status", "a"]).stdout;
+    assert!(text.contains("log memory held"), "{text}");
+    daemon.cli_ok(&["pool", "export", "b"]);
+    assert_eq!(share(&daemon, "a"), 64 << 20);
+    daemon.stop();
+    daemon.restart();
+    assert_eq!(share(&daemon, "a"), 64 << 20);
     daemon.stop();
 }

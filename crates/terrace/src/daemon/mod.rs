@@ -41,13 +41,14 @@ pub struct DaemonConfig {
     /// Threads per NBD socket connection (0: async tasks); see
     /// [`ServerOptions::threads_per_connection`].
     pub nbd_threads: usize,
-    /// Bytes of log records each pool's write-back logs may keep in memory;
-    /// `None`: [`log_memory_default`].
+    /// Bytes of log records the write-back logs of the daemon's pools may
+    /// keep in memory, shared equally by the pools; `None`:
+    /// [`log_memory_default`].
     pub log_memory: Option<u64>,
 }
 
 /// A quarter of this machine's memory (the engine's own default where it
-/// cannot be read): what each pool's write-back logs keep in memory unless
+/// cannot be read): what the daemon's write-back logs keep in memory unless
 /// configured. Beyond it, logged data is read back from the log's disks.
 pub fn log_memory_default() -> u64 {
     match terrace_bench::machine::Machine::this().memory_bytes {

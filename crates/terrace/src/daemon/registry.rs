@@ -51,7 +51,8 @@ pub struct Registry {
     unavailable: RwLock<Vec<SavedPool>>,
     /// Serialises admin changes (create, import, export, destroy...).
     pub admin: tokio::sync::Mutex<()>,
-    /// Bytes of log records each pool's write-back logs may keep in memory.
+    /// Bytes of log records the write-back logs of all pools may keep in
+    /// memory, shared equally by the pools (see [`Registry::share_log_memory`]).
     log_memory: u64,
 }
 
@@ -153,8 +154,7 @@ impl Registry {
     }
 
     pub fn insert(&self, entry: PoolEntry) -> Result<(), String> {
-        entry.pool.set_log_memory(self.log_memory);
-        start_background(&entry.pool);
+        let pool = entry.pool.clone();
         let name = entry.pool.name().to_string();
         self.unavailable
             .write()
@@ -164,7 +164,20 @@ impl Registry {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .insert(name, entry);
+        self.share_log_memory();
+        start_background(&pool);
         self.save()
+    }
+
+    /// Give each open pool an equal share of the daemon's log memory. A
+    /// pool whose share shrank below what it holds keeps its records and
+    /// takes in no more until its logs have given back the difference.
+    fn share_log_memory(&self) {
+        let pools = self.pools.read().unwrap_or_else(|e| e.into_inner());
+        let share = self.log_memory / pools.len().max(1) as u64;
+        for entry in pools.values() {
+            entry.pool.set_log_memory(share);
+        }
     }
 
     pub fn remove(&self, name: &str) -> Result<Option<PoolEntry>, String> {
@@ -173,6 +186,7 @@ impl Registry {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(name);
+        self.share_log_memory();
         self.save()?;
         Ok(removed)
     }
@@ -247,17 +261,19 @@ impl Registry {
             match Pool::import(self.env.clone(), devices, options).await {
                 Ok(pool) => {
                     let pool = Arc::new(pool);
-                    pool.set_log_memory(self.log_memory);
-                    start_background(&pool);
-                    let entry = PoolEntry {
-                        pool,
-                        disks: saved.disks,
-                    };
-                    let name = entry.pool.name().to_string();
+                    let name = pool.name().to_string();
                     self.pools
                         .write()
                         .unwrap_or_else(|e| e.into_inner())
-                        .insert(name, entry);
+                        .insert(
+                            name,
+                            PoolEntry {
+                                pool: pool.clone(),
+                                disks: saved.disks,
+                            },
+                        );
+                    self.share_log_memory();
+                    start_background(&pool);
                 }
                 Err(error) => {
                     problems.push(format!("pool {}: {error}", saved.name));

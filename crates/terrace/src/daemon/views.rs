@@ -216,6 +216,8 @@ pub fn pool_view(
             .collect(),
         disks,
         spaces,
+        log_memory_bytes: status.log_memory_bytes,
+        log_memory_max_bytes: status.log_memory_max_bytes,
     }
 }
 

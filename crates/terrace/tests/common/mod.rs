@@ -355,10 +355,17 @@ pub struct Daemon {
     child: Option<Child>,
     /// The bound NBD TCP address, from `terrace --json status`.
     pub tcp: Option<String>,
+    /// More arguments to `terrace daemon`, at every start.
+    extra: Vec<String>,
 }
 
 impl Daemon {
     pub fn start() -> Daemon {
+        Daemon::start_with(&[])
+    }
+
+    /// A daemon started with more arguments (kept across restarts).
+    pub fn start_with(extra: &[&str]) -> Daemon {
         let dir = tempfile::Builder::new()
             .prefix("terrace-e2e-")
             .tempdir()
@@ -374,6 +381,7 @@ impl Daemon {
             dir,
             child: None,
             tcp: None,
+            extra: extra.iter().map(|arg| arg.to_string()).collect(),
         };
         daemon.launch();
         daemon
@@ -396,6 +404,7 @@ impl Daemon {
             .arg("--nbd-socket")
             .arg(&self.nbd_socket)
             .args(["--listen", "127.0.0.1:0"])
+            .args(&self.extra)
             .env("RUST_BACKTRACE", "1")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
