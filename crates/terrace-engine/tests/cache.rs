@@ -931,22 +931,7 @@ fn rows_with_many_dirty_runs_destage_as_one_update() {
 #[test]
 fn a_destage_round_of_a_stream_writes_whole_rows() {
     block_on(async {
-        let counting: Vec<Arc<Counting>> = memory_devices("round")
-            .into_iter()
-            .map(|inner| {
-                Arc::new(Counting {
-                    inner,
-                    reads: Default::default(),
-                    flushes: Default::default(),
-                    fua_writes: Default::default(),
-                    cheap: false,
-                })
-            })
-            .collect();
-        let devices: Vec<Arc<dyn BlockDevice>> = counting
-            .iter()
-            .map(|c| c.clone() as Arc<dyn BlockDevice>)
-            .collect();
+        let (counting, devices) = counted(memory_devices("round"), false, None);
         let pool = journal_pool(&devices).await;
         let layout = Layout::Parity { redundancy: 1 };
         let size = 20 << 20;
@@ -1001,22 +986,7 @@ fn a_destage_round_of_a_stream_writes_whole_rows() {
 fn a_log_beyond_its_memory_is_read_back_from_its_disks() {
     block_on(async {
         let (devices, faults) = fault_devices("beyond");
-        let counting: Vec<Arc<Counting>> = devices
-            .into_iter()
-            .map(|inner| {
-                Arc::new(Counting {
-                    inner,
-                    reads: Default::default(),
-                    flushes: Default::default(),
-                    fua_writes: Default::default(),
-                    cheap: false,
-                })
-            })
-            .collect();
-        let devices: Vec<Arc<dyn BlockDevice>> = counting
-            .iter()
-            .map(|c| c.clone() as Arc<dyn BlockDevice>)
-            .collect();
+        let (counting, devices) = counted(devices, false, None);
         let pool = journal_pool(&devices).await;
         let budget = 256 << 10;
         pool.set_log_memory(budget);
@@ -1076,20 +1046,7 @@ fn a_log_beyond_its_memory_is_read_back_from_its_disks() {
 fn a_read_back_that_the_ring_overtakes_reads_again() {
     block_on(async {
         let gate = Arc::new(ReadGate::default());
-        let devices: Vec<Arc<dyn BlockDevice>> = memory_devices("overtaken")
-            .into_iter()
-            .enumerate()
-            .map(|(i, inner)| {
-                if i < 6 {
-                    inner
-                } else {
-                    Arc::new(Gated {
-                        inner,
-                        gate: gate.clone(),
-                    }) as Arc<dyn BlockDevice>
-                }
-            })
-            .collect();
+        let (_, devices) = counted(memory_devices("overtaken"), false, Some(gate.clone()));
         let pool = journal_pool(&devices).await;
         pool.set_log_memory(0);
         let mut config = cached("s", Layout::Parity { redundancy: 1 }, 4 << 20);
@@ -1168,47 +1125,14 @@ impl ReadGate {
             let _ = open.send(());
         }
     }
-}
 
-/// A device whose reads pass a [`ReadGate`].
-struct Gated {
-    inner: Arc<dyn BlockDevice>,
-    gate: Arc<ReadGate>,
-}
-
-impl BlockDevice for Gated {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn alignment(&self) -> u64 {
-        self.inner.alignment()
-    }
-    fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
-        let inner = self.inner.clone();
-        let wait = if self.gate.armed.swap(false, Ordering::SeqCst) {
-            self.gate.held.store(true, Ordering::SeqCst);
-            self.gate.wait.lock().unwrap().take()
-        } else {
-            None
-        };
-        Box::pin(async move {
-            if let Some(wait) = wait {
-                let _ = wait.await;
-            }
-            inner.read(offset, buf).await
-        })
-    }
-    fn write(&self, offset: u64, data: Bytes, fua: bool) -> BoxFuture<IoResult<()>> {
-        self.inner.write(offset, data, fua)
-    }
-    fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BoxFuture<IoResult<()>> {
-        self.inner.write_zeroes(offset, length, fua)
-    }
-    fn flush(&self) -> BoxFuture<IoResult<()>> {
-        self.inner.flush()
+    /// For a read arriving: what to wait for, if it is the one to hold.
+    fn pass(&self) -> Option<futures::channel::oneshot::Receiver<()>> {
+        if !self.armed.swap(false, Ordering::SeqCst) {
+            return None;
+        }
+        self.held.store(true, Ordering::SeqCst);
+        self.wait.lock().unwrap().take()
     }
 }
 
@@ -1220,6 +1144,37 @@ struct Counting {
     fua_writes: AtomicU64,
     /// What it answers to `cheap_fua`.
     cheap: bool,
+    /// Reads pass this gate, if any.
+    gate: Option<Arc<ReadGate>>,
+}
+
+/// `devices` behind counting wrappers that answer `cheap` to `cheap_fua`
+/// (the journal disks' reads passing `gate`, if given), and the same as
+/// plain devices.
+fn counted(
+    devices: Vec<Arc<dyn BlockDevice>>,
+    cheap: bool,
+    gate: Option<Arc<ReadGate>>,
+) -> (Vec<Arc<Counting>>, Vec<Arc<dyn BlockDevice>>) {
+    let counting: Vec<Arc<Counting>> = devices
+        .into_iter()
+        .enumerate()
+        .map(|(i, inner)| {
+            Arc::new(Counting {
+                inner,
+                reads: Default::default(),
+                flushes: Default::default(),
+                fua_writes: Default::default(),
+                cheap,
+                gate: gate.clone().filter(|_| i >= 6),
+            })
+        })
+        .collect();
+    let plain = counting
+        .iter()
+        .map(|c| c.clone() as Arc<dyn BlockDevice>)
+        .collect();
+    (counting, plain)
 }
 
 impl BlockDevice for Counting {
@@ -1234,7 +1189,14 @@ impl BlockDevice for Counting {
     }
     fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
         self.reads.fetch_add(1, Ordering::Relaxed);
-        self.inner.read(offset, buf)
+        let Some(wait) = self.gate.as_ref().and_then(|gate| gate.pass()) else {
+            return self.inner.read(offset, buf);
+        };
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let _ = wait.await;
+            inner.read(offset, buf).await
+        })
     }
     fn write(&self, offset: u64, data: Bytes, fua: bool) -> BoxFuture<IoResult<()>> {
         if fua {
@@ -1281,22 +1243,13 @@ fn fua_records(cheap: bool) {
             flush_ns: 100_000,
             ..DelayPolicy::default()
         };
-        let counting: Vec<Arc<Counting>> = plain
+        let delayed = plain
             .iter()
             .map(|inner| {
-                Arc::new(Counting {
-                    inner: Arc::new(DelayDevice::new(inner.clone(), env(), policy)),
-                    reads: Default::default(),
-                    flushes: Default::default(),
-                    fua_writes: Default::default(),
-                    cheap,
-                })
+                Arc::new(DelayDevice::new(inner.clone(), env(), policy)) as Arc<dyn BlockDevice>
             })
             .collect();
-        let devices: Vec<Arc<dyn BlockDevice>> = counting
-            .iter()
-            .map(|c| c.clone() as Arc<dyn BlockDevice>)
-            .collect();
+        let (counting, devices) = counted(delayed, cheap, None);
         let journal_disks = &counting[6..];
         let count = |pick: fn(&Counting) -> u64| journal_disks.iter().map(|c| pick(c)).sum::<u64>();
         let flushes = |c: &Counting| c.flushes.load(Ordering::Relaxed);
