@@ -145,7 +145,32 @@ const DESTAGE_PARALLEL_START: usize = 4;
 
 /// Blocks to destage: block → (sequence of the record holding its newest
 /// data, that data).
-type Work = BTreeMap<u64, (u64, Bytes)>;
+type Work = BTreeMap<u64, (u64, Block)>;
+
+/// The bytes of one block within a larger buffer: a log record's, or a run
+/// read back from the log. Blocks next to each other in one buffer go home
+/// as one view of it (see [`coalesce`]).
+#[derive(Clone)]
+struct Block {
+    buffer: Bytes,
+    from: usize,
+}
+
+impl Block {
+    fn bytes(&self) -> Bytes {
+        self.buffer
+            .slice(self.from..self.from + BLOCK_BYTES as usize)
+    }
+
+    /// Whether `next` lies right after this block in the same buffer.
+    fn followed_by(&self, next: &Block) -> bool {
+        // The whole buffers are kept, so one start and length is one
+        // allocation: two live allocations cannot start at one address.
+        self.buffer.as_ptr() == next.buffer.as_ptr()
+            && self.buffer.len() == next.buffer.len()
+            && self.from + BLOCK_BYTES as usize == next.from
+    }
+}
 
 /// Where a block's newest logged data lies (its byte offset in the log
 /// space), and the data itself unless its record was logged beyond the
@@ -153,7 +178,7 @@ type Work = BTreeMap<u64, (u64, Bytes)>;
 #[derive(Clone)]
 struct Held {
     at: u64,
-    data: Option<Bytes>,
+    data: Option<Block>,
 }
 
 /// Blocks a destage round took, before what only the log holds is read back.
@@ -506,7 +531,8 @@ impl Journal {
                 return Ok(logged
                     .into_iter()
                     .filter_map(|(block, _, held)| {
-                        Some((block, held.data.or_else(|| read.remove(&block))?))
+                        let data = held.data.or_else(|| read.remove(&block))?;
+                        Some((block, data.bytes()))
                     })
                     .collect());
             }
@@ -1220,7 +1246,10 @@ impl Journal {
                 let from = (HEADER_BYTES + i as u64 * BLOCK_BYTES) as usize;
                 let held = Held {
                     at: at.offset + from as u64,
-                    data: resident.then(|| record.slice(from..from + BLOCK_BYTES as usize)),
+                    data: resident.then(|| Block {
+                        buffer: record.clone(),
+                        from,
+                    }),
                 };
                 let entry = state.index.get_mut(&block).expect("reserved entry");
                 if entry.committed.as_ref().is_none_or(|(s, _)| *s <= sequence) {
@@ -1653,7 +1682,7 @@ impl Journal {
         let mut skipped: BTreeSet<u64> = BTreeSet::new();
         let mut imaged_any = false;
         for &row in &degraded {
-            let blocks: BTreeMap<u64, (u64, Bytes)> = imaged
+            let blocks: Work = imaged
                 .range(row * row_bytes / BLOCK_BYTES..(row + 1) * row_bytes / BLOCK_BYTES)
                 .map(|(&block, entry)| (block, entry.clone()))
                 .collect();
@@ -1670,7 +1699,7 @@ impl Journal {
             if let Some(&first) = skipped.first() {
                 let row = first * BLOCK_BYTES / row_bytes;
                 let range = row * row_bytes / BLOCK_BYTES..(row + 1) * row_bytes / BLOCK_BYTES;
-                let blocks: BTreeMap<u64, (u64, Bytes)> = imaged
+                let blocks: Work = imaged
                     .range(range.clone())
                     .map(|(&block, entry)| (block, entry.clone()))
                     .collect();
@@ -2275,13 +2304,13 @@ fn ranges(blocks: &[u64]) -> Vec<(u64, u64)> {
 /// Contiguous blocks joined into one write each: at most 4 MiB, and cut
 /// only where a row of `row_blocks` blocks begins (so a run may be one row
 /// where a row is larger); 1 where rows do not matter.
-fn coalesce(work: &BTreeMap<u64, (u64, Bytes)>, row_blocks: u64) -> Vec<(u64, Bytes)> {
+fn coalesce(work: &Work, row_blocks: u64) -> Vec<(u64, Payload)> {
     const RUN_MAX_BLOCKS: u64 = (4 << 20) / BLOCK_BYTES;
     // Cuts fall on row boundaries: a run cut inside a row would leave that
     // row to two partial-row updates (each reading what it lacks) that
     // could have been one full-row write.
     let cut_blocks = (RUN_MAX_BLOCKS / row_blocks).max(1) * row_blocks;
-    let mut runs: Vec<(u64, Vec<&Bytes>)> = Vec::new();
+    let mut runs: Vec<(u64, Vec<&Block>)> = Vec::new();
     let mut last = None;
     for (&block, (_, data)) in work {
         match runs.last_mut() {
@@ -2293,12 +2322,33 @@ fn coalesce(work: &BTreeMap<u64, (u64, Bytes)>, row_blocks: u64) -> Vec<(u64, By
         last = Some(block);
     }
     runs.into_iter()
-        .map(|(start, parts)| {
-            let length = parts.len() * BLOCK_BYTES as usize;
-            let buffer = aligned_concat(length, parts.iter().map(|part| &part[..]));
-            (start * BLOCK_BYTES, buffer.freeze())
-        })
+        .map(|(start, blocks)| (start * BLOCK_BYTES, Payload::parts(views(&blocks))))
         .collect()
+}
+
+/// `blocks` (consecutive on the space) as views of their buffers: one view
+/// for each stretch that lies end to end in one buffer (a log record's
+/// blocks, logged in order), so destaging copies no bytes.
+fn views(blocks: &[&Block]) -> Vec<Bytes> {
+    let view = |first: &Block, last: &Block| {
+        first
+            .buffer
+            .slice(first.from..last.from + BLOCK_BYTES as usize)
+    };
+    let mut views = Vec::new();
+    let mut stretch: Option<(&Block, &Block)> = None;
+    for &block in blocks {
+        stretch = match stretch {
+            Some((first, last)) if last.followed_by(block) => Some((first, block)),
+            Some((first, last)) => {
+                views.push(view(first, last));
+                Some((block, block))
+            }
+            None => Some((block, block)),
+        };
+    }
+    views.extend(stretch.map(|(first, last)| view(first, last)));
+    views
 }
 
 /// Everything recovery found in a log.
@@ -2485,11 +2535,11 @@ fn rest_of_row(state: &State, work: &Picked, row: std::ops::Range<u64>) -> Vec<(
 /// Coalesced runs (sorted) as updates home, each run alone; but where
 /// `row_bytes` is given (parity), the runs within one row go together as
 /// one merged update if there are [`MERGE_RUNS_MIN`] of them or more.
-fn updates(runs: Vec<(u64, Bytes)>, row_bytes: Option<u64>) -> Vec<Vec<(u64, Bytes)>> {
+fn updates(runs: Vec<(u64, Payload)>, row_bytes: Option<u64>) -> Vec<Vec<(u64, Payload)>> {
     let Some(row_bytes) = row_bytes else {
         return runs.into_iter().map(|run| vec![run]).collect();
     };
-    let row_of = |(offset, data): &(u64, Bytes)| {
+    let row_of = |(offset, data): &(u64, Payload)| {
         let (first, last) = (
             offset / row_bytes,
             (offset + data.len() as u64 - 1) / row_bytes,
@@ -2497,9 +2547,9 @@ fn updates(runs: Vec<(u64, Bytes)>, row_bytes: Option<u64>) -> Vec<Vec<(u64, Byt
         (first == last).then_some(first)
     };
     let mut out = Vec::new();
-    let mut group: Vec<(u64, Bytes)> = Vec::new();
+    let mut group: Vec<(u64, Payload)> = Vec::new();
     let mut group_row = None;
-    let close = |group: &mut Vec<(u64, Bytes)>, out: &mut Vec<Vec<(u64, Bytes)>>| {
+    let close = |group: &mut Vec<(u64, Payload)>, out: &mut Vec<Vec<(u64, Payload)>>| {
         if group.len() >= MERGE_RUNS_MIN {
             out.push(std::mem::take(group));
         } else {
@@ -2528,7 +2578,7 @@ fn updates(runs: Vec<(u64, Bytes)>, row_bytes: Option<u64>) -> Vec<Vec<(u64, Byt
 /// its rows.
 async fn write_updates_home(
     home: &Space,
-    updates: &[Vec<(u64, Bytes)>],
+    updates: &[Vec<(u64, Payload)>],
     parallel: &(dyn Fn() -> usize + Sync),
 ) -> Result<(), EngineError> {
     let mut pending = updates.iter();
@@ -2550,10 +2600,17 @@ async fn write_updates_home(
     }
 }
 
-async fn write_update(home: &Space, update: &[(u64, Bytes)]) -> Result<(), EngineError> {
+async fn write_update(home: &Space, update: &[(u64, Payload)]) -> Result<(), EngineError> {
     match update {
         [(offset, data)] => home.write_home(*offset, data.clone(), false).await,
-        pieces => home.write_home_merged(pieces).await,
+        pieces => {
+            // Laid over the row read in one buffer: each piece whole.
+            let pieces: Vec<(u64, Bytes)> = pieces
+                .iter()
+                .map(|(offset, data)| (*offset, data.slice(0..data.len())))
+                .collect();
+            home.write_home_merged(&pieces).await
+        }
     }
 }
 
@@ -2607,7 +2664,7 @@ pub(crate) fn load_read_only(journal: &Journal, blocks: BTreeMap<u64, u64>) {
 async fn read_back(
     log: &Space,
     wanted: &[(u64, u64)],
-) -> Result<BTreeMap<u64, Bytes>, EngineError> {
+) -> Result<BTreeMap<u64, Block>, EngineError> {
     let mut places: Vec<(u64, u64)> = wanted.iter().map(|&(block, at)| (at, block)).collect();
     places.sort_unstable();
     let mut runs: Vec<(u64, Vec<u64>)> = Vec::new();
@@ -2628,12 +2685,13 @@ async fn read_back(
         Ok::<_, EngineError>((blocks, data))
     }))
     .buffer_unordered(READ_BACK_PARALLEL);
-    let block_bytes = BLOCK_BYTES as usize;
     let mut read = BTreeMap::new();
     while let Some(result) = reads.next().await {
-        let (blocks, data) = result?;
+        let (blocks, buffer) = result?;
         for (i, block) in blocks.into_iter().enumerate() {
-            read.insert(block, data.slice(i * block_bytes..(i + 1) * block_bytes));
+            let from = i * BLOCK_BYTES as usize;
+            let buffer = buffer.clone();
+            read.insert(block, Block { buffer, from });
         }
     }
     Ok(read)
@@ -2646,20 +2704,55 @@ mod tests {
     #[test]
     fn ranges_and_coalesce_join_neighbours() {
         assert_eq!(ranges(&[1, 2, 3, 7, 9, 10]), vec![(1, 3), (7, 1), (9, 2)]);
-        let block = |b: u8| Bytes::from(vec![b; BLOCK_BYTES as usize]);
-        let work: BTreeMap<u64, (u64, Bytes)> =
-            [(4, (1, block(4))), (5, (1, block(5))), (9, (2, block(9)))]
-                .into_iter()
-                .collect();
+        let k = BLOCK_BYTES as usize;
+        let block = |b: u8| Block {
+            buffer: Bytes::from(vec![b; k]),
+            from: 0,
+        };
+        let work: Work = [(4, (1, block(4))), (5, (1, block(5))), (9, (2, block(9)))]
+            .into_iter()
+            .collect();
         let runs = coalesce(&work, 1);
         assert_eq!(runs.len(), 2);
         assert_eq!(runs[0].0, 4 * BLOCK_BYTES);
-        assert_eq!(runs[0].1.len() as u64, 2 * BLOCK_BYTES);
-        assert_eq!(runs[0].1[BLOCK_BYTES as usize], 5);
+        assert_eq!(runs[0].1.len(), 2 * k);
+        assert_eq!(runs[0].1.slice(k..k + 1)[0], 5);
         assert_eq!(runs[1].0, 9 * BLOCK_BYTES);
+        // Blocks end to end in one buffer (a record's) go as one view of
+        // it; the block after them, from another buffer, as another.
+        let record = Bytes::from((0..4 * k).map(|i| (i / k) as u8).collect::<Vec<u8>>());
+        let mut work: Work = (0..4)
+            .map(|i| {
+                let buffer = record.clone();
+                (
+                    20 + i as u64,
+                    (
+                        3,
+                        Block {
+                            buffer,
+                            from: i * k,
+                        },
+                    ),
+                )
+            })
+            .collect();
+        work.insert(24, (4, block(9)));
+        let runs = coalesce(&work, 1);
+        assert_eq!(runs.len(), 1);
+        match &runs[0].1 {
+            Payload::Parts(parts) => {
+                assert_eq!(parts.len(), 2);
+                assert_eq!(parts[0].as_ptr(), record.as_ptr(), "a copy, not a view");
+                assert_eq!(parts[0].len(), 4 * k);
+            }
+            Payload::One(_) => panic!("two buffers as one"),
+        }
+        assert_eq!(
+            runs[0].1.slice(3 * k..4 * k + 1)[..],
+            [&[3u8; 4096][..], &[9]].concat()
+        );
         // A long run is cut at 4 MiB, or where rows begin.
-        let long: BTreeMap<u64, (u64, Bytes)> =
-            (3..1100).map(|b| (b, (1, block(b as u8)))).collect();
+        let long: Work = (3..1100).map(|b| (b, (1, block(b as u8)))).collect();
         let starts = |row_blocks| -> Vec<u64> {
             coalesce(&long, row_blocks)
                 .iter()
@@ -2706,8 +2799,10 @@ mod tests {
     #[test]
     fn rows_with_many_runs_are_destaged_as_one_update() {
         let k = BLOCK_BYTES;
-        let run =
-            |block: u64, blocks: u64| (block * k, Bytes::from(vec![0; (blocks * k) as usize]));
+        let run = |block: u64, blocks: u64| {
+            let data = Bytes::from(vec![0; (blocks * k) as usize]);
+            (block * k, Payload::from(data))
+        };
         // Rows of 8 blocks: row 0 holds four runs, row 1 two, and one run
         // crosses from row 2 into row 3, where three more runs lie.
         let runs = vec![
@@ -2722,7 +2817,7 @@ mod tests {
             run(28, 1),
             run(30, 1),
         ];
-        let shape = |updates: Vec<Vec<(u64, Bytes)>>| -> Vec<Vec<u64>> {
+        let shape = |updates: Vec<Vec<(u64, Payload)>>| -> Vec<Vec<u64>> {
             updates
                 .iter()
                 .map(|update| update.iter().map(|(offset, _)| offset / k).collect())
@@ -2757,7 +2852,10 @@ mod tests {
         state.durable_below = 10;
         let block = || Held {
             at: 0,
-            data: Some(Bytes::from(vec![0; k as usize])),
+            data: Some(Block {
+                buffer: Bytes::from(vec![0; k as usize]),
+                from: 0,
+            }),
         };
         // Row 1 (blocks 8..16): durable blocks of records 3 to 9 in four
         // runs, and block 14 of record 12, not yet durable. Row 0: three
