@@ -19,6 +19,7 @@ use super::{candidates, views, Daemon};
 use crate::api::{
     DaemonView, DiskSpec, ErrorKind, ImportableView, PoolView, Request, Response, SpaceCreate,
 };
+use crate::units::format_size;
 
 /// Longest request line: 1 MiB is far more than any request needs and
 /// bounds what a confused client can make the daemon buffer.
@@ -533,11 +534,38 @@ fn check_cache_size(bytes: Option<u64>) -> Result<(), (ErrorKind, String)> {
     use terrace_engine::journal::{CACHE_MAX_BYTES, CACHE_MIN_BYTES};
     match bytes {
         None | Some(0) => Ok(()),
-        Some(bytes) if (CACHE_MIN_BYTES..=CACHE_MAX_BYTES).contains(&bytes) => Ok(()),
+        Some(bytes) if (CACHE_MIN_BYTES..=CACHE_MAX_BYTES).contains(&bytes) => {
+            let memory = terrace_bench::machine::Machine::this().memory_bytes;
+            cache_fits_memory(bytes, memory).map_err(usage)
+        }
         Some(bytes) => Err(usage(format!(
             "write-back cache size {bytes} bytes: use 32M to 100G (or 0 for none at creation)"
         ))),
     }
+}
+
+/// Share of a full cache's size its index and ring bookkeeping take in
+/// memory, at most (measured about a tenth with 4 KiB writes; see
+/// ARCHITECTURE.md, "log memory").
+const CACHE_INDEX_SHARE: u64 = 10;
+
+/// Whether a cache of `bytes`, once full, leaves its index within half of
+/// a machine's `memory` (0: unknown, not checked). Its records need not
+/// fit (what does not is read back from the log), but the index must.
+fn cache_fits_memory(bytes: u64, memory: u64) -> Result<(), String> {
+    let block = terrace_engine::layout::BLOCK_BYTES;
+    let most = memory / 2 * CACHE_INDEX_SHARE / block * block;
+    if memory == 0 || bytes <= most {
+        return Ok(());
+    }
+    Err(format!(
+        "a write-back cache of {} would need about {} of memory for its index once full, \
+         more than half of this machine's {}: use at most {}",
+        format_size(bytes),
+        format_size(bytes / CACHE_INDEX_SHARE),
+        format_size(memory),
+        format_size(most)
+    ))
 }
 
 async fn space_create(registry: &Registry, create: SpaceCreate) -> Answer {
@@ -721,4 +749,24 @@ async fn job_control(registry: &Registry, pool: Option<String>, id: u64, action:
     Err(failure(format!(
         "no job {id}; `terrace job list` shows them"
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cache_whose_full_index_outgrows_memory_is_refused() {
+        let gib = 1u64 << 30;
+        // Up to five times the memory: its index, a tenth, fits in half.
+        assert!(cache_fits_memory(100 * gib, 24 * gib).is_ok());
+        assert!(cache_fits_memory(40 * gib, 8 * gib).is_ok());
+        let refused = cache_fits_memory(100 * gib, 8 * gib).unwrap_err();
+        assert!(
+            refused.contains("about 10G") && refused.contains("at most 40G"),
+            "{refused}"
+        );
+        // Memory unknown: not checked.
+        assert!(cache_fits_memory(100 * gib, 0).is_ok());
+    }
 }
