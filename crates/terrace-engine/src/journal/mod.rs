@@ -1764,11 +1764,13 @@ impl Journal {
                     state.index.remove(block);
                 }
             }
-            for record in state.records.iter_mut() {
-                if picked.contains(&record.sequence)
-                    && !record.blocks.iter().any(|b| skipped.contains(b))
-                {
-                    record.destaged = true;
+            // By sequence: a scan of every record listed for each picked
+            // one held the lock for milliseconds per round in a large ring.
+            for &sequence in &picked {
+                if let Some(record) = state.record_mut(sequence) {
+                    if !record.blocks.iter().any(|b| skipped.contains(b)) {
+                        record.destaged = true;
+                    }
                 }
             }
         }
