@@ -17,14 +17,18 @@ impl Machine {
     pub fn this() -> Machine {
         let (hostname, kernel) = uname();
         let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
         Machine {
             hostname,
             kernel,
             cpu_model: cpu_model(&cpuinfo),
             cpus: std::thread::available_parallelism().map_or(0, |n| n.get()),
-            memory_bytes: memory_bytes(&meminfo),
+            memory_bytes: Machine::memory(),
         }
+    }
+
+    /// This machine's memory in bytes (0 if unreadable), without the rest.
+    pub fn memory() -> u64 {
+        memory_bytes(&std::fs::read_to_string("/proc/meminfo").unwrap_or_default())
     }
 
     /// "host: 2 × Intel(R) Xeon(R) ..., 24.0 GiB, Linux 6.8.0 x86_64".

@@ -1081,12 +1081,7 @@ fn a_read_back_that_the_ring_overtakes_reads_again() {
             // goes home and its ring is written over.
             for round in 0..48u64 {
                 let offset = region + (round * (64 << 10)) % (size - region);
-                let data = rng.bytes(64 << 10);
-                space
-                    .write(offset, bytes(data.clone()), false)
-                    .await
-                    .unwrap();
-                model.write(offset, &data);
+                model.write_random(&space, &mut rng, offset, 64 << 10).await;
             }
             assert!(journal.status().destaged_bytes > destaged + (2 << 20));
             gate.release();

@@ -169,12 +169,7 @@ fn repairs_keep_client_writes_and_prefer_hot_spares() {
             // Keep writing while the repair runs.
             for _ in 0..150 {
                 let (offset, length) = random_range(&mut rng, space.size_bytes(), 32 << 10);
-                let data = rng.bytes(length as usize);
-                space
-                    .write(offset, bytes(data.clone()), false)
-                    .await
-                    .unwrap();
-                model.write(offset, &data);
+                model.write_random(&space, &mut rng, offset, length).await;
             }
             jobs_settle(&pool).await;
         })

@@ -253,8 +253,6 @@ struct State {
     /// Recent dirty-range records: range start, end, sequence, when logged.
     leases: VecDeque<Lease>,
     dirty_bytes: u64,
-    /// Bytes of the pool's log memory the records hold (see [`Record`]).
-    charged: u64,
     /// Why the space runs write-through, if it does.
     failed: Option<String>,
     /// Client writes waiting to share a record (see [`batch`]).
@@ -272,6 +270,11 @@ impl State {
         let first = self.records.front()?.sequence;
         let index = usize::try_from(sequence.checked_sub(first)?).ok()?;
         self.records.get_mut(index)
+    }
+
+    /// Bytes of the pool's log memory the listed records hold.
+    fn charged(&self) -> u64 {
+        self.records.iter().map(|record| record.charged).sum()
     }
 
     /// Records from `sequence` on, in order.
@@ -375,7 +378,6 @@ impl Journal {
                 space_waiters: Vec::new(),
                 leases: VecDeque::new(),
                 dirty_bytes: 0,
-                charged: 0,
                 failed: None,
                 batches: batch::Batches::default(),
                 renewing: false,
@@ -423,7 +425,7 @@ impl Journal {
             bytes: state.next_lap_bytes,
             log_space: self.log.id(),
             dirty_bytes: state.dirty_bytes,
-            memory_bytes: state.charged,
+            memory_bytes: state.charged(),
             used_bytes: used,
             absorbed_writes: self.counters.absorbed_writes.load(Ordering::Relaxed),
             absorbed_bytes: self.counters.absorbed_bytes.load(Ordering::Relaxed),
@@ -514,17 +516,13 @@ impl Journal {
                     })
                     .collect()
             };
-            let wanted: Vec<(u64, u64)> = logged
-                .iter()
-                .filter(|(_, _, held)| held.data.is_none())
-                .map(|(block, _, held)| (*block, held.at))
-                .collect();
             let oldest = logged
                 .iter()
                 .filter(|(_, _, held)| held.data.is_none())
                 .map(|(_, sequence, _)| *sequence)
                 .min();
-            let mut read = read_back(&self.log, &wanted).await?;
+            let held = logged.iter().map(|(block, _, held)| (*block, held));
+            let mut read = read_unheld(&self.log, held).await?;
             // Read back from ring the tail has passed since (the blocks
             // went home), it may hold a newer record: look again.
             if oldest.is_none_or(|sequence| self.still_logged(sequence)) {
@@ -1235,7 +1233,6 @@ impl Journal {
             // record, accounted whole), if the pool's log memory has room.
             let resident = !pieces.is_empty() && self.log.pool.log_memory.take(record_bytes);
             if resident {
-                state.charged += record_bytes;
                 if let Some(logged) = state.record_mut(sequence) {
                     logged.charged = record_bytes;
                 }
@@ -1497,12 +1494,8 @@ impl Journal {
     /// the log holds it. The ring cannot move under them: its tail moves
     /// only under the destaging lock the round holds.
     async fn load(&self, picked: Picked) -> Result<Work, EngineError> {
-        let wanted: Vec<(u64, u64)> = picked
-            .iter()
-            .filter(|(_, (_, held))| held.data.is_none())
-            .map(|(&block, (_, held))| (block, held.at))
-            .collect();
-        let mut read = read_back(&self.log, &wanted).await?;
+        let held = picked.iter().map(|(&block, (_, held))| (block, held));
+        let mut read = read_unheld(&self.log, held).await?;
         Ok(picked
             .into_iter()
             .map(|(block, (sequence, held))| {
@@ -1780,8 +1773,7 @@ impl Journal {
             let mut state = self.state();
             let head = state.head;
             state.tail = head;
-            let charged = std::mem::take(&mut state.charged);
-            self.log.pool.log_memory.give_back(charged);
+            self.log.pool.log_memory.give_back(state.charged());
             state.records.clear();
             state.recent.clear();
         }
@@ -1964,7 +1956,6 @@ impl Journal {
             .is_some_and(|r| r.at.position < tail.position)
         {
             let record = state.records.pop_front().expect("front");
-            state.charged -= record.charged;
             self.log.pool.log_memory.give_back(record.charged);
             for block in record.blocks {
                 if let Some(count) = state.recent.get_mut(&block) {
@@ -2124,7 +2115,7 @@ struct Writer<'a>(&'a Journal);
 
 impl Drop for Journal {
     fn drop(&mut self) {
-        let charged = self.state().charged;
+        let charged = self.state().charged();
         self.log.pool.log_memory.give_back(charged);
     }
 }
@@ -2661,25 +2652,43 @@ pub(crate) fn load_read_only(journal: &Journal, blocks: BTreeMap<u64, u64>) {
     }
 }
 
+/// The blocks of `held` that only the log holds, read back from `log`.
+async fn read_unheld<'a>(
+    log: &Space,
+    held: impl Iterator<Item = (u64, &'a Held)>,
+) -> Result<BTreeMap<u64, Block>, EngineError> {
+    let wanted: Vec<(u64, u64)> = held
+        .filter(|(_, held)| held.data.is_none())
+        .map(|(block, held)| (block, held.at))
+        .collect();
+    read_back(log, &wanted).await
+}
+
 /// Read blocks back from `log`: `wanted` holds (block, byte offset in the
 /// log); neighbouring offsets are read as one, a few reads at a time.
 async fn read_back(
     log: &Space,
     wanted: &[(u64, u64)],
 ) -> Result<BTreeMap<u64, Block>, EngineError> {
-    let mut places: Vec<(u64, u64)> = wanted.iter().map(|&(block, at)| (at, block)).collect();
+    if wanted.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    // By place in the log (in blocks), cut into runs of neighbours.
+    let mut places: Vec<(u64, u64)> = wanted
+        .iter()
+        .map(|&(block, at)| (at / BLOCK_BYTES, block))
+        .collect();
     places.sort_unstable();
+    let log_blocks: Vec<u64> = places.iter().map(|&(place, _)| place).collect();
     let mut runs: Vec<(u64, Vec<u64>)> = Vec::new();
-    for (at, block) in places {
-        match runs.last_mut() {
-            Some((start, blocks))
-                if *start + blocks.len() as u64 * BLOCK_BYTES == at
-                    && (blocks.len() as u64 + 1) * BLOCK_BYTES <= READ_BACK_RUN_BYTES =>
-            {
-                blocks.push(block);
-            }
-            _ => runs.push((at, vec![block])),
+    let mut rest = &places[..];
+    for (_, count) in ranges(&log_blocks) {
+        let (run, after) = rest.split_at(count as usize);
+        for part in run.chunks((READ_BACK_RUN_BYTES / BLOCK_BYTES) as usize) {
+            let blocks = part.iter().map(|&(_, block)| block).collect();
+            runs.push((part[0].0 * BLOCK_BYTES, blocks));
         }
+        rest = after;
     }
     let mut reads = futures::stream::iter(runs.into_iter().map(|(start, blocks)| async move {
         let length = blocks.len() as u64 * BLOCK_BYTES;
@@ -2921,7 +2930,6 @@ mod tests {
             space_waiters: Vec::new(),
             leases: VecDeque::new(),
             dirty_bytes: 0,
-            charged: 0,
             failed: None,
             batches: batch::Batches::default(),
             renewing: false,

@@ -535,7 +535,7 @@ fn check_cache_size(bytes: Option<u64>) -> Result<(), (ErrorKind, String)> {
     match bytes {
         None | Some(0) => Ok(()),
         Some(bytes) if (CACHE_MIN_BYTES..=CACHE_MAX_BYTES).contains(&bytes) => {
-            let memory = terrace_bench::machine::Machine::this().memory_bytes;
+            let memory = terrace_bench::machine::Machine::memory();
             cache_fits_memory(bytes, memory).map_err(usage)
         }
         Some(bytes) => Err(usage(format!(

@@ -51,7 +51,7 @@ pub struct DaemonConfig {
 /// cannot be read): what the daemon's write-back logs keep in memory unless
 /// configured. Beyond it, logged data is read back from the log's disks.
 pub fn log_memory_default() -> u64 {
-    match terrace_bench::machine::Machine::this().memory_bytes {
+    match terrace_bench::machine::Machine::memory() {
         0 => terrace_engine::journal::LOG_MEMORY_DEFAULT_BYTES,
         memory => memory / 4,
     }
