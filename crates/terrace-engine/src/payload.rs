@@ -33,6 +33,19 @@ impl Payload {
         }
     }
 
+    /// Copy every byte into `out`, which is as long as the payload.
+    pub(crate) fn copy_to(&self, out: &mut [u8]) {
+        let parts = match self {
+            Payload::One(bytes) => std::slice::from_ref(bytes),
+            Payload::Parts(parts) => &parts[..],
+        };
+        let mut at = 0;
+        for part in parts {
+            out[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
+    }
+
     /// The bytes of `range`: a view where they lie in one buffer, else a
     /// copy. Panics if the range is out of bounds.
     pub(crate) fn slice(&self, range: Range<usize>) -> Bytes {
@@ -88,6 +101,10 @@ mod tests {
         let across = payload.slice(6..18);
         assert_eq!(&across[..], &[0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2]);
         assert_eq!(payload.slice(5..5).len(), 0);
+        // Copied out whole, part after part.
+        let mut out = [9u8; 24];
+        payload.copy_to(&mut out);
+        assert_eq!(out[..], [[0u8; 8], [1; 8], [2; 8]].concat()[..]);
         // One part is one buffer.
         assert!(matches!(
             Payload::parts(vec![parts[0].clone()]),

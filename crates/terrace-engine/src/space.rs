@@ -407,7 +407,7 @@ impl Space {
     /// read-modify-write of data and parity for each piece.
     pub(crate) async fn write_home_merged(
         &self,
-        pieces: &[(u64, Bytes)],
+        pieces: &[(u64, Payload)],
     ) -> Result<(), EngineError> {
         let (Some((start, _)), Some((last, data))) = (pieces.first(), pieces.last()) else {
             return Ok(());
@@ -424,14 +424,13 @@ impl Space {
         map: &SpaceMap,
         start: u64,
         end: u64,
-        pieces: &[(u64, Bytes)],
+        pieces: &[(u64, Payload)],
     ) -> Result<(), EngineError> {
         let mut spans = self.geometry.split_rows(start, end - start);
         let (Some(span), None) = (spans.next(), spans.next()) else {
             // Not within one row: piece by piece.
             for (offset, data) in pieces {
-                self.write_checked(map, *offset, &Payload::from(data.clone()), false)
-                    .await?;
+                self.write_checked(map, *offset, data, false).await?;
             }
             return Ok(());
         };
@@ -445,7 +444,7 @@ impl Space {
         let mut merged = read_span(&io, &span, aligned_buffer((end - start) as usize)).await?;
         for (offset, data) in pieces {
             let at = (offset - start) as usize;
-            merged[at..at + data.len()].copy_from_slice(data);
+            data.copy_to(&mut merged[at..at + data.len()]);
         }
         write_span(&io, &span, &Payload::from(merged.freeze()), false).await
     }

@@ -2596,14 +2596,7 @@ async fn write_updates_home(
 async fn write_update(home: &Space, update: &[(u64, Payload)]) -> Result<(), EngineError> {
     match update {
         [(offset, data)] => home.write_home(*offset, data.clone(), false).await,
-        pieces => {
-            // Laid over the row read in one buffer: each piece whole.
-            let pieces: Vec<(u64, Bytes)> = pieces
-                .iter()
-                .map(|(offset, data)| (*offset, data.slice(0..data.len())))
-                .collect();
-            home.write_home_merged(&pieces).await
-        }
+        pieces => home.write_home_merged(pieces).await,
     }
 }
 
