@@ -117,7 +117,8 @@ async fn handle(daemon: &Arc<Daemon>, request: Request) -> Answer {
         Request::SpaceCache { pool, name, bytes } => {
             check_cache_size(Some(bytes))?;
             let _admin = registry.admin.lock().await;
-            let (entry, _) = find_space(registry, pool.as_deref(), &name)?;
+            let (entry, space) = find_space(registry, pool.as_deref(), &name)?;
+            caches_fit_memory(registry, bytes, Some(&space))?;
             entry
                 .pool
                 .set_cache_size(&name, bytes)
@@ -534,14 +535,36 @@ fn check_cache_size(bytes: Option<u64>) -> Result<(), (ErrorKind, String)> {
     use terrace_engine::journal::{CACHE_MAX_BYTES, CACHE_MIN_BYTES};
     match bytes {
         None | Some(0) => Ok(()),
-        Some(bytes) if (CACHE_MIN_BYTES..=CACHE_MAX_BYTES).contains(&bytes) => {
-            let memory = terrace_bench::machine::Machine::memory();
-            cache_fits_memory(bytes, memory).map_err(usage)
-        }
+        Some(bytes) if (CACHE_MIN_BYTES..=CACHE_MAX_BYTES).contains(&bytes) => Ok(()),
         Some(bytes) => Err(usage(format!(
             "write-back cache size {bytes} bytes: use 32M to 100G (or 0 for none at creation)"
         ))),
     }
+}
+
+/// Whether the daemon's write-back caches, with one of `bytes` added (or
+/// `resized` set to it), leave their indexes within half of the machine's
+/// memory once full. Every open pool's caches count: their indexes share
+/// the daemon's memory. Run under the admin lock, so that two changes
+/// cannot each pass against the same total.
+fn caches_fit_memory(
+    registry: &Registry,
+    bytes: u64,
+    resized: Option<&Arc<Space>>,
+) -> Result<(), (ErrorKind, String)> {
+    if bytes == 0 {
+        return Ok(());
+    }
+    let others: u64 = registry
+        .all()
+        .iter()
+        .flat_map(|entry| entry.pool.spaces())
+        .filter(|space| !resized.is_some_and(|resized| Arc::ptr_eq(space, resized)))
+        .filter_map(|space| space.journal())
+        .map(|journal| journal.status().bytes)
+        .sum();
+    let memory = terrace_bench::machine::Machine::memory();
+    cache_fits_memory(bytes, others, memory).map_err(usage)
 }
 
 /// Share of a full cache's size its index and ring bookkeeping take in
@@ -549,28 +572,45 @@ fn check_cache_size(bytes: Option<u64>) -> Result<(), (ErrorKind, String)> {
 /// ARCHITECTURE.md, "log memory").
 const CACHE_INDEX_SHARE: u64 = 10;
 
-/// Whether a cache of `bytes`, once full, leaves its index within half of
-/// a machine's `memory` (0: unknown, not checked). Its records need not
-/// fit (what does not is read back from the log), but the index must.
-fn cache_fits_memory(bytes: u64, memory: u64) -> Result<(), String> {
+/// Whether a cache of `bytes` beside caches of `others` bytes in all,
+/// once all are full, leaves their indexes within half of a machine's
+/// `memory` (0: unknown, not checked). Their records need not fit (what
+/// does not is read back from the log), but the indexes must.
+fn cache_fits_memory(bytes: u64, others: u64, memory: u64) -> Result<(), String> {
     let block = terrace_engine::layout::BLOCK_BYTES;
     let most = memory / 2 * CACHE_INDEX_SHARE / block * block;
-    if memory == 0 || bytes <= most {
+    if memory == 0 || bytes.saturating_add(others) <= most {
         return Ok(());
     }
+    let room = most.saturating_sub(others);
+    let others_text = if others == 0 {
+        String::new()
+    } else {
+        format!(
+            " with the daemon's other caches ({} in all)",
+            format_size(others)
+        )
+    };
     Err(format!(
-        "a write-back cache of {} would need about {} of memory for its index once full, \
-         more than half of this machine's {}: use at most {}",
+        "a write-back cache of {}{others_text} would need about {} of memory for the \
+         indexes once full, more than half of this machine's {}: {}",
         format_size(bytes),
-        format_size(bytes / CACHE_INDEX_SHARE),
+        format_size((bytes + others) / CACHE_INDEX_SHARE),
         format_size(memory),
-        format_size(most)
+        if room < terrace_engine::journal::CACHE_MIN_BYTES {
+            "there is no room for it; shrink or drop another cache first".to_string()
+        } else {
+            format!("use at most {}", format_size(room))
+        }
     ))
 }
 
 async fn space_create(registry: &Registry, create: SpaceCreate) -> Answer {
     check_cache_size(create.cache_bytes)?;
     let _admin = registry.admin.lock().await;
+    if let Some(bytes) = create.cache_bytes {
+        caches_fit_memory(registry, bytes, None)?;
+    }
     let layout = parse_layout(&create)?;
     let entry = find_pool(registry, &create.pool)?;
     let size = create.size_bytes.map_or(SpaceSize::Max, SpaceSize::Bytes);
@@ -759,14 +799,30 @@ mod tests {
     fn a_cache_whose_full_index_outgrows_memory_is_refused() {
         let gib = 1u64 << 30;
         // Up to five times the memory: its index, a tenth, fits in half.
-        assert!(cache_fits_memory(100 * gib, 24 * gib).is_ok());
-        assert!(cache_fits_memory(40 * gib, 8 * gib).is_ok());
-        let refused = cache_fits_memory(100 * gib, 8 * gib).unwrap_err();
+        assert!(cache_fits_memory(100 * gib, 0, 24 * gib).is_ok());
+        assert!(cache_fits_memory(40 * gib, 0, 8 * gib).is_ok());
+        let refused = cache_fits_memory(100 * gib, 0, 8 * gib).unwrap_err();
         assert!(
             refused.contains("about 10G") && refused.contains("at most 40G"),
             "{refused}"
         );
         // Memory unknown: not checked.
-        assert!(cache_fits_memory(100 * gib, 0).is_ok());
+        assert!(cache_fits_memory(100 * gib, 0, 0).is_ok());
+    }
+
+    #[test]
+    fn caches_are_refused_by_their_total_not_one_by_one() {
+        let gib = 1u64 << 30;
+        // 8G of memory allows 40G of caches in all.
+        assert!(cache_fits_memory(10 * gib, 30 * gib, 8 * gib).is_ok());
+        let refused = cache_fits_memory(20 * gib, 30 * gib, 8 * gib).unwrap_err();
+        assert!(
+            refused.contains("other caches (30G in all)")
+                && refused.contains("about 5G")
+                && refused.contains("at most 10G"),
+            "{refused}"
+        );
+        let full = cache_fits_memory(gib, 40 * gib, 8 * gib).unwrap_err();
+        assert!(full.contains("no room for it"), "{full}");
     }
 }
