@@ -131,32 +131,22 @@ impl Pool {
             None => None,
         };
         let space = build_space(&self.shared, &next, &record)?;
-        zero_slabs(
-            &space,
-            &space.map().extents,
-            geometry.slab_bytes(),
-            Zeroing::Device,
-        )
-        .await?;
-        if let Some((log, _)) = &log {
-            zero_slabs(
-                log,
-                &log.map().extents,
-                geometry.slab_bytes(),
-                Zeroing::Allocate,
-            )
-            .await?;
-        }
+        zero_slabs(&space, &space.map().extents, geometry.slab_bytes()).await?;
         self.shared.commit(&mut control, next).await?;
         drop(control);
         let space = Arc::new(space);
-        if let Some((log, cache)) = log {
-            self.attach_cache(&space, Arc::new(log), &cache);
-        }
         self.spaces
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .insert(record.name.clone(), space.clone());
+        if let Some((log, cache)) = log {
+            // Outside the control lock; the space has no journal until its
+            // log is prepared, and nothing writes to it before this returns.
+            let log = Arc::new(log);
+            self.register_log(&log);
+            preallocate_log(&log, 0, geometry.slab_bytes()).await;
+            self.attach_cache(&space, log, &cache);
+        }
         Ok(SpaceCreated {
             space,
             columns_reason: record.columns_reason,
@@ -439,13 +429,7 @@ impl Pool {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let added_targets = targets(&self.shared, &next, &added)?;
-        zero_slabs(
-            &space,
-            &added_targets,
-            geometry.slab_bytes(),
-            Zeroing::Device,
-        )
-        .await?;
+        zero_slabs(&space, &added_targets, geometry.slab_bytes()).await?;
         let record = &mut next.spaces[position];
         record.size_bytes = requested;
         record.extents.extend(added);
@@ -455,49 +439,19 @@ impl Pool {
     }
 }
 
-/// How new slabs are zeroed.
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Zeroing {
-    /// The device's own zeroing (a hole punched in a file, a zero-out on a
-    /// block device): cheap, and a file stays sparse.
-    Device,
-    /// Ordinary writes of zeroes, for a log's slabs: a log on a sparse file
-    /// would otherwise allocate blocks on its first lap, making every group
-    /// commit's flush write file-system metadata too; written once, its
-    /// blocks are plain overwrites from then on.
-    Allocate,
-}
-
-/// Zero every slab of new extents and make it durable: slabs may hold a
-/// deleted space's bytes, and parity must match the (zero) data from the
-/// first read.
+/// Zero every slab of new extents by the device's own zeroing (a hole
+/// punched in a file, a zero-out on a block device: cheap, and a file
+/// stays sparse) and make it durable: slabs may hold a deleted space's
+/// bytes, and parity must match the (zero) data from the first read.
 pub(crate) async fn zero_slabs(
     space: &Space,
     extents: &[Arc<[Target]>],
     slab_bytes: u64,
-    zeroing: Zeroing,
 ) -> Result<(), EngineError> {
-    /// One buffer of zeroes shared by every write: large enough that a
-    /// slab takes few writes, small enough to hold once.
-    const CHUNK_BYTES: u64 = 1 << 20;
-    // None for device zeroing.
-    let chunk = (zeroing == Zeroing::Allocate)
-        .then(|| terrace_io::aligned_buffer(CHUNK_BYTES.min(slab_bytes) as usize).freeze());
     for targets in extents {
         let writes = targets.iter().map(|target| async {
             let home = target.home();
-            let Some(chunk) = &chunk else {
-                return home.disk.write_zeroes(home.base, slab_bytes, false).await;
-            };
-            let mut done = 0;
-            while done < slab_bytes {
-                let length = (chunk.len() as u64).min(slab_bytes - done);
-                home.disk
-                    .write(home.base + done, chunk.slice(..length as usize), false)
-                    .await?;
-                done += length;
-            }
-            Ok(())
+            home.disk.write_zeroes(home.base, slab_bytes, false).await
         });
         for result in join_all(writes).await {
             result.map_err(|reason| EngineError::Unavailable {
@@ -509,4 +463,57 @@ pub(crate) async fn zero_slabs(
         }
     }
     space.pool.flush_disks().await
+}
+
+/// Write the slabs of a log's extents from `first` on with zeroes, outside
+/// the pool's control lock. A log on a sparse file would otherwise
+/// allocate blocks on its first lap, making every group commit's flush
+/// write file-system metadata too; written once, its blocks are plain
+/// overwrites from then on. That takes as long as the cache is large
+/// (minutes for 100 GiB), and under the control lock it held up every
+/// commit of the pool meanwhile: the first write of another space to an
+/// extent (its write intent), jobs' watermarks, other logs' checkpoints.
+///
+/// A log is correct without it: its records carry the log's epoch and a
+/// checksum, so a slab's old bytes never pass for records. So nothing here
+/// fails: a slab that cannot be written is left as it is (the disk's error
+/// counts as usual), and an extent whose targets change meanwhile (a job
+/// moving it) is left to the job, which is checked before every write.
+/// The ring must not use these extents until this returns.
+pub(crate) async fn preallocate_log(log: &Space, first: usize, slab_bytes: u64) {
+    /// One buffer of zeroes shared by every write: large enough that a
+    /// slab takes few writes, small enough to hold once.
+    const CHUNK_BYTES: u64 = 1 << 20;
+    let chunk = terrace_io::aligned_buffer(CHUNK_BYTES.min(slab_bytes) as usize).freeze();
+    let extents = log.map().extents.clone();
+    for (index, targets) in extents.iter().enumerate().skip(first) {
+        let unchanged = || {
+            log.map()
+                .extents
+                .get(index)
+                .is_some_and(|now| Arc::ptr_eq(now, targets))
+        };
+        let writes = targets.iter().map(|target| async {
+            let home = target.home();
+            let mut done = 0;
+            while done < slab_bytes && unchanged() {
+                let length = (chunk.len() as u64).min(slab_bytes - done);
+                let data = chunk.slice(..length as usize);
+                if home
+                    .disk
+                    .write(home.base + done, data, false)
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                done += length;
+            }
+        });
+        join_all(writes).await;
+    }
+    // Failures seen are recorded as usual; neither they nor a failed flush
+    // make the log unusable (see above).
+    let _ = log.pool.persist_failures().await;
+    let _ = log.pool.flush_disks().await;
 }

@@ -18,7 +18,7 @@ use terrace_meta::{
     SpaceRole, Usage,
 };
 
-use crate::admin::{build_space, plan_space, zero_slabs, SpaceConfig, SpaceSize, Zeroing};
+use crate::admin::{build_space, plan_space, preallocate_log, SpaceConfig, SpaceSize};
 use crate::control::PoolShared;
 use crate::error::EngineError;
 use crate::journal::{
@@ -143,11 +143,17 @@ impl Pool {
         log.set_disjoint_writes();
         let parity = matches!(space.geometry().layout(), Layout::Parity { .. });
         let journal = Journal::new(space.id(), log.clone(), cache.bytes, cache.epoch, parity);
+        self.register_log(&log);
+        space.set_journal(Some(Arc::new(journal)));
+    }
+
+    /// Make a log space known to the pool (jobs find it to repair or move
+    /// it) before it serves a cache.
+    pub(crate) fn register_log(&self, log: &Arc<Space>) {
         self.logs
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(log.id(), log);
-        space.set_journal(Some(Arc::new(journal)));
+            .insert(log.id(), log.clone());
     }
 
     /// At import: replay a space's log into it, resynchronise the ranges
@@ -293,14 +299,23 @@ impl Pool {
         Ok(true)
     }
 
+    /// Give `space` a cache. The log is committed first and prepared
+    /// outside the control lock (see [`preallocate_log`]); the space's
+    /// writes go straight to its disks until the cache is attached. Should
+    /// the pool stop in between, its next import attaches the log as any
+    /// other (its old bytes never pass for records).
     async fn add_cache(&self, space: &Arc<Space>, bytes: u64) -> Result<u64, EngineError> {
-        let mut control = self.shared.control.lock().await;
-        let mut next = control.metadata.clone();
-        let (log, cache) = plan_log(&self.shared, &mut next, space.id(), bytes)?;
-        zero_slabs(&log, &log.map().extents, next.slab_bytes, Zeroing::Allocate).await?;
-        self.shared.commit(&mut control, next).await?;
-        drop(control);
-        self.attach_cache(space, Arc::new(log), &cache);
+        let (log, cache, slab_bytes) = {
+            let mut control = self.shared.control.lock().await;
+            let mut next = control.metadata.clone();
+            let (log, cache) = plan_log(&self.shared, &mut next, space.id(), bytes)?;
+            let slab_bytes = next.slab_bytes;
+            self.shared.commit(&mut control, next).await?;
+            (Arc::new(log), cache, slab_bytes)
+        };
+        self.register_log(&log);
+        preallocate_log(&log, 0, slab_bytes).await;
+        self.attach_cache(space, log, &cache);
         Ok(bytes)
     }
 
@@ -338,18 +353,28 @@ impl Pool {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let added_targets = crate::admin::targets(&self.shared, &next, &added)?;
-        zero_slabs(
-            log,
-            &added_targets,
-            geometry.slab_bytes(),
-            Zeroing::Allocate,
-        )
-        .await?;
         let record = &mut next.spaces[position];
         record.size_bytes = requested;
         record.extents.extend(added);
+        // The cache's size goes into the same commit, so that releasing
+        // unused log slabs keeps these while they are prepared.
+        if let SpaceRole::Log { owner } = record.role {
+            if let Some(cache) = next
+                .spaces
+                .iter_mut()
+                .find(|s| s.id == owner)
+                .and_then(|s| s.cache.as_mut())
+            {
+                cache.bytes = cache.bytes.max(bytes);
+            }
+        }
         self.shared.commit(&mut control, next).await?;
+        drop(control);
+        let first = log.map().extents.len();
         log.grow(requested, added_targets);
+        // The ring takes the new extents only when the caller sets the
+        // journal's size, after this.
+        preallocate_log(log, first, geometry.slab_bytes()).await;
         Ok(())
     }
 

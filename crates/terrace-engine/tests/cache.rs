@@ -1045,7 +1045,7 @@ fn a_log_beyond_its_memory_is_read_back_from_its_disks() {
 #[test]
 fn a_read_back_that_the_ring_overtakes_reads_again() {
     block_on(async {
-        let gate = Arc::new(ReadGate::default());
+        let gate = Arc::new(Gate::default());
         let (_, devices) = counted(memory_devices("overtaken"), false, Some(gate.clone()));
         let pool = journal_pool(&devices).await;
         pool.set_log_memory(0);
@@ -1094,16 +1094,94 @@ fn a_read_back_that_the_ring_overtakes_reads_again() {
     });
 }
 
-/// Holds the next read that reaches any device sharing it until released.
+/// Preparing a new log (writing its slabs with zeroes, which takes as long
+/// as the cache is large) holds up no other space of the pool: with the
+/// journal disks' zero writes held, a mirror space's first write (which
+/// commits its write intent to the pool's metadata) completes when a space
+/// gets a cache, when its cache grows and when a space is created with
+/// one; the caches work after.
+#[test]
+fn preparing_a_log_holds_up_no_other_space() {
+    block_on(async {
+        let gate = Arc::new(Gate::default());
+        let (_, devices) =
+            counted_gates(memory_devices("prepared"), false, None, Some(gate.clone()));
+        let pool = journal_pool(&devices).await;
+        let uncached = |name: &str, layout| {
+            let mut config = SpaceConfig::new(name, layout, SpaceSize::Bytes(1 << 20));
+            config.cache_bytes = Some(0);
+            config
+        };
+        let mut mirror = uncached("m", Layout::Mirror { copies: 2 });
+        mirror.size = SpaceSize::Bytes(4 << 20);
+        let mirror = pool.create_space(mirror).await.unwrap().space;
+        pool.create_space(uncached("s", Layout::Simple))
+            .await
+            .unwrap();
+        let mut model = Model::new(mirror.size_bytes());
+        let mut rng = Rng(53);
+        for round in 0..3u64 {
+            gate.arm();
+            let preparing = async {
+                if round < 2 {
+                    let bytes = (round + 1) * CACHE;
+                    assert_eq!(pool.set_cache_size("s", bytes).await.unwrap(), bytes);
+                } else {
+                    let config = cached("c", Layout::Simple, 1 << 20);
+                    pool.create_space(config).await.unwrap();
+                }
+            };
+            let writing = async {
+                for _ in 0..1000 {
+                    if gate.holding() {
+                        break;
+                    }
+                    env().sleep(100_000).await;
+                }
+                assert!(
+                    gate.holding(),
+                    "the log's slabs were not written with zeroes"
+                );
+                // A mirror extent not written before: its write commits.
+                let offset = round * (512 << 10);
+                let write = model.write_random(&mirror, &mut rng, offset, 64 << 10);
+                let waited = env().sleep(10_000_000_000);
+                futures::pin_mut!(write, waited);
+                if let futures::future::Either::Right(_) =
+                    futures::future::select(write, waited).await
+                {
+                    gate.release();
+                    panic!("the write waited for the log's preparation");
+                }
+                gate.release();
+            };
+            futures::join!(preparing, writing);
+        }
+        for (name, bytes) in [("s", 2 * CACHE), ("c", CACHE)] {
+            let space = pool.space(name).unwrap();
+            let journal = space.journal().expect("the cache is attached");
+            assert_eq!(journal.status().bytes, bytes);
+            let mut cached = Model::new(space.size_bytes());
+            cached.write_random(&space, &mut rng, 4096, 8192).await;
+            assert!(journal.status().dirty_bytes > 0, "the write was not logged");
+            check_all(&space, &cached).await;
+        }
+        check_all(&mirror, &model).await;
+        pool.close().await.unwrap();
+    });
+}
+
+/// Holds the next request it is asked about (a read, or a write of a
+/// log's zeroes) that reaches any device sharing it, until released.
 #[derive(Default)]
-struct ReadGate {
+struct Gate {
     armed: AtomicBool,
     held: AtomicBool,
     open: std::sync::Mutex<Option<futures::channel::oneshot::Sender<()>>>,
     wait: std::sync::Mutex<Option<futures::channel::oneshot::Receiver<()>>>,
 }
 
-impl ReadGate {
+impl Gate {
     fn arm(&self) {
         let (open, wait) = futures::channel::oneshot::channel();
         *self.open.lock().unwrap() = Some(open);
@@ -1121,7 +1199,7 @@ impl ReadGate {
         }
     }
 
-    /// For a read arriving: what to wait for, if it is the one to hold.
+    /// For a request arriving: what to wait for, if it is the one to hold.
     fn pass(&self) -> Option<futures::channel::oneshot::Receiver<()>> {
         if !self.armed.swap(false, Ordering::SeqCst) {
             return None;
@@ -1140,7 +1218,10 @@ struct Counting {
     /// What it answers to `cheap_fua`.
     cheap: bool,
     /// Reads pass this gate, if any.
-    gate: Option<Arc<ReadGate>>,
+    gate: Option<Arc<Gate>>,
+    /// Writes of a new log's zeroes (one slab's worth of zeroes at a
+    /// time) pass this gate, if any.
+    zero_gate: Option<Arc<Gate>>,
 }
 
 /// `devices` behind counting wrappers that answer `cheap` to `cheap_fua`
@@ -1149,7 +1230,18 @@ struct Counting {
 fn counted(
     devices: Vec<Arc<dyn BlockDevice>>,
     cheap: bool,
-    gate: Option<Arc<ReadGate>>,
+    gate: Option<Arc<Gate>>,
+) -> (Vec<Arc<Counting>>, Vec<Arc<dyn BlockDevice>>) {
+    counted_gates(devices, cheap, gate, None)
+}
+
+/// As [`counted`], the journal disks' writes of a log's zeroes passing
+/// `zero_gate`, if given.
+fn counted_gates(
+    devices: Vec<Arc<dyn BlockDevice>>,
+    cheap: bool,
+    gate: Option<Arc<Gate>>,
+    zero_gate: Option<Arc<Gate>>,
 ) -> (Vec<Arc<Counting>>, Vec<Arc<dyn BlockDevice>>) {
     let counting: Vec<Arc<Counting>> = devices
         .into_iter()
@@ -1162,6 +1254,7 @@ fn counted(
                 fua_writes: Default::default(),
                 cheap,
                 gate: gate.clone().filter(|_| i >= 6),
+                zero_gate: zero_gate.clone().filter(|_| i >= 6),
             })
         })
         .collect();
@@ -1197,7 +1290,20 @@ impl BlockDevice for Counting {
         if fua {
             self.fua_writes.fetch_add(1, Ordering::Relaxed);
         }
-        self.inner.write(offset, data, fua)
+        let zeroes = data.len() as u64 == SLAB && data.iter().all(|&byte| byte == 0);
+        let Some(wait) = self
+            .zero_gate
+            .as_ref()
+            .filter(|_| zeroes)
+            .and_then(|gate| gate.pass())
+        else {
+            return self.inner.write(offset, data, fua);
+        };
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let _ = wait.await;
+            inner.write(offset, data, fua).await
+        })
     }
     fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BoxFuture<IoResult<()>> {
         self.inner.write_zeroes(offset, length, fua)
