@@ -94,46 +94,88 @@ impl Pool {
         validate_name("space name", &config.name)?;
         self.shared.check_open()?;
         self.shared.check_writable()?;
-        let mut control = self.shared.control.lock().await;
-        let metadata = &control.metadata;
-        if metadata.space(&config.name).is_some() {
-            return Err(EngineError::SpaceExists { name: config.name });
-        }
-        let level = config
-            .fault_domain
-            .unwrap_or_else(|| default_fault_domain(metadata));
-        let allocator = Allocator::new(metadata, level, DiskRecord::takes_capacity);
-        let (record, geometry) = plan_space(
-            &config,
-            metadata,
-            allocator,
-            level,
-            self.shared.env.wall_clock_ns(),
-        )?;
-        let mut next = metadata.clone();
-        next.next_space_id += 1;
-        next.spaces.push(record.clone());
-        let cache_bytes = crate::cache::cache_size(&config, &next)?;
-        let log = match cache_bytes {
-            Some(bytes) => {
-                let mut with_log = next.clone();
-                match crate::cache::plan_log(&self.shared, &mut with_log, record.id, bytes) {
-                    Ok(log) => {
-                        next = with_log;
-                        Some(log)
-                    }
-                    // The default log is best effort: a full pool still
-                    // gets its space (without a log, which status shows).
-                    Err(_) if config.cache_bytes.is_none() => None,
-                    Err(error) => return Err(error),
-                }
+        let _changes = self.shared.changes.lock().await;
+        // Plan under the control lock and set the slabs aside; zero them
+        // outside it (on a block device without a zeroing command that
+        // runs at the drive's speed, and every commit of the pool would
+        // wait meanwhile); commit after.
+        let (next, first_new, record, geometry, log) = {
+            let control = self.shared.control.lock().await;
+            let metadata = &control.metadata;
+            if metadata.space(&config.name).is_some() {
+                return Err(EngineError::SpaceExists { name: config.name });
             }
-            None => None,
+            let level = config
+                .fault_domain
+                .unwrap_or_else(|| default_fault_domain(metadata));
+            let allocator = self
+                .shared
+                .allocator(metadata, level, |_, disk| disk.takes_capacity());
+            let (record, geometry) = plan_space(
+                &config,
+                metadata,
+                allocator,
+                level,
+                self.shared.env.wall_clock_ns(),
+            )?;
+            let mut next = metadata.clone();
+            next.next_space_id += 1;
+            next.spaces.push(record.clone());
+            let cache_bytes = crate::cache::cache_size(&config, &next)?;
+            let log = match cache_bytes {
+                Some(bytes) => {
+                    let mut with_log = next.clone();
+                    match crate::cache::plan_log(&self.shared, &mut with_log, record.id, bytes) {
+                        Ok(log) => {
+                            next = with_log;
+                            Some(log)
+                        }
+                        // The default log is best effort: a full pool still
+                        // gets its space (without a log, which status shows).
+                        Err(_) if config.cache_bytes.is_none() => None,
+                        Err(error) => return Err(error),
+                    }
+                }
+                None => None,
+            };
+            (next, metadata.spaces.len(), record, geometry, log)
         };
+        let planned = &next.spaces[first_new..];
+        let slabs = || {
+            planned
+                .iter()
+                .flat_map(|space| space.extents.iter())
+                .filter_map(|extent| extent.slabs.as_ref())
+                .flatten()
+                .copied()
+        };
+        let reservation = self.shared.reserve(slabs());
         let space = build_space(&self.shared, &next, &record)?;
         zero_slabs(&space, &space.map().extents, geometry.slab_bytes()).await?;
-        self.shared.commit(&mut control, next).await?;
-        drop(control);
+        {
+            let mut control = self.shared.control.lock().await;
+            let mut current = control.metadata.clone();
+            // A disk may have failed or changed its use meanwhile; a job
+            // planned since does not know these slabs.
+            if let Some(slab) = slabs().find(|slab| {
+                current
+                    .disks
+                    .get(usize::from(slab.disk.0))
+                    .is_none_or(|disk| disk.state != terrace_meta::DiskState::Active)
+            }) {
+                return Err(EngineError::ChangedWhilePreparing {
+                    space: config.name,
+                    disk: slab.disk.0,
+                });
+            }
+            // Only one change plans spaces at a time (`changes`), so the
+            // names and ids planned are still free; the slabs were
+            // reserved.
+            current.next_space_id = next.next_space_id;
+            current.spaces.extend(planned.iter().cloned());
+            self.shared.commit(&mut control, current).await?;
+        }
+        drop(reservation);
         let space = Arc::new(space);
         self.spaces
             .write()
@@ -157,6 +199,7 @@ impl Pool {
     pub async fn delete_space(&self, name: &str) -> Result<(), EngineError> {
         self.shared.check_open()?;
         self.shared.check_writable()?;
+        let _changes = self.shared.changes.lock().await;
         let mut control = self.shared.control.lock().await;
         let mut next = control.metadata.clone();
         let before = next.spaces.len();
@@ -393,6 +436,7 @@ impl Pool {
     pub async fn resize_space(&self, name: &str, size_bytes: u64) -> Result<u64, EngineError> {
         self.shared.check_open()?;
         self.shared.check_writable()?;
+        let _changes = self.shared.changes.lock().await;
         let space = self.space(name).ok_or_else(|| EngineError::NoSuchSpace {
             name: name.to_string(),
         })?;
@@ -419,7 +463,9 @@ impl Pool {
         }
         let geometry = *space.geometry();
         let level = next.spaces[position].fault_domain;
-        let mut allocator = Allocator::new(&next, level, DiskRecord::takes_capacity);
+        let mut allocator = self
+            .shared
+            .allocator(&next, level, |_, disk| disk.takes_capacity());
         let have = next.spaces[position].extents.len() as u64;
         let added = (have..geometry.extents_for(requested))
             .map(|_| {

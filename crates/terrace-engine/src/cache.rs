@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use terrace_layout::Layout;
 use terrace_meta::{
-    Allocator, CacheRecord, DiskRecord, DiskState, FaultDomain, PoolMetadata, SpaceId, SpaceRecord,
-    SpaceRole, Usage,
+    CacheRecord, DiskRecord, DiskState, FaultDomain, PoolMetadata, SpaceId, SpaceRecord, SpaceRole,
+    Usage,
 };
 
 use crate::admin::{build_space, plan_space, preallocate_log, SpaceConfig, SpaceSize};
@@ -104,9 +104,9 @@ pub(crate) fn plan_log(
     };
     let on_journal = journal_disks(next) >= copies as usize;
     let allocator = if on_journal {
-        Allocator::new(next, FaultDomain::Disk, is_journal_disk)
+        shared.allocator(next, FaultDomain::Disk, |_, disk| is_journal_disk(disk))
     } else {
-        Allocator::new(next, FaultDomain::Disk, DiskRecord::takes_capacity)
+        shared.allocator(next, FaultDomain::Disk, |_, disk| disk.takes_capacity())
     };
     let now = shared.env.wall_clock_ns();
     let (mut record, _) = plan_space(&config, next, allocator, FaultDomain::Disk, now)?;
@@ -223,6 +223,7 @@ impl Pool {
     pub async fn set_cache_size(&self, name: &str, bytes: u64) -> Result<u64, EngineError> {
         self.shared.check_open()?;
         self.shared.check_writable()?;
+        let _changes = self.shared.changes.lock().await;
         let bytes = check_size(bytes)?;
         let space = self.space(name).ok_or_else(|| EngineError::NoSuchSpace {
             name: name.to_string(),
@@ -339,9 +340,11 @@ impl Pool {
             })
         });
         let mut allocator = if on_journal {
-            Allocator::new(&next, FaultDomain::Disk, is_journal_disk)
+            self.shared
+                .allocator(&next, FaultDomain::Disk, |_, disk| is_journal_disk(disk))
         } else {
-            Allocator::new(&next, FaultDomain::Disk, DiskRecord::takes_capacity)
+            self.shared
+                .allocator(&next, FaultDomain::Disk, |_, disk| disk.takes_capacity())
         };
         let requested = bytes.next_multiple_of(geometry.extent_data_bytes());
         let have = next.spaces[position].extents.len() as u64;

@@ -13,13 +13,17 @@
 //! cost the pool its metadata. The commit fails only when no disk at all
 //! takes it.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use futures::future::join_all;
 use terrace_io::Env;
 use terrace_meta::store::{encode_slot, write_slot};
-use terrace_meta::{DirtyRecord, DiskIndex, DiskState, PoolMetadata, SpaceId};
+use terrace_meta::{
+    Allocator, DirtyRecord, DiskIndex, DiskRecord, DiskState, FaultDomain, PoolMetadata, SlabRef,
+    SpaceId,
+};
 
 use crate::disk::{Condition, Disk};
 use crate::error::EngineError;
@@ -49,6 +53,33 @@ pub struct PoolShared {
     /// Memory the write-back logs of the pool's spaces hold their dirty
     /// data in (see [`LogMemory`]).
     pub(crate) log_memory: LogMemory,
+    /// Slabs set aside for a change not yet committed (a new space's while
+    /// they are zeroed outside the control lock): no allocation takes
+    /// them (see [`PoolShared::reserve`]).
+    reserved: std::sync::Mutex<BTreeSet<SlabRef>>,
+    /// Serialises the changes that plan outside the control lock and
+    /// commit later (space creation, cache changes, resizes, deletion), so
+    /// that names and space ids planned stay theirs until committed.
+    pub(crate) changes: futures::lock::Mutex<()>,
+}
+
+/// Slabs reserved until dropped (see [`PoolShared::reserve`]).
+pub(crate) struct Reservation<'a> {
+    shared: &'a PoolShared,
+    slabs: Vec<SlabRef>,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        let mut reserved = self
+            .shared
+            .reserved
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for slab in &self.slabs {
+            reserved.remove(slab);
+        }
+    }
 }
 
 /// Bytes of log records whose data the write-back logs of a pool keep in
@@ -121,6 +152,40 @@ impl Drop for IntentGuard<'_> {
 }
 
 impl PoolShared {
+    /// Set `slabs` aside until the reservation drops: allocations made
+    /// meanwhile (through [`PoolShared::allocator`]) leave them alone.
+    pub(crate) fn reserve(&self, slabs: impl IntoIterator<Item = SlabRef>) -> Reservation<'_> {
+        let slabs: Vec<SlabRef> = slabs.into_iter().collect();
+        self.reserved
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(slabs.iter().copied());
+        Reservation {
+            shared: self,
+            slabs,
+        }
+    }
+
+    /// The slabs reserved now.
+    pub(crate) fn reserved_slabs(&self) -> BTreeSet<SlabRef> {
+        self.reserved
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// An allocator over `metadata`'s free slabs of the disks `eligible`
+    /// takes, reserved slabs left out. Every allocation goes through here
+    /// (or, for jobs, leaves [`PoolShared::reserved_slabs`] out itself).
+    pub(crate) fn allocator(
+        &self,
+        metadata: &PoolMetadata,
+        level: FaultDomain,
+        eligible: impl Fn(DiskIndex, &DiskRecord) -> bool,
+    ) -> Allocator {
+        Allocator::with_filter(metadata, level, eligible).exclude(&self.reserved_slabs())
+    }
+
     pub(crate) fn new(
         env: Arc<dyn Env>,
         metadata: PoolMetadata,
@@ -148,6 +213,8 @@ impl PoolShared {
             closed: AtomicBool::new(false),
             failures_persisted: AtomicU64::new(failures_observed.load(Ordering::Acquire)),
             job_runtime: crate::jobs::JobRuntime::default(),
+            reserved: Default::default(),
+            changes: Default::default(),
             failures_observed,
             log_memory: LogMemory {
                 held: AtomicU64::new(0),

@@ -1094,12 +1094,13 @@ fn a_read_back_that_the_ring_overtakes_reads_again() {
     });
 }
 
-/// Preparing a new log (writing its slabs with zeroes, which takes as long
-/// as the cache is large) holds up no other space of the pool: with the
-/// journal disks' zero writes held, a mirror space's first write (which
-/// commits its write intent to the pool's metadata) completes when a space
-/// gets a cache, when its cache grows and when a space is created with
-/// one; the caches work after.
+/// Zeroing a new space's slabs or preparing a new log (writing its slabs
+/// with zeroes, which takes as long as the cache is large) holds up no
+/// other space of the pool: with the zeroing held, a mirror space's first
+/// write to an extent (which commits its write intent to the pool's
+/// metadata) completes when a space gets a cache, when its cache grows and
+/// when a space is created with one (its own zeroing held; the space is
+/// not there until it is zeroed); the caches work after.
 #[test]
 fn preparing_a_log_holds_up_no_other_space() {
     block_on(async {
@@ -1138,10 +1139,13 @@ fn preparing_a_log_holds_up_no_other_space() {
                     }
                     env().sleep(100_000).await;
                 }
-                assert!(
-                    gate.holding(),
-                    "the log's slabs were not written with zeroes"
-                );
+                assert!(gate.holding(), "nothing was zeroed");
+                if round == 2 {
+                    assert!(
+                        pool.space("c").is_none(),
+                        "space c is there before it is zeroed"
+                    );
+                }
                 // A mirror extent not written before: its write commits.
                 let offset = round * (512 << 10);
                 let write = model.write_random(&mirror, &mut rng, offset, 64 << 10);
@@ -1219,9 +1223,11 @@ struct Counting {
     cheap: bool,
     /// Reads pass this gate, if any.
     gate: Option<Arc<Gate>>,
-    /// Writes of a new log's zeroes (one slab's worth of zeroes at a
-    /// time) pass this gate, if any.
+    /// Zeroing passes this gate, if any: a new log's writes of zeroes (a
+    /// slab's worth at a time, on journal disks) and write-zeroes.
     zero_gate: Option<Arc<Gate>>,
+    /// A journal disk (the 7th and later).
+    journal: bool,
 }
 
 /// `devices` behind counting wrappers that answer `cheap` to `cheap_fua`
@@ -1235,8 +1241,7 @@ fn counted(
     counted_gates(devices, cheap, gate, None)
 }
 
-/// As [`counted`], the journal disks' writes of a log's zeroes passing
-/// `zero_gate`, if given.
+/// As [`counted`], zeroing passing `zero_gate`, if given.
 fn counted_gates(
     devices: Vec<Arc<dyn BlockDevice>>,
     cheap: bool,
@@ -1254,7 +1259,8 @@ fn counted_gates(
                 fua_writes: Default::default(),
                 cheap,
                 gate: gate.clone().filter(|_| i >= 6),
-                zero_gate: zero_gate.clone().filter(|_| i >= 6),
+                zero_gate: zero_gate.clone(),
+                journal: i >= 6,
             })
         })
         .collect();
@@ -1290,7 +1296,8 @@ impl BlockDevice for Counting {
         if fua {
             self.fua_writes.fetch_add(1, Ordering::Relaxed);
         }
-        let zeroes = data.len() as u64 == SLAB && data.iter().all(|&byte| byte == 0);
+        let zeroes =
+            self.journal && data.len() as u64 == SLAB && data.iter().all(|&byte| byte == 0);
         let Some(wait) = self
             .zero_gate
             .as_ref()
@@ -1306,7 +1313,14 @@ impl BlockDevice for Counting {
         })
     }
     fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BoxFuture<IoResult<()>> {
-        self.inner.write_zeroes(offset, length, fua)
+        let Some(wait) = self.zero_gate.as_ref().and_then(|gate| gate.pass()) else {
+            return self.inner.write_zeroes(offset, length, fua);
+        };
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let _ = wait.await;
+            inner.write_zeroes(offset, length, fua).await
+        })
     }
     fn flush(&self) -> BoxFuture<IoResult<()>> {
         self.flushes.fetch_add(1, Ordering::Relaxed);

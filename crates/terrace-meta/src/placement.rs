@@ -99,6 +99,19 @@ impl Allocator {
         }
     }
 
+    /// Take `slabs` out of the free ones: slabs set aside for a change not
+    /// yet committed (a new space's, while they are zeroed).
+    pub fn exclude(mut self, slabs: &BTreeSet<SlabRef>) -> Allocator {
+        if !slabs.is_empty() {
+            for disk in &mut self.disks {
+                let index = disk.index;
+                disk.free
+                    .retain(|&slab| !slabs.contains(&SlabRef { disk: index, slab }));
+            }
+        }
+        self
+    }
+
     pub fn free_slabs(&self) -> u64 {
         self.disks.iter().map(|disk| disk.free.len() as u64).sum()
     }

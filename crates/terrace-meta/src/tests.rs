@@ -539,6 +539,29 @@ fn placement_skips_used_failed_and_reserved_disks() {
     assert_eq!(allocator.free_slabs(), 5 * 16 - used_on_eligible);
 }
 
+#[test]
+fn placement_leaves_excluded_slabs_alone() {
+    let pool = metadata_with_space(Layout::Simple, 2, 3);
+    let all = Allocator::new(&pool, FaultDomain::Disk, DiskRecord::takes_capacity);
+    let excluded: BTreeSet<SlabRef> = (0..4)
+        .map(|slab| SlabRef {
+            disk: DiskIndex(0),
+            slab: SlabIndex(slab),
+        })
+        .filter(|slab| !pool.used_slabs().contains(slab))
+        .collect();
+    assert!(!excluded.is_empty());
+    let mut allocator = all.clone().exclude(&excluded);
+    assert_eq!(
+        allocator.free_slabs(),
+        all.free_slabs() - excluded.len() as u64
+    );
+    let geometry = Geometry::new(Layout::Simple, 4, 4096, SLAB).unwrap();
+    while let Ok(slabs) = allocator.allocate_extent(&geometry) {
+        assert!(slabs.iter().all(|slab| !excluded.contains(slab)));
+    }
+}
+
 /// A short fuzzing run inside the suite: random bytes and mutations of
 /// valid encodings (bit flips, byte values, truncation, splicing) through
 /// the fuzz target's body. The deep run is `cargo +nightly fuzz run metadata`.

@@ -198,7 +198,7 @@ impl Pool {
         kind: JobKind,
     ) -> Result<JobRecord, EngineError> {
         check_job_disks(next, kind)?;
-        let moves = plan::plan(next, kind)?;
+        let moves = plan::plan(next, kind, &self.shared.reserved_slabs())?;
         let id = next.next_job_id;
         next.next_job_id += 1;
         let nothing_to_move = moves.is_empty();

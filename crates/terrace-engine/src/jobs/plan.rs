@@ -16,11 +16,13 @@ use terrace_meta::{
 
 use crate::error::EngineError;
 
-/// The disks that may receive a slot: hot spares, then capacity disks.
+/// The disks that may receive a slot: hot spares, then capacity disks;
+/// slabs `reserved` for a change not yet committed left out.
 fn allocators(
     metadata: &PoolMetadata,
     level: terrace_meta::FaultDomain,
     only: Option<DiskIndex>,
+    reserved: &BTreeSet<SlabRef>,
 ) -> [Allocator; 2] {
     let eligible = |wanted: Usage| {
         move |index: DiskIndex, disk: &DiskRecord| {
@@ -30,8 +32,8 @@ fn allocators(
         }
     };
     [
-        Allocator::with_filter(metadata, level, eligible(Usage::HotSpare)),
-        Allocator::with_filter(metadata, level, eligible(Usage::Auto)),
+        Allocator::with_filter(metadata, level, eligible(Usage::HotSpare)).exclude(reserved),
+        Allocator::with_filter(metadata, level, eligible(Usage::Auto)).exclude(reserved),
     ]
 }
 
@@ -106,7 +108,11 @@ fn choose_target(
 
 /// The moves of a job: every slot that the job's disk holds (or, for a
 /// resync, the dirty extents of the returning disk, in place).
-pub(crate) fn plan(metadata: &PoolMetadata, kind: JobKind) -> Result<Vec<MoveRecord>, EngineError> {
+pub(crate) fn plan(
+    metadata: &PoolMetadata,
+    kind: JobKind,
+    reserved: &BTreeSet<SlabRef>,
+) -> Result<Vec<MoveRecord>, EngineError> {
     let (source, only) = match kind {
         JobKind::Repair { disk } | JobKind::Evacuate { disk } => (disk, None),
         JobKind::Replace { old, new } => (old, Some(new)),
@@ -124,7 +130,7 @@ pub(crate) fn plan(metadata: &PoolMetadata, kind: JobKind) -> Result<Vec<MoveRec
             None => {
                 level_pools.push((
                     space.fault_domain,
-                    allocators(metadata, space.fault_domain, only),
+                    allocators(metadata, space.fault_domain, only, reserved),
                 ));
                 level_pools.len() - 1
             }
@@ -226,6 +232,7 @@ pub(crate) fn retarget(
     metadata: &PoolMetadata,
     job: &terrace_meta::JobRecord,
     index: usize,
+    reserved: &BTreeSet<SlabRef>,
 ) -> Result<SlabRef, EngineError> {
     let step = &job.moves[index];
     let only = match job.kind {
@@ -242,7 +249,7 @@ pub(crate) fn retarget(
         .slabs
         .clone()
         .unwrap_or_default();
-    let mut pools = allocators(metadata, space.fault_domain, only);
+    let mut pools = allocators(metadata, space.fault_domain, only, reserved);
     let places = ExtentPlaces::new(metadata, step.space, step.extent, &slabs, &[]);
     choose_target(
         metadata,

@@ -610,7 +610,7 @@ impl Pool {
                 state: "the returning disk failed again".into(),
             });
         }
-        let target = super::plan::retarget(&next, &old, index)?;
+        let target = super::plan::retarget(&next, &old, index, &self.shared.reserved_slabs())?;
         let step = &mut next.jobs[position].moves[index];
         step.target = target;
         step.watermark_rows = 0;
