@@ -157,12 +157,7 @@ impl Pool {
             let mut current = control.metadata.clone();
             // A disk may have failed or changed its use meanwhile; a job
             // planned since does not know these slabs.
-            if let Some(slab) = slabs().find(|slab| {
-                current
-                    .disks
-                    .get(usize::from(slab.disk.0))
-                    .is_none_or(|disk| disk.state != terrace_meta::DiskState::Active)
-            }) {
+            if let Some(slab) = slabs().find(|slab| !disk_active(&current, slab.disk)) {
                 return Err(EngineError::ChangedWhilePreparing {
                     space: config.name,
                     disk: slab.disk.0,
@@ -232,6 +227,15 @@ impl Pool {
         }
         Ok(())
     }
+}
+
+/// Whether `disk` is still active: slabs planned on it before a wait may
+/// be committed.
+fn disk_active(metadata: &PoolMetadata, disk: terrace_meta::DiskIndex) -> bool {
+    metadata
+        .disks
+        .get(usize::from(disk.0))
+        .is_some_and(|disk| disk.state == terrace_meta::DiskState::Active)
 }
 
 /// Choose columns and place every extent; nothing is written.
@@ -440,47 +444,73 @@ impl Pool {
         let space = self.space(name).ok_or_else(|| EngineError::NoSuchSpace {
             name: name.to_string(),
         })?;
+        let geometry = *space.geometry();
+        let position = |metadata: &PoolMetadata| {
+            metadata
+                .spaces
+                .iter()
+                .position(|s| s.name == name)
+                .ok_or_else(|| EngineError::NoSuchSpace {
+                    name: name.to_string(),
+                })
+        };
+        // Planned under the control lock, the new slabs reserved and zeroed
+        // outside it, committed under it (as a new space's; see
+        // `create_space`).
+        let requested = size_bytes.next_multiple_of(terrace_layout::BLOCK_BYTES);
+        let (added, added_targets) = {
+            let control = self.shared.control.lock().await;
+            let next = &control.metadata;
+            let record = &next.spaces[position(next)?];
+            let current = record.size_bytes;
+            if requested < current {
+                return Err(EngineError::ShrinkRefused {
+                    space: name.to_string(),
+                    current,
+                    requested,
+                });
+            }
+            if requested == current {
+                return Ok(current);
+            }
+            let mut allocator = self
+                .shared
+                .allocator(next, record.fault_domain, |_, disk| disk.takes_capacity());
+            let have = record.extents.len() as u64;
+            let added = (have..geometry.extents_for(requested))
+                .map(|_| {
+                    allocator
+                        .allocate_extent(&geometry)
+                        .map(|slabs| ExtentRecord { slabs: Some(slabs) })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let added_targets = targets(&self.shared, next, &added)?;
+            (added, added_targets)
+        };
+        let slabs = || {
+            added
+                .iter()
+                .filter_map(|extent| extent.slabs.as_ref())
+                .flatten()
+                .copied()
+        };
+        let reservation = self.shared.reserve(slabs());
+        zero_slabs(&space, &added_targets, geometry.slab_bytes()).await?;
         let mut control = self.shared.control.lock().await;
         let mut next = control.metadata.clone();
-        let position = next
-            .spaces
-            .iter()
-            .position(|s| s.name == name)
-            .ok_or_else(|| EngineError::NoSuchSpace {
-                name: name.to_string(),
-            })?;
-        let requested = size_bytes.next_multiple_of(terrace_layout::BLOCK_BYTES);
-        let current = next.spaces[position].size_bytes;
-        if requested < current {
-            return Err(EngineError::ShrinkRefused {
+        if let Some(slab) = slabs().find(|slab| !disk_active(&next, slab.disk)) {
+            return Err(EngineError::ChangedWhilePreparing {
                 space: name.to_string(),
-                current,
-                requested,
+                disk: slab.disk.0,
             });
         }
-        if requested == current {
-            return Ok(current);
-        }
-        let geometry = *space.geometry();
-        let level = next.spaces[position].fault_domain;
-        let mut allocator = self
-            .shared
-            .allocator(&next, level, |_, disk| disk.takes_capacity());
-        let have = next.spaces[position].extents.len() as u64;
-        let added = (have..geometry.extents_for(requested))
-            .map(|_| {
-                allocator
-                    .allocate_extent(&geometry)
-                    .map(|slabs| ExtentRecord { slabs: Some(slabs) })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let added_targets = targets(&self.shared, &next, &added)?;
-        zero_slabs(&space, &added_targets, geometry.slab_bytes()).await?;
+        let position = position(&next)?;
         let record = &mut next.spaces[position];
         record.size_bytes = requested;
         record.extents.extend(added);
         self.shared.commit(&mut control, next).await?;
         space.grow(requested, added_targets);
+        drop(reservation);
         Ok(requested)
     }
 }

@@ -1100,9 +1100,10 @@ fn a_read_back_that_the_ring_overtakes_reads_again() {
 /// write to an extent (which commits its write intent to the pool's
 /// metadata) completes when a space gets a cache, when its cache grows and
 /// when a space is created with one (its own zeroing held; the space is
-/// not there until it is zeroed); the caches work after.
+/// not there until it is zeroed) and when a space grows (not grown until
+/// zeroed); the caches and the grown space work after.
 #[test]
-fn preparing_a_log_holds_up_no_other_space() {
+fn zeroing_new_slabs_holds_up_no_other_space() {
     block_on(async {
         let gate = Arc::new(Gate::default());
         let (_, devices) =
@@ -1119,17 +1120,22 @@ fn preparing_a_log_holds_up_no_other_space() {
         pool.create_space(uncached("s", Layout::Simple))
             .await
             .unwrap();
+        pool.create_space(uncached("g", Layout::Simple))
+            .await
+            .unwrap();
         let mut model = Model::new(mirror.size_bytes());
         let mut rng = Rng(53);
-        for round in 0..3u64 {
+        for round in 0..4u64 {
             gate.arm();
             let preparing = async {
                 if round < 2 {
                     let bytes = (round + 1) * CACHE;
                     assert_eq!(pool.set_cache_size("s", bytes).await.unwrap(), bytes);
-                } else {
+                } else if round == 2 {
                     let config = cached("c", Layout::Simple, 1 << 20);
                     pool.create_space(config).await.unwrap();
+                } else {
+                    assert_eq!(pool.resize_space("g", 2 << 20).await.unwrap(), 2 << 20);
                 }
             };
             let writing = async {
@@ -1146,6 +1152,10 @@ fn preparing_a_log_holds_up_no_other_space() {
                         "space c is there before it is zeroed"
                     );
                 }
+                if round == 3 {
+                    let grown = pool.space("g").unwrap().size_bytes();
+                    assert_eq!(grown, 1 << 20, "space g grew before it was zeroed");
+                }
                 // A mirror extent not written before: its write commits.
                 let offset = round * (512 << 10);
                 let write = model.write_random(&mirror, &mut rng, offset, 64 << 10);
@@ -1155,7 +1165,7 @@ fn preparing_a_log_holds_up_no_other_space() {
                     futures::future::select(write, waited).await
                 {
                     gate.release();
-                    panic!("the write waited for the log's preparation");
+                    panic!("the write waited for the zeroing");
                 }
                 gate.release();
             };
@@ -1171,6 +1181,13 @@ fn preparing_a_log_holds_up_no_other_space() {
             check_all(&space, &cached).await;
         }
         check_all(&mirror, &model).await;
+        let grown = pool.space("g").unwrap();
+        assert_eq!(grown.size_bytes(), 2 << 20);
+        let mut model = Model::new(grown.size_bytes());
+        model
+            .write_random(&grown, &mut rng, (2 << 20) - 8192, 8192)
+            .await;
+        check_all(&grown, &model).await;
         pool.close().await.unwrap();
     });
 }
