@@ -1069,13 +1069,10 @@ fn a_read_back_that_the_ring_overtakes_reads_again() {
             assert!(read[..] == *fixed, "the read returned other data");
         };
         let writer = async {
-            for _ in 0..1000 {
-                if gate.holding() {
-                    break;
-                }
-                env().sleep(100_000).await;
-            }
-            assert!(gate.holding(), "the read did not reach the log's disks");
+            assert!(
+                gate.reached().await,
+                "the read did not reach the log's disks"
+            );
             let destaged = journal.status().destaged_bytes;
             // Three rings' worth of writes elsewhere: the region's record
             // goes home and its ring is written over.
@@ -1139,13 +1136,7 @@ fn zeroing_new_slabs_holds_up_no_other_space() {
                 }
             };
             let writing = async {
-                for _ in 0..1000 {
-                    if gate.holding() {
-                        break;
-                    }
-                    env().sleep(100_000).await;
-                }
-                assert!(gate.holding(), "nothing was zeroed");
+                assert!(gate.reached().await, "nothing was zeroed");
                 if round == 2 {
                     assert!(
                         pool.space("c").is_none(),
@@ -1212,6 +1203,17 @@ impl Gate {
 
     fn holding(&self) -> bool {
         self.held.load(Ordering::SeqCst)
+    }
+
+    /// Whether a request is held, waiting up to 100 ms for one.
+    async fn reached(&self) -> bool {
+        for _ in 0..1000 {
+            if self.holding() {
+                return true;
+            }
+            env().sleep(100_000).await;
+        }
+        self.holding()
     }
 
     fn release(&self) {
