@@ -166,7 +166,7 @@ impl Pool {
             // Only one change plans spaces at a time (`changes`), so the
             // names and ids planned are still free; the slabs were
             // reserved.
-            current.next_space_id = next.next_space_id;
+            current.next_space_id = current.next_space_id.max(next.next_space_id);
             current.spaces.extend(planned.iter().cloned());
             self.shared.commit(&mut control, current).await?;
         }
