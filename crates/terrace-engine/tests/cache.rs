@@ -1183,12 +1183,73 @@ fn zeroing_new_slabs_holds_up_no_other_space() {
     });
 }
 
+/// A disk lost while a new space's slabs are zeroed (outside the control
+/// lock) fails the creation and leaves nothing behind: no space, nothing
+/// allocated, and the pool takes a space after it. Whether the disk still
+/// had slabs to zero (the zeroing fails) or not (the commit finds the disk
+/// gone).
+#[test]
+fn a_disk_lost_while_a_space_is_zeroed_creates_nothing() {
+    a_disk_lost_while_zeroing(true);
+    a_disk_lost_while_zeroing(false);
+}
+
+fn a_disk_lost_while_zeroing(the_held_disk: bool) {
+    block_on(async {
+        let gate = Arc::new(Gate::default());
+        let (_, devices) = counted_gates(memory_devices("lost"), false, None, Some(gate.clone()));
+        let pool = journal_pool(&devices).await;
+        // Two copies over three columns: every capacity disk holds a slot
+        // of its one extent.
+        let mut config = SpaceConfig::new(
+            "x",
+            Layout::Mirror { copies: 2 },
+            SpaceSize::Bytes(3 * SLAB),
+        );
+        config.columns = Some(3);
+        config.cache_bytes = Some(0);
+        let allocated = pool.status().await.allocated_bytes;
+        gate.arm();
+        let creating = pool.create_space(config.clone());
+        let losing = async {
+            assert!(gate.reached().await, "nothing was zeroed");
+            let held = gate.held_at.lock().unwrap().clone().unwrap();
+            let lost = (0..6)
+                .find(|&i| (devices[i].name() == held) == the_held_disk)
+                .unwrap();
+            pool.disk_gone(terrace_engine::meta::DiskIndex(lost as u16), "pulled")
+                .await
+                .unwrap();
+            gate.release();
+        };
+        let (created, ()) = futures::join!(creating, losing);
+        let error = created.err().expect("the creation failed");
+        if !the_held_disk {
+            assert!(
+                error
+                    .to_string()
+                    .contains("changed state while space x was prepared"),
+                "{error}"
+            );
+        }
+        assert!(pool.space("x").is_none(), "space x exists after {error}");
+        assert_eq!(pool.status().await.allocated_bytes, allocated);
+        // The five disks left take a space as large again.
+        config.layout = Layout::Simple;
+        config.columns = None;
+        pool.create_space(config).await.unwrap();
+        pool.close().await.unwrap();
+    });
+}
+
 /// Holds the next request it is asked about (a read, or a write of a
 /// log's zeroes) that reaches any device sharing it, until released.
 #[derive(Default)]
 struct Gate {
     armed: AtomicBool,
     held: AtomicBool,
+    /// The device of the request held.
+    held_at: std::sync::Mutex<Option<String>>,
     open: std::sync::Mutex<Option<futures::channel::oneshot::Sender<()>>>,
     wait: std::sync::Mutex<Option<futures::channel::oneshot::Receiver<()>>>,
 }
@@ -1335,6 +1396,9 @@ impl BlockDevice for Counting {
         let Some(wait) = self.zero_gate.as_ref().and_then(|gate| gate.pass()) else {
             return self.inner.write_zeroes(offset, length, fua);
         };
+        if let Some(gate) = &self.zero_gate {
+            *gate.held_at.lock().unwrap() = Some(self.name().to_string());
+        }
         let inner = self.inner.clone();
         Box::pin(async move {
             let _ = wait.await;
