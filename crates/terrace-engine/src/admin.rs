@@ -7,6 +7,7 @@
 //! for lack of free slabs on enough disks, an automatic choice narrows until
 //! it fits, and the reason says so.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use futures::future::join_all;
@@ -181,7 +182,7 @@ impl Pool {
             // log is prepared, and nothing writes to it before this returns.
             let log = Arc::new(log);
             self.register_log(&log);
-            preallocate_log(&log, 0, geometry.slab_bytes()).await;
+            preallocate_log(&log, &record.name, 0, geometry.slab_bytes()).await;
             self.attach_cache(&space, log, &cache);
         }
         Ok(SpaceCreated {
@@ -226,6 +227,34 @@ impl Pool {
             space.set_journal(None);
         }
         Ok(())
+    }
+}
+
+/// The log preparation `pool status` shows, until dropped.
+struct Preparing<'a> {
+    shared: &'a PoolShared,
+}
+
+impl<'a> Preparing<'a> {
+    fn show(
+        shared: &'a PoolShared,
+        owner: &str,
+        total: u64,
+        written: &Arc<AtomicU64>,
+    ) -> Preparing<'a> {
+        *shared.preparing.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some((owner.to_string(), total, written.clone()));
+        Preparing { shared }
+    }
+}
+
+impl Drop for Preparing<'_> {
+    fn drop(&mut self) {
+        *self
+            .shared
+            .preparing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = None;
     }
 }
 
@@ -556,12 +585,21 @@ pub(crate) async fn zero_slabs(
 /// counts as usual), and an extent whose targets change meanwhile (a job
 /// moving it) is left to the job, which is checked before every write.
 /// The ring must not use these extents until this returns.
-pub(crate) async fn preallocate_log(log: &Space, first: usize, slab_bytes: u64) {
+///
+/// `pool status` shows its progress, named after the space `owner`.
+pub(crate) async fn preallocate_log(log: &Space, owner: &str, first: usize, slab_bytes: u64) {
     /// One buffer of zeroes shared by every write: large enough that a
     /// slab takes few writes, small enough to hold once.
     const CHUNK_BYTES: u64 = 1 << 20;
     let chunk = terrace_io::aligned_buffer(CHUNK_BYTES.min(slab_bytes) as usize).freeze();
     let extents = log.map().extents.clone();
+    let slabs: usize = extents
+        .iter()
+        .skip(first)
+        .map(|targets| targets.len())
+        .sum();
+    let written = Arc::new(AtomicU64::new(0));
+    let _shown = Preparing::show(&log.pool, owner, slabs as u64 * slab_bytes, &written);
     for (index, targets) in extents.iter().enumerate().skip(first) {
         let unchanged = || {
             log.map()
@@ -584,6 +622,7 @@ pub(crate) async fn preallocate_log(log: &Space, first: usize, slab_bytes: u64) 
                     return;
                 }
                 done += length;
+                written.fetch_add(length, Ordering::Relaxed);
             }
         });
         join_all(writes).await;

@@ -233,14 +233,14 @@ impl Pool {
         };
         let log = journal.log().clone();
         if bytes > log.size_bytes() {
-            self.grow_log(&log, bytes).await?;
+            self.grow_log(&log, name, bytes).await?;
         }
         self.shared
             .update_cache_record(space.id(), |cache| cache.bytes = bytes)
             .await?;
         if bytes > log.size_bytes() {
             // Log slabs were released after an earlier shrink meanwhile.
-            self.grow_log(&log, bytes).await?;
+            self.grow_log(&log, name, bytes).await?;
         }
         journal.set_size(bytes);
         Ok(bytes)
@@ -315,13 +315,13 @@ impl Pool {
             (Arc::new(log), cache, slab_bytes)
         };
         self.register_log(&log);
-        preallocate_log(&log, 0, slab_bytes).await;
+        preallocate_log(&log, space.name(), 0, slab_bytes).await;
         self.attach_cache(space, log, &cache);
         Ok(bytes)
     }
 
     /// Add extents to a log space (on the same class of disks).
-    async fn grow_log(&self, log: &Arc<Space>, bytes: u64) -> Result<(), EngineError> {
+    async fn grow_log(&self, log: &Arc<Space>, owner: &str, bytes: u64) -> Result<(), EngineError> {
         let mut control = self.shared.control.lock().await;
         let mut next = control.metadata.clone();
         let position = next
@@ -377,7 +377,7 @@ impl Pool {
         log.grow(requested, added_targets);
         // The ring takes the new extents only when the caller sets the
         // journal's size, after this.
-        preallocate_log(log, first, geometry.slab_bytes()).await;
+        preallocate_log(log, owner, first, geometry.slab_bytes()).await;
         Ok(())
     }
 

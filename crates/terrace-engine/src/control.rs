@@ -61,6 +61,9 @@ pub struct PoolShared {
     /// commit later (space creation, cache changes, resizes, deletion), so
     /// that names and space ids planned stay theirs until committed.
     pub(crate) changes: futures::lock::Mutex<()>,
+    /// The log being prepared now, if any (see `admin::preallocate_log`):
+    /// its owner's name, the bytes to write and those written.
+    pub(crate) preparing: std::sync::Mutex<Option<(String, u64, Arc<AtomicU64>)>>,
 }
 
 /// Slabs reserved until dropped (see [`PoolShared::reserve`]).
@@ -215,6 +218,7 @@ impl PoolShared {
             job_runtime: crate::jobs::JobRuntime::default(),
             reserved: Default::default(),
             changes: Default::default(),
+            preparing: Default::default(),
             failures_observed,
             log_memory: LogMemory {
                 held: AtomicU64::new(0),

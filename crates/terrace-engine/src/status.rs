@@ -142,6 +142,20 @@ pub struct PoolStatus {
     /// the most they may (see [`Pool::set_log_memory`]).
     pub log_memory_bytes: u64,
     pub log_memory_max_bytes: u64,
+    /// A write-back log being prepared (its slabs written with zeroes
+    /// before its cache takes them), if any.
+    pub preparing: Option<Preparation>,
+}
+
+/// A write-back log being prepared: for a new cache, or the new part of a
+/// grown one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preparation {
+    /// The space whose cache it is.
+    pub space: String,
+    /// Bytes to write over all its copies, and written so far.
+    pub total_bytes: u64,
+    pub done_bytes: u64,
 }
 
 impl Space {
@@ -234,6 +248,17 @@ impl Pool {
             spaces,
             log_memory_bytes: self.log_memory().0,
             log_memory_max_bytes: self.log_memory().1,
+            preparing: self
+                .shared
+                .preparing
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .map(|(space, total, done)| Preparation {
+                    space: space.clone(),
+                    total_bytes: *total,
+                    done_bytes: done.load(std::sync::atomic::Ordering::Relaxed),
+                }),
         }
     }
 

@@ -1137,6 +1137,16 @@ fn zeroing_new_slabs_holds_up_no_other_space() {
             };
             let writing = async {
                 assert!(gate.reached().await, "nothing was zeroed");
+                if round < 2 {
+                    // The log's preparation shows in the pool's status.
+                    let preparing = pool.status().await.preparing.expect("preparing");
+                    assert_eq!(preparing.space, "s");
+                    assert!(preparing.total_bytes >= CACHE, "{preparing:?}");
+                    assert!(
+                        preparing.done_bytes < preparing.total_bytes,
+                        "{preparing:?}"
+                    );
+                }
                 if round == 2 {
                     assert!(
                         pool.space("c").is_none(),
@@ -1162,6 +1172,7 @@ fn zeroing_new_slabs_holds_up_no_other_space() {
             };
             futures::join!(preparing, writing);
         }
+        assert_eq!(pool.status().await.preparing, None);
         for (name, bytes) in [("s", 2 * CACHE), ("c", CACHE)] {
             let space = pool.space(name).unwrap();
             let journal = space.journal().expect("the cache is attached");

@@ -339,6 +339,20 @@ pub struct PoolView {
     pub log_memory_bytes: u64,
     #[serde(default)]
     pub log_memory_max_bytes: u64,
+    /// A write-back log being prepared (written with zeroes before its
+    /// cache takes it), if any.
+    #[serde(default)]
+    pub preparing: Option<PreparationView>,
+}
+
+/// A write-back log being prepared, in `pool status`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PreparationView {
+    /// The space whose cache it is.
+    pub space: String,
+    /// Bytes to write over all the log's copies, and written so far.
+    pub total_bytes: u64,
+    pub done_bytes: u64,
 }
 
 /// One slot of one extent in `space show`.

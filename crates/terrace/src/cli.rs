@@ -469,6 +469,50 @@ pub fn job_request(command: &JobCommand) -> Request {
     }
 }
 
+/// [`call`]; while it creates or grows a space's write-back cache, the
+/// log's preparation (written with zeroes, as long as the cache is large)
+/// is drawn on standard error when that is a terminal.
+pub async fn call_showing_preparation(
+    control: &PathBuf,
+    request: &Request,
+) -> Result<serde_json::Value, CliError> {
+    use std::io::IsTerminal;
+    let pool = match request {
+        Request::SpaceCreate(create) if create.cache_bytes != Some(0) => {
+            Some(Some(create.pool.clone()))
+        }
+        Request::SpaceCache { pool, .. } => Some(pool.clone()),
+        _ => None,
+    };
+    let Some(pool) = pool.filter(|_| std::io::stderr().is_terminal()) else {
+        return call(control, request).await;
+    };
+    let status = Request::PoolStatus { name: pool };
+    let answer = call(control, request);
+    tokio::pin!(answer);
+    let mut shown = false;
+    loop {
+        tokio::select! {
+            result = &mut answer => {
+                if shown {
+                    eprintln!();
+                }
+                return result;
+            }
+            () = tokio::time::sleep(std::time::Duration::from_millis(500)) => {
+                let pools = call(control, &status).await.and_then(parse::<Vec<PoolView>>);
+                let preparing = pools.ok().and_then(|pools| {
+                    pools.into_iter().find_map(|pool| pool.preparing)
+                });
+                if let Some(preparing) = preparing {
+                    eprint!("\r{}", render::preparation_line(&preparing));
+                    shown = true;
+                }
+            }
+        }
+    }
+}
+
 /// Poll a job until it ends, drawing its progress on standard error.
 pub async fn wait_for_job(
     control: &PathBuf,

@@ -202,7 +202,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Job(command) => cli::job_request(&command),
     };
-    let result = runtime()?.block_on(cli::call(&control, &request))?;
+    let result = runtime()?.block_on(cli::call_showing_preparation(&control, &request))?;
     if cli.json {
         println!(
             "{}",

@@ -52,7 +52,7 @@ fn columns(space: &SpaceView) -> String {
 pub fn pool_status(pool: &PoolView) -> String {
     let summary = &pool.summary;
     let mut out = format!(
-        "  pool: {}\n    id: {}\n state: {}\nstatus: {}\n  size: {} raw capacity, {} allocated, slab {}\n  logs: {} of {} log memory held\n\ndisks:\n",
+        "  pool: {}\n    id: {}\n state: {}\nstatus: {}\n  size: {} raw capacity, {} allocated, slab {}\n  logs: {} of {} log memory held\n",
         summary.name,
         summary.id,
         summary.state,
@@ -63,6 +63,11 @@ pub fn pool_status(pool: &PoolView) -> String {
         format_size(pool.log_memory_bytes),
         format_size(pool.log_memory_max_bytes),
     );
+    if let Some(preparing) = &pool.preparing {
+        out.push_str(&preparation_line(preparing));
+        out.push('\n');
+    }
+    out.push_str("\ndisks:\n");
     let mut disks = table(&[
         "#", "DEVICE", "STATE", "MEDIA", "USAGE", "SIZE", "USED", "DOMAIN", "NOTE",
     ]);
@@ -390,4 +395,33 @@ pub fn space_detail(detail: &SpaceDetail) -> String {
     out.push_str(&indent(&table.to_string()));
     out.push('\n');
     out
+}
+
+/// `prep: the write-back log of space s, 1.2G of 8G written (15%)`.
+pub fn preparation_line(preparing: &crate::api::PreparationView) -> String {
+    let percent = preparing.done_bytes * 100 / preparing.total_bytes.max(1);
+    format!(
+        "  prep: the write-back log of space {}, {} of {} written ({percent}%)",
+        preparing.space,
+        format_size(preparing.done_bytes),
+        format_size(preparing.total_bytes),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_log_being_prepared_shows_what_is_written() {
+        let line = preparation_line(&crate::api::PreparationView {
+            space: "vm".into(),
+            total_bytes: 8 << 30,
+            done_bytes: 2 << 30,
+        });
+        assert_eq!(
+            line,
+            "  prep: the write-back log of space vm, 2G of 8G written (25%)"
+        );
+    }
 }

@@ -218,6 +218,14 @@ pub fn pool_view(
         spaces,
         log_memory_bytes: status.log_memory_bytes,
         log_memory_max_bytes: status.log_memory_max_bytes,
+        preparing: status
+            .preparing
+            .as_ref()
+            .map(|preparing| crate::api::PreparationView {
+                space: preparing.space.clone(),
+                total_bytes: preparing.total_bytes,
+                done_bytes: preparing.done_bytes,
+            }),
     }
 }
 
