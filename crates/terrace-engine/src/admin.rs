@@ -142,28 +142,15 @@ impl Pool {
             (next, metadata.spaces.len(), record, geometry, log)
         };
         let planned = &next.spaces[first_new..];
-        let slabs = || {
-            planned
-                .iter()
-                .flat_map(|space| space.extents.iter())
-                .filter_map(|extent| extent.slabs.as_ref())
-                .flatten()
-                .copied()
-        };
+        let slabs =
+            || ExtentRecord::slabs_of(planned.iter().flat_map(|space| space.extents.iter()));
         let reservation = self.shared.reserve(slabs());
         let space = build_space(&self.shared, &next, &record)?;
         zero_slabs(&space, &space.map().extents, geometry.slab_bytes()).await?;
         {
             let mut control = self.shared.control.lock().await;
             let mut current = control.metadata.clone();
-            // A disk may have failed or changed its use meanwhile; a job
-            // planned since does not know these slabs.
-            if let Some(slab) = slabs().find(|slab| !disk_active(&current, slab.disk)) {
-                return Err(EngineError::ChangedWhilePreparing {
-                    space: config.name,
-                    disk: slab.disk.0,
-                });
-            }
+            disks_still_active(&current, slabs(), &config.name)?;
             // Only one change plans spaces at a time (`changes`), so the
             // names and ids planned are still free; the slabs were
             // reserved.
@@ -258,13 +245,27 @@ impl Drop for Preparing<'_> {
     }
 }
 
-/// Whether `disk` is still active: slabs planned on it before a wait may
-/// be committed.
-fn disk_active(metadata: &PoolMetadata, disk: terrace_meta::DiskIndex) -> bool {
-    metadata
-        .disks
-        .get(usize::from(disk.0))
-        .is_some_and(|disk| disk.state == terrace_meta::DiskState::Active)
+/// Slabs planned for `space` before a wait may be committed only if
+/// their disks are still active: one may have failed or changed its use
+/// meanwhile, and a job planned since does not know these slabs.
+fn disks_still_active(
+    metadata: &PoolMetadata,
+    mut slabs: impl Iterator<Item = SlabRef>,
+    space: &str,
+) -> Result<(), EngineError> {
+    let active = |slab: &SlabRef| {
+        metadata
+            .disks
+            .get(usize::from(slab.disk.0))
+            .is_some_and(|disk| disk.state == terrace_meta::DiskState::Active)
+    };
+    match slabs.find(|slab| !active(slab)) {
+        Some(slab) => Err(EngineError::ChangedWhilePreparing {
+            space: space.to_string(),
+            disk: slab.disk.0,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Choose columns and place every extent; nothing is written.
@@ -516,23 +517,11 @@ impl Pool {
             let added_targets = targets(&self.shared, next, &added)?;
             (added, added_targets)
         };
-        let slabs = || {
-            added
-                .iter()
-                .filter_map(|extent| extent.slabs.as_ref())
-                .flatten()
-                .copied()
-        };
-        let reservation = self.shared.reserve(slabs());
+        let reservation = self.shared.reserve(ExtentRecord::slabs_of(&added));
         zero_slabs(&space, &added_targets, geometry.slab_bytes()).await?;
         let mut control = self.shared.control.lock().await;
         let mut next = control.metadata.clone();
-        if let Some(slab) = slabs().find(|slab| !disk_active(&next, slab.disk)) {
-            return Err(EngineError::ChangedWhilePreparing {
-                space: name.to_string(),
-                disk: slab.disk.0,
-            });
-        }
+        disks_still_active(&next, ExtentRecord::slabs_of(&added), name)?;
         let position = position(&next)?;
         let record = &mut next.spaces[position];
         record.size_bytes = requested;

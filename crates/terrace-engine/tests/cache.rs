@@ -133,11 +133,16 @@ fn crash_devices(name: &str) -> (Vec<Arc<CrashDevice>>, Vec<Arc<dyn BlockDevice>
             Arc::new(CrashDevice::new(memory))
         })
         .collect();
-    let devices = crash
-        .iter()
-        .map(|c| c.clone() as Arc<dyn BlockDevice>)
-        .collect();
+    let devices = as_devices(&crash);
     (crash, devices)
+}
+
+/// The same devices as plain block devices.
+fn as_devices<T: BlockDevice + 'static>(devices: &[Arc<T>]) -> Vec<Arc<dyn BlockDevice>> {
+    devices
+        .iter()
+        .map(|device| device.clone() as Arc<dyn BlockDevice>)
+        .collect()
 }
 
 /// Cut the power (writes not yet flushed dropped or torn, as `seed` says)
@@ -712,10 +717,7 @@ fn a_stream_of_whole_rows_finds_its_next_dirty_range_logged() {
                 Arc::new(CrashDevice::new(memory))
             })
             .collect();
-        let devices: Vec<Arc<dyn BlockDevice>> = crash
-            .iter()
-            .map(|c| c.clone() as Arc<dyn BlockDevice>)
-            .collect();
+        let devices = as_devices(&crash);
         let env = Arc::new(StillClock(terrace_engine::io::env::SystemEnv::new()));
         let pool = Pool::create(env, small_config("tank"), journal_pool_disks(&devices))
             .await
@@ -1355,10 +1357,7 @@ fn counted_gates(
             })
         })
         .collect();
-    let plain = counting
-        .iter()
-        .map(|c| c.clone() as Arc<dyn BlockDevice>)
-        .collect();
+    let plain = as_devices(&counting);
     (counting, plain)
 }
 

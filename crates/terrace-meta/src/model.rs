@@ -102,6 +102,21 @@ pub struct ExtentRecord {
     pub slabs: Option<Vec<SlabRef>>,
 }
 
+impl ExtentRecord {
+    /// The slabs of `extents` (none for an unallocated one).
+    pub fn slabs_of<'a, I>(extents: I) -> impl Iterator<Item = SlabRef> + 'a
+    where
+        I: IntoIterator<Item = &'a ExtentRecord>,
+        I::IntoIter: 'a,
+    {
+        extents
+            .into_iter()
+            .filter_map(|extent| extent.slabs.as_ref())
+            .flatten()
+            .copied()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SpaceRecord {
     pub id: SpaceId,
@@ -305,13 +320,8 @@ impl PoolMetadata {
     /// Every slab referenced by any extent, or reserved as the target of an
     /// active job's move.
     pub fn used_slabs(&self) -> BTreeSet<SlabRef> {
-        let in_extents = self
-            .spaces
-            .iter()
-            .flat_map(|space| space.extents.iter())
-            .filter_map(|extent| extent.slabs.as_ref())
-            .flatten()
-            .copied();
+        let in_extents =
+            ExtentRecord::slabs_of(self.spaces.iter().flat_map(|space| space.extents.iter()));
         let reserved = self
             .jobs
             .iter()
