@@ -47,8 +47,9 @@ fn journal_disks(metadata: &PoolMetadata) -> usize {
     metadata.disks.iter().filter(|d| is_journal_disk(d)).count()
 }
 
-/// The cache size a new space gets: as asked, or the default.
-pub(crate) fn cache_size(
+/// The cache size a new space gets in a pool with `metadata`: as asked, or
+/// the default (`None`: no cache).
+pub fn cache_size(
     config: &SpaceConfig,
     metadata: &PoolMetadata,
 ) -> Result<Option<u64>, EngineError> {

@@ -608,9 +608,6 @@ fn cache_fits_memory(bytes: u64, others: u64, memory: u64) -> Result<(), String>
 async fn space_create(registry: &Registry, create: SpaceCreate) -> Answer {
     check_cache_size(create.cache_bytes)?;
     let _admin = registry.admin.lock().await;
-    if let Some(bytes) = create.cache_bytes {
-        caches_fit_memory(registry, bytes, None)?;
-    }
     let layout = parse_layout(&create)?;
     let entry = find_pool(registry, &create.pool)?;
     let size = create.size_bytes.map_or(SpaceSize::Max, SpaceSize::Bytes);
@@ -618,6 +615,21 @@ async fn space_create(registry: &Registry, create: SpaceCreate) -> Answer {
     config.columns = create.columns;
     config.interleave_bytes = create.interleave_bytes;
     config.cache_bytes = create.cache_bytes;
+    // The cache the space will get, asked for or the pool's default for
+    // its layout, counts against the daemon's memory either way.
+    let metadata = entry.pool.metadata().await;
+    if let Ok(Some(bytes)) = terrace_engine::cache::cache_size(&config, &metadata) {
+        caches_fit_memory(registry, bytes, None).map_err(|(kind, message)| {
+            if create.cache_bytes.is_none() {
+                (
+                    kind,
+                    format!("{message} (the default for this space; give --cache 0 for none)"),
+                )
+            } else {
+                (kind, message)
+            }
+        })?;
+    }
     config.fault_domain = create
         .fault_domain
         .as_deref()
