@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use futures::future::join_all;
+use terrace_io::BlockDevice;
 use terrace_layout::{choose_columns, ColumnChoice, Geometry, Layout, INTERLEAVE_DEFAULT_BYTES};
 use terrace_meta::{
     Allocator, DiskRecord, ExtentRecord, FaultDomain, PlacementError, PoolMetadata, Provisioning,
@@ -567,6 +568,9 @@ pub(crate) async fn zero_slabs(
 /// (minutes for 100 GiB), and under the control lock it held up every
 /// commit of the pool meanwhile: the first write of another space to an
 /// extent (its write intent), jobs' watermarks, other logs' checkpoints.
+/// Only slabs on disks whose first writes allocate are written (see
+/// `BlockDevice::allocates_on_first_write`): on a block device the ring's
+/// first lap costs what every later one does, so its log is ready at once.
 ///
 /// A log is correct without it: its records carry the log's epoch and a
 /// checksum, so a slab's old bytes never pass for records. So nothing here
@@ -582,11 +586,21 @@ pub(crate) async fn preallocate_log(log: &Space, owner: &str, first: usize, slab
     const CHUNK_BYTES: u64 = 1 << 20;
     let chunk = terrace_io::aligned_buffer(CHUNK_BYTES.min(slab_bytes) as usize).freeze();
     let extents = log.map().extents.clone();
+    let allocating = |target: &&Target| {
+        target
+            .home()
+            .disk
+            .device()
+            .is_some_and(|device| device.allocates_on_first_write())
+    };
     let slabs: usize = extents
         .iter()
         .skip(first)
-        .map(|targets| targets.len())
+        .map(|targets| targets.iter().filter(allocating).count())
         .sum();
+    if slabs == 0 {
+        return;
+    }
     let written = Arc::new(AtomicU64::new(0));
     let _shown = Preparing::show(&log.pool, owner, slabs as u64 * slab_bytes, &written);
     for (index, targets) in extents.iter().enumerate().skip(first) {
@@ -596,7 +610,7 @@ pub(crate) async fn preallocate_log(log: &Space, owner: &str, first: usize, slab
                 .get(index)
                 .is_some_and(|now| Arc::ptr_eq(now, targets))
         };
-        let writes = targets.iter().map(|target| async {
+        let writes = targets.iter().filter(allocating).map(|target| async {
             let home = target.home();
             let mut done = 0;
             while done < slab_bytes && unchanged() {

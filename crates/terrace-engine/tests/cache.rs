@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -17,7 +18,7 @@ use terrace_engine::io::fault::{FaultControls, FaultDevice};
 use terrace_engine::io::memory::MemoryDevice;
 use terrace_engine::io::{BlockDevice, BoxFuture, Bytes, BytesMut, IoResult};
 use terrace_engine::layout::Layout;
-use terrace_engine::meta::Usage;
+use terrace_engine::meta::{ExtentRecord, SlabRef, Usage};
 use terrace_engine::{verify_space, ImportOptions, NewDisk, Pool, SpaceConfig, SpaceSize};
 
 const CAPACITY_BYTES: u64 = 8 << 20;
@@ -1201,6 +1202,69 @@ fn zeroing_new_slabs_holds_up_no_other_space() {
 /// allocated, and the pool takes a space after it. Whether the disk still
 /// had slabs to zero (the zeroing fails) or not (the commit finds the disk
 /// gone).
+/// A new log's slabs are written ahead with zeroes, every copy of every
+/// slab, only where the disks' first writes allocate (files); elsewhere
+/// (block devices) the ring starts at once on whatever the slabs held,
+/// here an earlier log's records. Either way the new log's writes, and
+/// nothing of the earlier log's, read back before and after a power cut.
+#[test]
+fn a_log_is_written_ahead_only_where_first_writes_allocate() {
+    for allocates in [true, false] {
+        block_on(async {
+            let (crash, plain) = crash_devices(&format!("ahead-{allocates}"));
+            let (counting, devices) = counted_allocating(plain, allocates);
+            let zeroed = || {
+                counting
+                    .iter()
+                    .map(|c| c.zeroed_slabs.swap(0, Ordering::Relaxed))
+                    .sum::<u64>()
+            };
+            // Single parity: two copies of each log.
+            let expected = if allocates { 2 * CACHE / SLAB } else { 0 };
+            let layout = Layout::Parity { redundancy: 1 };
+            let mut rng = Rng(71);
+            let mut model;
+            {
+                let pool = journal_pool(&devices).await;
+                // An earlier log, full of records, then dropped with its
+                // space.
+                let earlier = cached_space(&pool, "earlier", layout).await;
+                assert_eq!(zeroed(), expected, "the earlier log written ahead");
+                let mut ignored = Model::new(earlier.size_bytes());
+                write_randomly(&earlier, &mut ignored, &mut rng, 120).await;
+                let earlier_slabs = log_slabs(&pool).await;
+                drop(earlier);
+                pool.delete_space("earlier").await.unwrap();
+                let space = cached_space(&pool, "later", layout).await;
+                assert_eq!(zeroed(), expected, "the later log written ahead");
+                assert!(
+                    !earlier_slabs.is_disjoint(&log_slabs(&pool).await),
+                    "the later log does not reuse the earlier one's slabs"
+                );
+                model = Model::new(space.size_bytes());
+                write_randomly(&space, &mut model, &mut rng, 60).await;
+                assert!(space.journal().unwrap().status().dirty_bytes > 0);
+                check_all(&space, &model).await;
+            }
+            let pool = cut_and_import(&crash, &devices, 72).await;
+            let space = pool.space("later").unwrap();
+            check_all(&space, &model).await;
+            assert_consistent(&space, 72).await;
+            pool.close().await.unwrap();
+        });
+    }
+}
+
+/// The slabs of the pool's logs.
+async fn log_slabs(pool: &Pool) -> BTreeSet<SlabRef> {
+    let metadata = pool.metadata().await;
+    let logs = metadata
+        .spaces
+        .iter()
+        .filter(|space| space.name.starts_with(".log-"));
+    ExtentRecord::slabs_of(logs.flat_map(|space| space.extents.iter())).collect()
+}
+
 #[test]
 fn a_disk_lost_while_a_space_is_zeroed_creates_nothing() {
     a_disk_lost_while_zeroing(true);
@@ -1321,6 +1385,11 @@ struct Counting {
     zero_gate: Option<Arc<Gate>>,
     /// A journal disk (the 7th and later).
     journal: bool,
+    /// What it answers to `allocates_on_first_write`.
+    allocates: bool,
+    /// Slabs written whole with zeroes on a journal disk: a new log's
+    /// slabs written ahead.
+    zeroed_slabs: AtomicU64,
 }
 
 /// `devices` behind counting wrappers that answer `cheap` to `cheap_fua`
@@ -1341,6 +1410,25 @@ fn counted_gates(
     gate: Option<Arc<Gate>>,
     zero_gate: Option<Arc<Gate>>,
 ) -> (Vec<Arc<Counting>>, Vec<Arc<dyn BlockDevice>>) {
+    counting(devices, cheap, gate, zero_gate, true)
+}
+
+/// As [`counted`], answering `allocates` to `allocates_on_first_write`
+/// (the others answer yes, as files do).
+fn counted_allocating(
+    devices: Vec<Arc<dyn BlockDevice>>,
+    allocates: bool,
+) -> (Vec<Arc<Counting>>, Vec<Arc<dyn BlockDevice>>) {
+    counting(devices, false, None, None, allocates)
+}
+
+fn counting(
+    devices: Vec<Arc<dyn BlockDevice>>,
+    cheap: bool,
+    gate: Option<Arc<Gate>>,
+    zero_gate: Option<Arc<Gate>>,
+    allocates: bool,
+) -> (Vec<Arc<Counting>>, Vec<Arc<dyn BlockDevice>>) {
     let counting: Vec<Arc<Counting>> = devices
         .into_iter()
         .enumerate()
@@ -1354,6 +1442,8 @@ fn counted_gates(
                 gate: gate.clone().filter(|_| i >= 6),
                 zero_gate: zero_gate.clone(),
                 journal: i >= 6,
+                allocates,
+                zeroed_slabs: Default::default(),
             })
         })
         .collect();
@@ -1388,6 +1478,9 @@ impl BlockDevice for Counting {
         }
         let zeroes =
             self.journal && data.len() as u64 == SLAB && data.iter().all(|&byte| byte == 0);
+        if zeroes {
+            self.zeroed_slabs.fetch_add(1, Ordering::Relaxed);
+        }
         let Some(wait) = self
             .zero_gate
             .as_ref()
@@ -1421,6 +1514,9 @@ impl BlockDevice for Counting {
     }
     fn cheap_fua(&self) -> bool {
         self.cheap
+    }
+    fn allocates_on_first_write(&self) -> bool {
+        self.allocates
     }
 }
 

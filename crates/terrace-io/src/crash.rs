@@ -330,6 +330,10 @@ impl BlockDevice for CrashDevice {
         self.inner.cheap_fua()
     }
 
+    fn allocates_on_first_write(&self) -> bool {
+        self.inner.allocates_on_first_write()
+    }
+
     fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
         self.inner.read(offset, buf)
     }

@@ -89,6 +89,10 @@ impl BlockDevice for DelayDevice {
         self.inner.cheap_fua()
     }
 
+    fn allocates_on_first_write(&self) -> bool {
+        self.inner.allocates_on_first_write()
+    }
+
     fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
         let inner = Arc::clone(&self.inner);
         delayed(self.wait(self.policy.read_ns), move || {

@@ -190,6 +190,10 @@ impl BlockDevice for FaultDevice {
         self.inner.cheap_fua()
     }
 
+    fn allocates_on_first_write(&self) -> bool {
+        self.inner.allocates_on_first_write()
+    }
+
     fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
         match self.verdict(Operation::Read, offset, buf.len() as u64) {
             Some(error) => Box::pin(future::ready((buf, Err(error)))),

@@ -133,6 +133,9 @@ struct DeviceIo {
     /// FUA costs nothing here (see [`BlockDevice::cheap_fua`]): a block
     /// device with a write-through cache, or a file in memory.
     cheap_fua: bool,
+    /// See [`BlockDevice::allocates_on_first_write`]: a regular file, or a
+    /// loop device (a file behind it).
+    allocates: bool,
 }
 
 impl FileDevice {
@@ -166,6 +169,7 @@ impl FileDevice {
         };
         let file = Arc::new(file);
         let memory_backed = sys::is_memory_backed(&file);
+        let allocates = !block_device || sys::is_loop_over_file(&file);
         let cheap_fua = if block_device {
             sys::write_through_cache(&file)
         } else {
@@ -188,6 +192,7 @@ impl FileDevice {
             inline: (engine == Engine::Inline).then_some(file),
             fallocate_unsupported: AtomicBool::new(false),
             cheap_fua,
+            allocates,
         });
         Ok(FileDevice {
             io,
@@ -551,6 +556,13 @@ impl BlockDevice for FileDevice {
 
     fn cheap_fua(&self) -> bool {
         self.io.cheap_fua
+    }
+
+    /// A regular file: its blocks (or its pages, in memory) are allocated
+    /// by the first write to them; so are those of a loop device's file. A
+    /// block device's are all there.
+    fn allocates_on_first_write(&self) -> bool {
+        self.io.allocates
     }
 
     fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {

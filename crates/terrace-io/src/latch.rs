@@ -82,6 +82,10 @@ impl BlockDevice for LatchedDevice {
         self.inner.cheap_fua()
     }
 
+    fn allocates_on_first_write(&self) -> bool {
+        self.inner.allocates_on_first_write()
+    }
+
     fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
         if let Some(error) = self.refuse() {
             return Box::pin(futures::future::ready((buf, Err(error))));

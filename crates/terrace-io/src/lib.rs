@@ -175,6 +175,15 @@ pub trait BlockDevice: Send + Sync + 'static {
     fn cheap_fua(&self) -> bool {
         false
     }
+    /// Whether the first write to a range costs more than the writes after
+    /// it, because that is when the storage behind it is allocated: a
+    /// regular file (sparse, or with unwritten extents), not a block device
+    /// or memory. A writer that will rewrite a range many times (a log's
+    /// ring) writes it once ahead where this holds, and skips that where it
+    /// does not. Wrappers forward their inner device's answer.
+    fn allocates_on_first_write(&self) -> bool {
+        false
+    }
 }
 
 /// Check that `[offset, offset + length)` fits a device of `size_bytes`.

@@ -859,6 +859,12 @@ impl BlockDevice for ModelDevice {
         }
     }
 
+    /// The backing file's answer: allocating it is a cost the model does
+    /// not hide.
+    fn allocates_on_first_write(&self) -> bool {
+        self.inner.allocates_on_first_write()
+    }
+
     fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
         let inner = Arc::clone(&self.inner);
         let length = buf.len() as u64;

@@ -10,7 +10,7 @@ use terrace_engine::io::{BlockDevice, Env};
 use terrace_engine::meta::format::{data_offset, METADATA_SLOT_MIN_BYTES};
 
 use crate::random::Random;
-use crate::world::{SimDisk, SimEnv, World};
+use crate::world::{DiskTraits, SimDisk, SimEnv, World};
 
 /// Slab size of simulated pools: small, so a few MiB hold many extents.
 pub const SLAB_BYTES: u64 = 64 << 10;
@@ -27,20 +27,19 @@ impl SimDisks {
     /// `count` disks with room for `slabs_per_disk` slabs each (and the
     /// smallest metadata slots).
     pub fn new(world: Arc<World>, count: usize, slabs_per_disk: u64) -> SimDisks {
-        Self::with_journals(world, count, slabs_per_disk, 0, 0, false)
+        Self::with_journals(world, count, slabs_per_disk, 0, 0, DiskTraits::default())
     }
 
     /// As [`SimDisks::new`], plus `journals` disks of `journal_slabs` slabs
     /// each at the end (the caller pools them with usage journal). Every
-    /// disk says FUA is cheap on it if `cheap_fua` (see
-    /// [`BlockDevice::cheap_fua`]).
+    /// disk answers as `traits` says.
     pub fn with_journals(
         world: Arc<World>,
         count: usize,
         slabs_per_disk: u64,
         journals: usize,
         journal_slabs: u64,
-        cheap_fua: bool,
+        traits: DiskTraits,
     ) -> SimDisks {
         let mut crash = Vec::new();
         let mut faults = Vec::new();
@@ -54,7 +53,7 @@ impl SimDisks {
             let size = data_offset(METADATA_SLOT_MIN_BYTES) + slabs * SLAB_BYTES;
             let memory = Arc::new(MemoryDevice::new(format!("sim:{index}"), size));
             let crashing = Arc::new(CrashDevice::new(memory));
-            let gated = Arc::new(SimDisk::new(world.clone(), crashing.clone(), cheap_fua));
+            let gated = Arc::new(SimDisk::new(world.clone(), crashing.clone(), traits));
             let fault = FaultDevice::new(gated);
             faults.push(fault.controls());
             crash.push(crashing);

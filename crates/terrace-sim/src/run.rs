@@ -30,7 +30,7 @@ use crate::disks::{SimDisks, SLAB_BYTES};
 use crate::executor::{Executor, Stop};
 use crate::model::{Model, BLOCK_BYTES};
 use crate::random::Random;
-use crate::world::World;
+use crate::world::{DiskTraits, World};
 
 /// The shape of one run, all drawn from the seed.
 #[derive(Debug, Clone)]
@@ -57,6 +57,10 @@ pub struct Plan {
     /// The disks say FUA is cheap on them, so the log writes every record
     /// with FUA instead of flushing behind them.
     pub cheap_fua: bool,
+    /// The disks say their first writes allocate (as files do), so a new
+    /// log's slabs are written ahead; otherwise its ring starts on
+    /// whatever the slabs held.
+    pub allocates: bool,
     /// The pool's log memory, if it is small enough that the log keeps
     /// records only on its disks (destaging and reads read them back).
     pub log_memory: Option<u64>,
@@ -108,6 +112,7 @@ impl Plan {
                 .then(|| (1 << 20) << random.below(2)),
             gather: random.chance(1, 2),
             cheap_fua: random.chance(1, 2),
+            allocates: random.chance(1, 2),
             log_memory: random.chance(1, 2).then(|| random.below(3) * (64 << 10)),
         }
     }
@@ -154,7 +159,10 @@ pub fn run(seed: u64) -> Result<Report, String> {
         plan.slabs_per_disk,
         journals,
         JOURNAL_SLABS,
-        plan.cheap_fua,
+        DiskTraits {
+            cheap_fua: plan.cheap_fua,
+            allocates: plan.allocates,
+        },
     );
     let (pool, space) = setup(&sim, &plan, random.clone()).map_err(|e| format!("{plan:?}: {e}"))?;
     let mut run = Run {

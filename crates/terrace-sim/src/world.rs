@@ -159,22 +159,31 @@ impl Env for SimEnv {
     }
 }
 
+/// What a simulated disk says of itself. A run chooses, so that the
+/// engine's choices on both answers are checked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DiskTraits {
+    /// Its answer to [`BlockDevice::cheap_fua`]: logs write every record
+    /// with FUA, or flush behind records.
+    pub cheap_fua: bool,
+    /// Its answer to [`BlockDevice::allocates_on_first_write`]: a new log's
+    /// slabs are written ahead, or the ring starts on their old bytes.
+    pub allocates: bool,
+}
+
 /// A disk whose every operation waits for the world before it happens.
 pub struct SimDisk {
     world: Arc<World>,
     inner: Arc<dyn BlockDevice>,
-    /// What it answers to [`BlockDevice::cheap_fua`]: a run chooses, so
-    /// that logs are checked writing every record with FUA and flushing
-    /// behind records alike.
-    cheap_fua: bool,
+    traits: DiskTraits,
 }
 
 impl SimDisk {
-    pub fn new(world: Arc<World>, inner: Arc<dyn BlockDevice>, cheap_fua: bool) -> SimDisk {
+    pub fn new(world: Arc<World>, inner: Arc<dyn BlockDevice>, traits: DiskTraits) -> SimDisk {
         SimDisk {
             world,
             inner,
-            cheap_fua,
+            traits,
         }
     }
 }
@@ -190,7 +199,10 @@ impl BlockDevice for SimDisk {
         self.inner.alignment()
     }
     fn cheap_fua(&self) -> bool {
-        self.cheap_fua
+        self.traits.cheap_fua
+    }
+    fn allocates_on_first_write(&self) -> bool {
+        self.traits.allocates
     }
     fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
         let gate = self.world.gate(None);

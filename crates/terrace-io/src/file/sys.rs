@@ -184,18 +184,23 @@ pub fn direct_io_offset_align(file: &File) -> Option<u64> {
 /// (`queue/write_cache` in sysfs; a partition asks its disk): then FUA and
 /// flushes cost it nothing. `false` where it says write-back or cannot say.
 pub fn write_through_cache(file: &File) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(metadata) = file.metadata() else {
-        return false;
-    };
-    let rdev = metadata.rdev();
-    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
     ["queue/write_cache", "../queue/write_cache"]
         .iter()
-        .find_map(|tail| {
-            std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/{tail}")).ok()
-        })
+        .find_map(|tail| block_sysfs(file, tail))
         .is_some_and(|text| text.trim() == "write through")
+}
+
+/// Whether a block device is a loop device with a file behind it.
+pub fn is_loop_over_file(file: &File) -> bool {
+    block_sysfs(file, "loop/backing_file").is_some_and(|path| !path.trim().is_empty())
+}
+
+/// A block device's sysfs attribute `tail` (under `/sys/dev/block/M:m`).
+fn block_sysfs(file: &File, tail: &str) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let rdev = file.metadata().ok()?.rdev();
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/{tail}")).ok()
 }
 
 /// Whether the file lives in memory (tmpfs or ramfs), where I/O is a copy

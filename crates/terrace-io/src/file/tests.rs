@@ -626,6 +626,24 @@ fn devices_say_fua_is_cheap_only_without_a_volatile_cache() {
     let _ = std::fs::write(&knob, before.trim());
 }
 
+/// A regular file's first writes allocate its blocks (on disk or, in
+/// memory, its pages), and so do a loop device's over it. (A block
+/// device's blocks are all there; this machine has none to spare.)
+#[test]
+fn files_and_loop_devices_allocate_on_first_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let backing = sparse_file(dir.path(), MIB);
+    let file = FileDevice::open(&backing, FileOptions::default()).unwrap();
+    assert!(file.allocates_on_first_write());
+    let Some(loop_device) = LoopDevice::attach(&backing) else {
+        eprintln!("skipped the block device half: needs root and losetup with a free loop device");
+        return;
+    };
+    let device = FileDevice::open(&loop_device.path, FileOptions::default()).unwrap();
+    assert!(device.is_block_device());
+    assert!(device.allocates_on_first_write());
+}
+
 #[test]
 fn block_devices_report_ioctl_sizes_and_zero_ranges() {
     let dir = tempfile::tempdir().unwrap();
