@@ -31,7 +31,7 @@
 
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures::future::BoxFuture;
 
 pub mod client;
@@ -87,7 +87,10 @@ pub trait Backend: Send + Sync + 'static {
     fn block_sizes(&self) -> BlockSizes;
     /// A description for NBD_INFO_DESCRIPTION (e.g. "2-way mirror, 4 columns").
     fn description(&self) -> String;
-    fn read(&self, offset: u64, length: u32) -> BoxFuture<'static, Result<BytesMut, Errno>>;
+    /// Exactly `length` bytes (anything else ends the connection's reply
+    /// with an I/O error); shared bytes, so that a backend may answer from
+    /// memory it keeps without copying.
+    fn read(&self, offset: u64, length: u32) -> BoxFuture<'static, Result<Bytes, Errno>>;
     fn write(&self, offset: u64, data: Bytes, fua: bool) -> BoxFuture<'static, Result<(), Errno>>;
     /// Zero a range. With `fast`, fail at once with `NotSupported` unless the
     /// zeroing is cheap (NBD_CMD_FLAG_FAST_ZERO). `may_trim` is false when the

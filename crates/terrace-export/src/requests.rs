@@ -425,10 +425,7 @@ async fn read(backend: &dyn Backend, offset: u64, length: u32) -> Reply {
         };
     }
     match backend.read(offset, length).await {
-        Ok(data) if data.len() == length as usize => Reply::Data {
-            offset,
-            data: data.freeze(),
-        },
+        Ok(data) if data.len() == length as usize => Reply::Data { offset, data },
         // Sending it would put the stream out of step with the client.
         Ok(_) => Reply::error(Errno::Io, "the backend returned the wrong amount of data"),
         Err(errno) => backend_error(errno),
@@ -568,7 +565,7 @@ mod tests {
             &self,
             _: u64,
             _: u32,
-        ) -> futures::future::BoxFuture<'static, Result<BytesMut, Errno>> {
+        ) -> futures::future::BoxFuture<'static, Result<Bytes, Errno>> {
             unimplemented!()
         }
         fn write(

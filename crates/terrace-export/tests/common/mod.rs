@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use terrace_export::{Backend, BlockSizes, Catalog, Errno, Extent, Server, ServerOptions};
@@ -224,9 +224,9 @@ impl Backend for MemoryBackend {
         self.description.clone()
     }
 
-    fn read(&self, offset: u64, length: u32) -> BoxFuture<'static, Result<BytesMut, Errno>> {
+    fn read(&self, offset: u64, length: u32) -> BoxFuture<'static, Result<Bytes, Errno>> {
         self.run(call(Op::Read, offset, u64::from(length)), move |data| {
-            BytesMut::from(&data[offset as usize..offset as usize + length as usize])
+            Bytes::copy_from_slice(&data[offset as usize..offset as usize + length as usize])
         })
     }
 

@@ -3,7 +3,7 @@
 //! Export name = space name; `pool/space` also works, and is the only name
 //! of a space whose name another pool uses too.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
@@ -11,6 +11,7 @@ use terrace_engine::layout::Layout;
 use terrace_engine::{EngineError, Space};
 use terrace_export::{Backend, BlockSizes, Catalog, Errno, Extent};
 
+use super::readahead::{Fetch, ReadAhead};
 use super::registry::Registry;
 
 /// Largest request a client may send: 32 MiB, the protocol's portable limit
@@ -20,6 +21,8 @@ const PAYLOAD_MAX_BYTES: u32 = 32 << 20;
 pub struct SpaceBackend {
     space: Arc<Space>,
     description: String,
+    /// Shared by every connection to the space (see `readahead.rs`).
+    readahead: Arc<ReadAhead>,
 }
 
 fn errno(error: &EngineError) -> Errno {
@@ -36,16 +39,43 @@ fn map<T>(result: Result<T, EngineError>) -> Result<T, Errno> {
     result.map_err(|error| errno(&error))
 }
 
+/// "2-way mirror, 4 columns, 256K interleave".
+fn describe(space: &Space) -> String {
+    let geometry = space.geometry();
+    format!(
+        "{}, {} columns, {} interleave",
+        geometry.layout(),
+        geometry.columns(),
+        crate::units::format_size(geometry.interleave_bytes())
+    )
+}
+
+/// A read-ahead for `space`, reading through a weak reference (the catalog
+/// keeps read-aheads beyond a space's life until it next looks).
+fn readahead_for(space: &Arc<Space>) -> Arc<ReadAhead> {
+    let weak = Arc::downgrade(space);
+    let fetch: Fetch = Arc::new(move |offset, length| {
+        let space = weak.upgrade();
+        async move {
+            let space = space?;
+            space
+                .read(offset, length)
+                .await
+                .ok()
+                .map(|data| data.freeze())
+        }
+        .boxed()
+    });
+    Arc::new(ReadAhead::new(space.geometry().row_data_bytes(), fetch))
+}
+
 impl SpaceBackend {
-    pub fn new(space: Arc<Space>) -> SpaceBackend {
-        let geometry = space.geometry();
-        let description = format!(
-            "{}, {} columns, {} interleave",
-            geometry.layout(),
-            geometry.columns(),
-            crate::units::format_size(geometry.interleave_bytes())
-        );
-        SpaceBackend { space, description }
+    pub fn new(space: Arc<Space>, readahead: Arc<ReadAhead>) -> SpaceBackend {
+        SpaceBackend {
+            description: describe(&space),
+            space,
+            readahead,
+        }
     }
 
     /// Whether zeroing `[offset, offset + length)` is cheap: whole rows
@@ -94,9 +124,17 @@ impl Backend for SpaceBackend {
         self.description.clone()
     }
 
-    fn read(&self, offset: u64, length: u32) -> BoxFuture<'static, Result<bytes::BytesMut, Errno>> {
+    fn read(&self, offset: u64, length: u32) -> BoxFuture<'static, Result<bytes::Bytes, Errno>> {
         let space = self.space.clone();
-        async move { map(space.read(offset, u64::from(length)).await) }.boxed()
+        let length = u64::from(length);
+        let lookup = self.readahead.read(offset, length, space.size_bytes());
+        async move {
+            match lookup.gather(length).await {
+                Some(data) => Ok(data),
+                None => map(space.read(offset, length).await).map(|data| data.freeze()),
+            }
+        }
+        .boxed()
     }
 
     fn write(
@@ -106,7 +144,14 @@ impl Backend for SpaceBackend {
         fua: bool,
     ) -> BoxFuture<'static, Result<(), Errno>> {
         let space = self.space.clone();
-        async move { map(space.write(offset, data, fua).await) }.boxed()
+        let readahead = self.readahead.clone();
+        let length = data.len() as u64;
+        async move {
+            let result = space.write(offset, data, fua).await;
+            readahead.changed(offset, length);
+            map(result)
+        }
+        .boxed()
     }
 
     fn write_zeroes(
@@ -121,13 +166,22 @@ impl Backend for SpaceBackend {
             return futures::future::ready(Err(Errno::NotSupported)).boxed();
         }
         let space = self.space.clone();
-        async move { map(space.write_zeroes(offset, length, fua).await) }.boxed()
+        let readahead = self.readahead.clone();
+        async move {
+            let result = space.write_zeroes(offset, length, fua).await;
+            readahead.changed(offset, length);
+            map(result)
+        }
+        .boxed()
     }
 
     fn trim(&self, offset: u64, length: u64, fua: bool) -> BoxFuture<'static, Result<(), Errno>> {
         let space = self.space.clone();
+        let readahead = self.readahead.clone();
         async move {
-            map(space.trim(offset, length).await)?;
+            let result = space.trim(offset, length).await;
+            readahead.changed(offset, length);
+            map(result)?;
             if fua {
                 map(space.flush().await)?;
             }
@@ -160,15 +214,36 @@ impl Backend for SpaceBackend {
 /// Every space of every pool of the registry.
 pub struct SpaceCatalog {
     registry: Arc<Registry>,
+    /// One read-ahead per space, shared by its connections.
+    readaheads: Mutex<Vec<(Weak<Space>, Arc<ReadAhead>)>>,
 }
 
 impl SpaceCatalog {
     pub fn new(registry: Arc<Registry>) -> SpaceCatalog {
-        SpaceCatalog { registry }
+        SpaceCatalog {
+            registry,
+            readaheads: Mutex::new(Vec::new()),
+        }
     }
 
     fn spaces(&self) -> Vec<(String, Arc<Space>)> {
         all_spaces(&self.registry)
+    }
+
+    /// The read-ahead of `space`, made on its first connection; those of
+    /// spaces gone are dropped.
+    fn readahead(&self, space: &Arc<Space>) -> Arc<ReadAhead> {
+        let mut readaheads = self.readaheads.lock().unwrap_or_else(|e| e.into_inner());
+        readaheads.retain(|(weak, _)| weak.strong_count() > 0);
+        if let Some((_, readahead)) = readaheads
+            .iter()
+            .find(|(weak, _)| std::ptr::eq(weak.as_ptr(), Arc::as_ptr(space)))
+        {
+            return readahead.clone();
+        }
+        let readahead = readahead_for(space);
+        readaheads.push((Arc::downgrade(space), readahead.clone()));
+        readahead
     }
 }
 
@@ -203,10 +278,7 @@ impl Catalog for SpaceCatalog {
     fn list(&self) -> Vec<(String, String)> {
         let all = self.spaces();
         all.iter()
-            .map(|(pool, space)| {
-                let backend = SpaceBackend::new(space.clone());
-                (export_name(&all, pool, space.name()), backend.description)
-            })
+            .map(|(pool, space)| (export_name(&all, pool, space.name()), describe(space)))
             .collect()
     }
 
@@ -222,7 +294,10 @@ impl Catalog for SpaceCatalog {
                 })
                 .map(|(_, space)| space.clone())
         };
-        found.map(|space| Arc::new(SpaceBackend::new(space)) as Arc<dyn Backend>)
+        found.map(|space| {
+            let readahead = self.readahead(&space);
+            Arc::new(SpaceBackend::new(space, readahead)) as Arc<dyn Backend>
+        })
     }
 }
 

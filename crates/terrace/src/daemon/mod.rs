@@ -15,6 +15,7 @@
 pub mod candidates;
 pub mod catalog;
 pub mod control;
+pub mod readahead;
 pub mod registry;
 pub mod views;
 

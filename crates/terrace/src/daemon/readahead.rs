@@ -1,0 +1,491 @@
+//! Reading ahead of sequential streams of reads, per exported space.
+//!
+//! A client streaming a space with a few reads outstanding leaves the disks
+//! idle for each request's round trip: at 8 outstanding 64 KiB reads each
+//! disk of a simple space has one read or none in flight, where a raw file
+//! read by the same client has one always. Here, once a space sees the
+//! same stream read three times in a row (each read starting where the last
+//! ended), the chunks after it are read into memory before they are asked
+//! for, up to a window that doubles with every read served from it: the
+//! disks see a deep queue, and the client's reads are answered from memory.
+//!
+//! ```text
+//!   read(offset) ── stream match? ── no ─▶ new stream (least recently used out)
+//!        │              │ yes, 3rd in a row
+//!        │              ▼
+//!        │        issue chunks up to `window` ahead (spawned reads)
+//!        ▼
+//!   covered by chunks? ── yes ─▶ wait for them, copy the range out;
+//!        │                       chunks the read reached the end of are dropped
+//!        └── no ─▶ read the space
+//! ```
+//!
+//! Coherence. A write, zeroing or trim drops every chunk it overlaps, ready
+//! or in flight, when it completes and before its reply is sent. A chunk
+//! read before that completion is dropped with it; one issued after it
+//! reads the new data. A read that found a chunk before the write completed
+//! is concurrent with the write, and either data is an answer the protocol
+//! allows. Every connection to a space shares its read-ahead (the catalog
+//! keeps one per space), so a write on one connection drops chunks another
+//! would read.
+//!
+//! Memory: at most [`HELD_MAX_BYTES`] per space, read or in flight; a stream
+//! pushed out of the table takes its unread chunks with it.
+
+use std::collections::btree_map::Entry;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::{Bytes, BytesMut};
+use futures::future::{BoxFuture, FutureExt, Shared};
+
+/// Reads `length` bytes at `offset` for a chunk; `None` if that failed (the
+/// reader then reads the space itself, and sees the error there).
+pub type Fetch = Arc<dyn Fn(u64, u64) -> BoxFuture<'static, Option<Bytes>> + Send + Sync>;
+
+/// Streams followed at once per space: a few clients or files read at once.
+const STREAMS: usize = 8;
+/// Reads of a stream, each starting where the one before ended, before it
+/// is read ahead: one read alone, or two, is no stream.
+const SEQUENTIAL_READS: u32 = 3;
+/// Chunks ahead when a stream is first read ahead; doubled with every read
+/// served from its chunks, up to the space's maximum.
+const FIRST_WINDOW_CHUNKS: u64 = 2;
+/// Bytes a stream's window reaches at most: enough ahead that every disk of
+/// a wide space has several reads queued.
+const WINDOW_MAX_BYTES: u64 = 8 << 20;
+/// Bytes a space's read-ahead holds at most, read or in flight.
+pub const HELD_MAX_BYTES: u64 = 64 << 20;
+/// Chunk sizes: a row of the space's data where that fits.
+const CHUNK_MIN_BYTES: u64 = 256 << 10;
+const CHUNK_MAX_BYTES: u64 = 4 << 20;
+
+type Pending = Shared<BoxFuture<'static, Option<Bytes>>>;
+
+struct Chunk {
+    length: u64,
+    data: Pending,
+    /// The stream it was read for.
+    stream: u64,
+}
+
+struct Stream {
+    id: u64,
+    /// Where its next read is expected to start.
+    next: u64,
+    /// Its reads in a row, each where the last ended.
+    sequential: u32,
+    /// Chunks it keeps ahead of its reads.
+    window: u64,
+    /// Chunks are issued up to here.
+    ahead: u64,
+    /// When it last read (a counter), for choosing the one to replace.
+    used: u64,
+}
+
+#[derive(Default)]
+struct State {
+    /// By start offset; chunks never overlap.
+    chunks: BTreeMap<u64, Chunk>,
+    streams: Vec<Stream>,
+    /// Bytes of `chunks`.
+    held: u64,
+    tick: u64,
+    next_stream: u64,
+}
+
+/// How a read is answered.
+pub enum Lookup {
+    /// From these chunks: each with the part of the read it covers, as
+    /// (offset in the chunk, length), in order.
+    Chunks(Vec<(Pending, u64, u64)>),
+    /// From the space.
+    Space,
+}
+
+impl Lookup {
+    /// The read's bytes from its chunks; `None` if it must read the space
+    /// (a `Space` lookup, or a chunk's read failed). Within one chunk, a
+    /// slice of it: no copy.
+    pub async fn gather(self, length: u64) -> Option<Bytes> {
+        let Lookup::Chunks(parts) = self else {
+            return None;
+        };
+        if let [(pending, at, part)] = &parts[..] {
+            let data = pending.clone().await?;
+            return Some(data.slice(*at as usize..(at + part) as usize));
+        }
+        let mut out = BytesMut::with_capacity(length as usize);
+        for (pending, at, part) in parts {
+            let data = pending.await?;
+            out.extend_from_slice(&data[at as usize..(at + part) as usize]);
+        }
+        Some(out.freeze())
+    }
+}
+
+pub struct ReadAhead {
+    chunk_bytes: u64,
+    window_max_chunks: u64,
+    fetch: Fetch,
+    state: Mutex<State>,
+}
+
+impl ReadAhead {
+    /// Read-ahead for a space whose rows hold `row_bytes` of data, reading
+    /// through `fetch`.
+    pub fn new(row_bytes: u64, fetch: Fetch) -> ReadAhead {
+        let chunk_bytes = row_bytes
+            .clamp(CHUNK_MIN_BYTES, CHUNK_MAX_BYTES)
+            .next_multiple_of(4096);
+        ReadAhead {
+            chunk_bytes,
+            window_max_chunks: (WINDOW_MAX_BYTES / chunk_bytes).max(FIRST_WINDOW_CHUNKS),
+            fetch,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A read of `[offset, offset + length)` of a space of `size` bytes
+    /// arrives: follow its stream, read ahead of it if it is one, and say
+    /// where its bytes come from. Called in the order reads arrive.
+    pub fn read(&self, offset: u64, length: u64, size: u64) -> Lookup {
+        let end = offset.saturating_add(length);
+        if end > size {
+            // The space answers what is wrong with it.
+            return Lookup::Space;
+        }
+        let mut state = self.lock();
+        let lookup = take_chunks(&mut state, offset, end);
+        state.tick += 1;
+        let tick = state.tick;
+        let served = matches!(lookup, Lookup::Chunks(_));
+        let index = match state.streams.iter().position(|s| s.next == offset) {
+            Some(index) => index,
+            None => {
+                let id = state.next_stream;
+                state.next_stream += 1;
+                let fresh = Stream {
+                    id,
+                    next: offset,
+                    sequential: 0,
+                    window: FIRST_WINDOW_CHUNKS,
+                    ahead: 0,
+                    used: tick,
+                };
+                if state.streams.len() < STREAMS {
+                    state.streams.push(fresh);
+                    state.streams.len() - 1
+                } else {
+                    let oldest = (0..state.streams.len())
+                        .min_by_key(|&i| state.streams[i].used)
+                        .expect("a stream");
+                    let gone = std::mem::replace(&mut state.streams[oldest], fresh).id;
+                    drop_stream_chunks(&mut state, gone);
+                    oldest
+                }
+            }
+        };
+        let window_max = self.window_max_chunks;
+        let stream = &mut state.streams[index];
+        stream.next = end;
+        stream.sequential = stream.sequential.saturating_add(1);
+        stream.used = tick;
+        if served {
+            stream.window = (stream.window * 2).min(window_max);
+        }
+        if stream.sequential >= SEQUENTIAL_READS {
+            let (id, window, from) = (stream.id, stream.window, stream.ahead.max(end));
+            self.issue(&mut state, index, id, from, window, size);
+        }
+        lookup
+    }
+
+    /// Issue the chunks of stream `index` from `from` to `window` chunks
+    /// past it, within the space and the memory bound.
+    fn issue(&self, state: &mut State, index: usize, id: u64, from: u64, window: u64, size: u64) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let chunk = self.chunk_bytes;
+        let mut start = from.next_multiple_of(chunk);
+        let until = state.streams[index]
+            .next
+            .saturating_add(window * chunk)
+            .min(size);
+        while start < until && state.held + chunk <= HELD_MAX_BYTES {
+            let length = chunk.min(size - start);
+            if let Entry::Vacant(vacant) = state.chunks.entry(start) {
+                let task = runtime.spawn((self.fetch)(start, length));
+                let data = async move { task.await.ok().flatten() }.boxed().shared();
+                vacant.insert(Chunk {
+                    length,
+                    data,
+                    stream: id,
+                });
+                state.held += length;
+            }
+            start += length;
+            state.streams[index].ahead = start;
+        }
+    }
+
+    /// `[offset, offset + length)` changed: drop every chunk it overlaps.
+    /// Call when the change has completed, before it is acknowledged.
+    pub fn changed(&self, offset: u64, length: u64) {
+        let end = offset.saturating_add(length);
+        let mut state = self.lock();
+        let overlapping: Vec<u64> = state
+            .chunks
+            .range(..end)
+            .rev()
+            .take_while(|(&start, chunk)| start + chunk.length > offset)
+            .map(|(&start, _)| start)
+            .collect();
+        for start in overlapping {
+            remove_chunk(&mut state, start);
+        }
+        // Streams going through it read ahead again from where they are.
+        for stream in state.streams.iter_mut() {
+            if stream.ahead > offset {
+                stream.ahead = stream.ahead.min(stream.next.max(offset));
+            }
+        }
+    }
+
+    /// Bytes held, read or in flight.
+    #[cfg(test)]
+    fn held_bytes(&self) -> u64 {
+        self.lock().held
+    }
+}
+
+/// The chunks covering `[offset, end)` if they cover all of it (the ones
+/// the read reaches the end of are dropped: the stream has passed them).
+fn take_chunks(state: &mut State, offset: u64, end: u64) -> Lookup {
+    if end <= offset {
+        return Lookup::Space;
+    }
+    let mut parts = Vec::new();
+    let mut at = offset;
+    let mut passed = Vec::new();
+    let first = state
+        .chunks
+        .range(..=offset)
+        .next_back()
+        .map(|(&start, _)| start);
+    let Some(first) = first else {
+        return Lookup::Space;
+    };
+    for (&start, chunk) in state.chunks.range(first..) {
+        if start > at || at >= end {
+            break;
+        }
+        let chunk_end = start + chunk.length;
+        if chunk_end <= at {
+            continue;
+        }
+        let part_end = chunk_end.min(end);
+        parts.push((chunk.data.clone(), at - start, part_end - at));
+        if chunk_end <= end {
+            passed.push(start);
+        }
+        at = part_end;
+    }
+    if at < end {
+        return Lookup::Space;
+    }
+    for start in passed {
+        remove_chunk(state, start);
+    }
+    Lookup::Chunks(parts)
+}
+
+fn remove_chunk(state: &mut State, start: u64) {
+    if let Some(chunk) = state.chunks.remove(&start) {
+        state.held -= chunk.length;
+    }
+}
+
+fn drop_stream_chunks(state: &mut State, stream: u64) {
+    let starts: Vec<u64> = state
+        .chunks
+        .iter()
+        .filter(|(_, chunk)| chunk.stream == stream)
+        .map(|(&start, _)| start)
+        .collect();
+    for start in starts {
+        remove_chunk(state, start);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    const MIB: u64 = 1 << 20;
+
+    /// A space in memory whose reads are counted.
+    struct Disk {
+        data: Mutex<Vec<u8>>,
+        reads: AtomicU64,
+        read_bytes: AtomicU64,
+    }
+
+    impl Disk {
+        fn new(size: u64) -> Arc<Disk> {
+            let data = (0..size).map(|i| (i / 4096 % 251) as u8).collect();
+            Arc::new(Disk {
+                data: Mutex::new(data),
+                reads: AtomicU64::new(0),
+                read_bytes: AtomicU64::new(0),
+            })
+        }
+
+        fn read(&self, offset: u64, length: u64) -> Bytes {
+            self.reads.fetch_add(1, Ordering::SeqCst);
+            self.read_bytes.fetch_add(length, Ordering::SeqCst);
+            let data = self.data.lock().unwrap();
+            Bytes::copy_from_slice(&data[offset as usize..(offset + length) as usize])
+        }
+
+        fn write(&self, offset: u64, bytes: &[u8]) {
+            let mut data = self.data.lock().unwrap();
+            data[offset as usize..offset as usize + bytes.len()].copy_from_slice(bytes);
+        }
+
+        fn fetch(self: &Arc<Self>) -> Fetch {
+            let disk = self.clone();
+            Arc::new(move |offset, length| {
+                let bytes = disk.read(offset, length);
+                async move { Some(bytes) }.boxed()
+            })
+        }
+    }
+
+    /// Read through the read-ahead, as the backend does.
+    async fn read(ahead: &ReadAhead, disk: &Disk, offset: u64, length: u64) -> Vec<u8> {
+        let size = disk.data.lock().unwrap().len() as u64;
+        match ahead.read(offset, length, size).gather(length).await {
+            Some(bytes) => bytes.to_vec(),
+            None => disk.read(offset, length).to_vec(),
+        }
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+    }
+
+    /// A stream read 64 KiB at a time is read ahead after its third read
+    /// and then answered from chunks: the space sees whole chunks, far
+    /// fewer reads than the stream makes, and every byte is right.
+    #[test]
+    fn a_sequential_stream_is_read_ahead_in_whole_chunks() {
+        runtime().block_on(async {
+            let disk = Disk::new(64 * MIB);
+            let ahead = ReadAhead::new(MIB, disk.fetch());
+            let step = 64 << 10;
+            for offset in (0..32 * MIB).step_by(step as usize) {
+                let got = read(&ahead, &disk, offset, step).await;
+                assert!(got == disk.read(offset, step), "differs at {offset}");
+                disk.reads.fetch_sub(1, Ordering::SeqCst);
+                disk.read_bytes.fetch_sub(step, Ordering::SeqCst);
+            }
+            let reads = disk.reads.load(Ordering::SeqCst);
+            // 512 reads of the stream; the space saw the first few and then
+            // 1 MiB chunks (a little past the stream's end, never more than
+            // the window).
+            assert!(reads < 64, "{reads} reads of the space");
+            let read_bytes = disk.read_bytes.load(Ordering::SeqCst);
+            assert!(read_bytes <= 32 * MIB + WINDOW_MAX_BYTES, "{read_bytes}");
+            assert!(ahead.held_bytes() <= WINDOW_MAX_BYTES + MIB);
+        });
+    }
+
+    /// Random reads are never read ahead.
+    #[test]
+    fn random_reads_are_not_read_ahead() {
+        runtime().block_on(async {
+            let disk = Disk::new(64 * MIB);
+            let ahead = ReadAhead::new(MIB, disk.fetch());
+            let mut x = 7u64;
+            for _ in 0..500 {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let offset = (x >> 33) % (64 * MIB / 8192) * 8192;
+                read(&ahead, &disk, offset, 8192).await;
+            }
+            assert_eq!(disk.reads.load(Ordering::SeqCst), 500);
+            assert_eq!(ahead.held_bytes(), 0);
+        });
+    }
+
+    /// A write into chunks read ahead (ready or in flight) drops them: the
+    /// stream then reads the new data, on this stream and any other.
+    #[test]
+    fn a_write_drops_the_chunks_it_overlaps() {
+        runtime().block_on(async {
+            let disk = Disk::new(64 * MIB);
+            let ahead = ReadAhead::new(MIB, disk.fetch());
+            let step = 64 << 10;
+            for offset in (0..MIB).step_by(step as usize) {
+                read(&ahead, &disk, offset, step).await;
+            }
+            assert!(ahead.held_bytes() > 0, "nothing read ahead");
+            // Let the chunks' reads run, then overwrite inside them.
+            tokio::task::yield_now().await;
+            let new = vec![0xa5u8; 8192];
+            let at = MIB + 100 * 4096;
+            disk.write(at, &new);
+            ahead.changed(at, new.len() as u64);
+            for offset in (MIB..4 * MIB).step_by(step as usize) {
+                let got = read(&ahead, &disk, offset, step).await;
+                let want =
+                    disk.data.lock().unwrap()[offset as usize..(offset + step) as usize].to_vec();
+                assert!(got == want, "stale data at {offset}");
+            }
+        });
+    }
+
+    /// The memory bound holds with many streams at once, and a stream
+    /// pushed out of the table takes its chunks with it.
+    #[test]
+    fn many_streams_stay_within_the_memory_bound() {
+        runtime().block_on(async {
+            let disk = Disk::new(256 * MIB);
+            let ahead = ReadAhead::new(MIB, disk.fetch());
+            let step = 64 << 10;
+            let streams = 2 * STREAMS as u64;
+            for round in 0..16u64 {
+                for stream in 0..streams {
+                    let offset = stream * 16 * MIB + round * step;
+                    let got = read(&ahead, &disk, offset, step).await;
+                    assert!(got == disk.read(offset, step), "differs at {offset}");
+                    assert!(ahead.held_bytes() <= HELD_MAX_BYTES);
+                }
+            }
+            // More streams than the table: each is replaced before its
+            // third read, so none was read ahead.
+            assert_eq!(ahead.held_bytes(), 0);
+            // As many as the table holds: each is read ahead, together
+            // up to the bound.
+            for round in 16..64u64 {
+                for stream in 0..STREAMS as u64 {
+                    let offset = stream * 16 * MIB + round * step;
+                    let got = read(&ahead, &disk, offset, step).await;
+                    assert!(got == disk.read(offset, step), "differs at {offset}");
+                    assert!(ahead.held_bytes() <= HELD_MAX_BYTES);
+                }
+            }
+            assert!(ahead.held_bytes() > 0, "nothing read ahead");
+        });
+    }
+}
