@@ -127,12 +127,15 @@ impl Backend for SpaceBackend {
     fn read(&self, offset: u64, length: u32) -> BoxFuture<'static, Result<bytes::Bytes, Errno>> {
         let space = self.space.clone();
         let length = u64::from(length);
-        let lookup = self.readahead.read(offset, length, space.size_bytes());
+        let mut lookup = self.readahead.read(offset, length, space.size_bytes());
         async move {
-            match lookup.gather(length).await {
+            let result = match lookup.gather(length).await {
                 Some(data) => Ok(data),
                 None => map(space.read(offset, length).await).map(|data| data.freeze()),
-            }
+            };
+            // The read is in flight for its stream until here.
+            drop(lookup);
+            result
         }
         .boxed()
     }

@@ -8,12 +8,17 @@
 //! ended), the chunks after it are read into memory before they are asked
 //! for, up to a window that doubles with every read served from it: the
 //! disks see a deep queue, and the client's reads are answered from memory.
+//! A client that keeps enough reads in flight itself needs none of it: the
+//! window counts the stream's own reads in flight, so that reading ahead
+//! never puts fewer bytes in flight than the client alone would, and a
+//! stream with 2 MiB of its own reads in flight is not read ahead at all.
 //!
 //! ```text
 //!   read(offset) ── stream match? ── no ─▶ new stream (least recently used out)
 //!        │              │ yes, 3rd in a row
 //!        │              ▼
-//!        │        issue chunks up to `window` ahead (spawned reads)
+//!        │        issue chunks up to `window` ahead, less what the
+//!        │        stream's own reads have in flight (spawned reads)
 //!        ▼
 //!   covered by chunks? ── yes ─▶ wait for them, copy the range out;
 //!        │                       chunks the read reached the end of are dropped
@@ -54,6 +59,10 @@ const FIRST_WINDOW_CHUNKS: u64 = 2;
 /// Bytes a stream's window reaches at most: enough ahead that every disk of
 /// a wide space has several reads queued.
 const WINDOW_MAX_BYTES: u64 = 8 << 20;
+/// A stream whose own reads in flight reach this is not read ahead: its
+/// client keeps the disks busy itself, and its reads would wait for whole
+/// chunks instead of their own pieces.
+const DEEP_CLIENT_BYTES: u64 = 2 << 20;
 /// Bytes a space's read-ahead holds at most, read or in flight.
 pub const HELD_MAX_BYTES: u64 = 64 << 20;
 /// Chunk sizes: a row of the space's data where that fits.
@@ -71,6 +80,8 @@ struct Chunk {
 
 struct Stream {
     id: u64,
+    /// Bytes of its reads not answered yet.
+    outstanding: u64,
     /// Where its next read is expected to start.
     next: u64,
     /// Its reads in a row, each where the last ended.
@@ -94,23 +105,44 @@ struct State {
     next_stream: u64,
 }
 
-/// How a read is answered.
-pub enum Lookup {
-    /// From these chunks: each with the part of the read it covers, as
-    /// (offset in the chunk, length), in order.
-    Chunks(Vec<(Pending, u64, u64)>),
-    /// From the space.
-    Space,
+/// How a read is answered; keep it until the read is (its stream counts
+/// the read in flight until then).
+pub struct Lookup {
+    /// From these chunks, each with the part of the read it covers, as
+    /// (offset in the chunk, length), in order; `None`: from the space.
+    parts: Option<Vec<(Pending, u64, u64)>>,
+    _in_flight: Option<InFlight>,
+}
+
+/// A read of a stream in flight: counted until dropped.
+struct InFlight {
+    ahead: Arc<ReadAhead>,
+    stream: u64,
+    bytes: u64,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut state = self.ahead.lock();
+        if let Some(stream) = state.streams.iter_mut().find(|s| s.id == self.stream) {
+            stream.outstanding = stream.outstanding.saturating_sub(self.bytes);
+        }
+    }
 }
 
 impl Lookup {
+    fn space() -> Lookup {
+        Lookup {
+            parts: None,
+            _in_flight: None,
+        }
+    }
+
     /// The read's bytes from its chunks; `None` if it must read the space
-    /// (a `Space` lookup, or a chunk's read failed). Within one chunk, a
+    /// (no chunks cover it, or a chunk's read failed). Within one chunk, a
     /// slice of it: no copy.
-    pub async fn gather(self, length: u64) -> Option<Bytes> {
-        let Lookup::Chunks(parts) = self else {
-            return None;
-        };
+    pub async fn gather(&mut self, length: u64) -> Option<Bytes> {
+        let parts = self.parts.take()?;
         if let [(pending, at, part)] = &parts[..] {
             let data = pending.clone().await?;
             return Some(data.slice(*at as usize..(at + part) as usize));
@@ -153,17 +185,17 @@ impl ReadAhead {
     /// A read of `[offset, offset + length)` of a space of `size` bytes
     /// arrives: follow its stream, read ahead of it if it is one, and say
     /// where its bytes come from. Called in the order reads arrive.
-    pub fn read(&self, offset: u64, length: u64, size: u64) -> Lookup {
+    pub fn read(self: &Arc<Self>, offset: u64, length: u64, size: u64) -> Lookup {
         let end = offset.saturating_add(length);
         if end > size {
             // The space answers what is wrong with it.
-            return Lookup::Space;
+            return Lookup::space();
         }
         let mut state = self.lock();
-        let lookup = take_chunks(&mut state, offset, end);
+        let parts = take_chunks(&mut state, offset, end);
         state.tick += 1;
         let tick = state.tick;
-        let served = matches!(lookup, Lookup::Chunks(_));
+        let served = parts.is_some();
         let index = match state.streams.iter().position(|s| s.next == offset) {
             Some(index) => index,
             None => {
@@ -171,6 +203,7 @@ impl ReadAhead {
                 state.next_stream += 1;
                 let fresh = Stream {
                     id,
+                    outstanding: 0,
                     next: offset,
                     sequential: 0,
                     window: FIRST_WINDOW_CHUNKS,
@@ -195,27 +228,40 @@ impl ReadAhead {
         stream.next = end;
         stream.sequential = stream.sequential.saturating_add(1);
         stream.used = tick;
+        stream.outstanding += length;
         if served {
             stream.window = (stream.window * 2).min(window_max);
         }
+        let id = stream.id;
         if stream.sequential >= SEQUENTIAL_READS {
-            let (id, window, from) = (stream.id, stream.window, stream.ahead.max(end));
-            self.issue(&mut state, index, id, from, window, size);
+            self.issue(&mut state, index, size);
         }
-        lookup
+        Lookup {
+            parts,
+            _in_flight: Some(InFlight {
+                ahead: self.clone(),
+                stream: id,
+                bytes: length,
+            }),
+        }
     }
 
-    /// Issue the chunks of stream `index` from `from` to `window` chunks
-    /// past it, within the space and the memory bound.
-    fn issue(&self, state: &mut State, index: usize, id: u64, from: u64, window: u64, size: u64) {
+    /// Issue the chunks of stream `index` past its reads, up to its window
+    /// less its own reads in flight, within the space and the memory bound.
+    fn issue(&self, state: &mut State, index: usize, size: u64) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let chunk = self.chunk_bytes;
-        let mut start = from.next_multiple_of(chunk);
-        let until = state.streams[index]
+        let stream = &state.streams[index];
+        if stream.outstanding >= DEEP_CLIENT_BYTES {
+            return;
+        }
+        let id = stream.id;
+        let mut start = stream.ahead.max(stream.next).next_multiple_of(chunk);
+        let until = stream
             .next
-            .saturating_add(window * chunk)
+            .saturating_add((stream.window * chunk).saturating_sub(stream.outstanding))
             .min(size);
         while start < until && state.held + chunk <= HELD_MAX_BYTES {
             let length = chunk.min(size - start);
@@ -266,9 +312,9 @@ impl ReadAhead {
 
 /// The chunks covering `[offset, end)` if they cover all of it (the ones
 /// the read reaches the end of are dropped: the stream has passed them).
-fn take_chunks(state: &mut State, offset: u64, end: u64) -> Lookup {
+fn take_chunks(state: &mut State, offset: u64, end: u64) -> Option<Vec<(Pending, u64, u64)>> {
     if end <= offset {
-        return Lookup::Space;
+        return None;
     }
     let mut parts = Vec::new();
     let mut at = offset;
@@ -278,9 +324,7 @@ fn take_chunks(state: &mut State, offset: u64, end: u64) -> Lookup {
         .range(..=offset)
         .next_back()
         .map(|(&start, _)| start);
-    let Some(first) = first else {
-        return Lookup::Space;
-    };
+    let first = first?;
     for (&start, chunk) in state.chunks.range(first..) {
         if start > at || at >= end {
             break;
@@ -297,12 +341,12 @@ fn take_chunks(state: &mut State, offset: u64, end: u64) -> Lookup {
         at = part_end;
     }
     if at < end {
-        return Lookup::Space;
+        return None;
     }
     for start in passed {
         remove_chunk(state, start);
     }
-    Lookup::Chunks(parts)
+    Some(parts)
 }
 
 fn remove_chunk(state: &mut State, start: u64) {
@@ -369,7 +413,7 @@ mod tests {
     }
 
     /// Read through the read-ahead, as the backend does.
-    async fn read(ahead: &ReadAhead, disk: &Disk, offset: u64, length: u64) -> Vec<u8> {
+    async fn read(ahead: &Arc<ReadAhead>, disk: &Disk, offset: u64, length: u64) -> Vec<u8> {
         let size = disk.data.lock().unwrap().len() as u64;
         match ahead.read(offset, length, size).gather(length).await {
             Some(bytes) => bytes.to_vec(),
@@ -390,7 +434,7 @@ mod tests {
     fn a_sequential_stream_is_read_ahead_in_whole_chunks() {
         runtime().block_on(async {
             let disk = Disk::new(64 * MIB);
-            let ahead = ReadAhead::new(MIB, disk.fetch());
+            let ahead = Arc::new(ReadAhead::new(MIB, disk.fetch()));
             let step = 64 << 10;
             for offset in (0..32 * MIB).step_by(step as usize) {
                 let got = read(&ahead, &disk, offset, step).await;
@@ -409,12 +453,47 @@ mod tests {
         });
     }
 
+    /// A client with many reads of its stream in flight is read ahead only
+    /// by what its own reads leave of the window: together they never pass
+    /// it, and a client deeper than the window gets no chunks at all.
+    #[test]
+    fn a_stream_with_many_reads_in_flight_is_read_ahead_less() {
+        runtime().block_on(async {
+            let disk = Disk::new(64 * MIB);
+            let ahead = Arc::new(ReadAhead::new(MIB, disk.fetch()));
+            let step = 64 << 10;
+            let size = 64 * MIB;
+            // Reads answered at once until the window has grown.
+            for offset in (0..4 * MIB).step_by(step as usize) {
+                read(&ahead, &disk, offset, step).await;
+            }
+            assert!(ahead.held_bytes() > 0, "nothing read ahead");
+            // Then reads kept in flight, as a client 160 deep keeps them.
+            let mut in_flight = std::collections::VecDeque::new();
+            for (i, offset) in (4 * MIB..40 * MIB).step_by(step as usize).enumerate() {
+                in_flight.push_back(ahead.read(offset, step, size));
+                if in_flight.len() > 160 {
+                    let mut oldest = in_flight.pop_front().unwrap();
+                    let _ = oldest.gather(step).await;
+                }
+                let outstanding = in_flight.len() as u64 * step;
+                assert!(
+                    ahead.held_bytes() + outstanding <= WINDOW_MAX_BYTES + 2 * MIB || i < 64,
+                    "{} read ahead beside {outstanding} in flight",
+                    ahead.held_bytes()
+                );
+            }
+            // 10 MiB in flight, beyond the window: nothing ahead of it.
+            assert_eq!(ahead.held_bytes(), 0);
+        });
+    }
+
     /// Random reads are never read ahead.
     #[test]
     fn random_reads_are_not_read_ahead() {
         runtime().block_on(async {
             let disk = Disk::new(64 * MIB);
-            let ahead = ReadAhead::new(MIB, disk.fetch());
+            let ahead = Arc::new(ReadAhead::new(MIB, disk.fetch()));
             let mut x = 7u64;
             for _ in 0..500 {
                 x = x
@@ -434,7 +513,7 @@ mod tests {
     fn a_write_drops_the_chunks_it_overlaps() {
         runtime().block_on(async {
             let disk = Disk::new(64 * MIB);
-            let ahead = ReadAhead::new(MIB, disk.fetch());
+            let ahead = Arc::new(ReadAhead::new(MIB, disk.fetch()));
             let step = 64 << 10;
             for offset in (0..MIB).step_by(step as usize) {
                 read(&ahead, &disk, offset, step).await;
@@ -461,7 +540,7 @@ mod tests {
     fn many_streams_stay_within_the_memory_bound() {
         runtime().block_on(async {
             let disk = Disk::new(256 * MIB);
-            let ahead = ReadAhead::new(MIB, disk.fetch());
+            let ahead = Arc::new(ReadAhead::new(MIB, disk.fetch()));
             let step = 64 << 10;
             let streams = 2 * STREAMS as u64;
             for round in 0..16u64 {
