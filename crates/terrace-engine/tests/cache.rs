@@ -162,6 +162,24 @@ async fn cut_and_import(
         .unwrap()
 }
 
+/// Cut the power as `seed` says, import the pool again, and check that
+/// space `name` reads back as `model` with every copy and parity agreeing
+/// (`verify_seed` names the check in its failures); then close the pool.
+async fn cut_and_check(
+    crash: &[Arc<CrashDevice>],
+    devices: &[Arc<dyn BlockDevice>],
+    seed: u64,
+    name: &str,
+    model: &Model,
+    verify_seed: u64,
+) {
+    let pool = cut_and_import(crash, devices, seed).await;
+    let space = pool.space(name).unwrap();
+    check_all(&space, model).await;
+    assert_consistent(&space, verify_seed).await;
+    pool.close().await.unwrap();
+}
+
 /// Every copy and every parity of the space agrees with its data.
 async fn assert_consistent(space: &terrace_engine::Space, seed: u64) {
     let report = verify_space(space).await.unwrap();
@@ -298,11 +316,7 @@ fn power_cuts_lose_no_acknowledged_write_and_leave_parity_consistent() {
                     write_randomly(&space, &mut model, &mut rng, 20).await;
                 }
             }
-            let pool = cut_and_import(&crash, &devices, seed ^ 0xdead).await;
-            let space = pool.space("s").unwrap();
-            check_all(&space, &model).await;
-            assert_consistent(&space, seed).await;
-            pool.close().await.unwrap();
+            cut_and_check(&crash, &devices, seed ^ 0xdead, "s", &model, seed).await;
         });
     }
 }
@@ -373,11 +387,7 @@ fn concurrent_small_writes_share_records_and_survive_a_cut() {
             assert_eq!(added, 8 * (large + BLOCK));
             check_all(&space, &model).await;
         }
-        let pool = cut_and_import(&crash, &devices, 11).await;
-        let space = pool.space("s").unwrap();
-        check_all(&space, &model).await;
-        assert_consistent(&space, 11).await;
-        pool.close().await.unwrap();
+        cut_and_check(&crash, &devices, 11, "s", &model, 11).await;
     });
 }
 
@@ -919,11 +929,7 @@ fn rows_with_many_dirty_runs_destage_as_one_update() {
                 check_all(&space, &model).await;
                 assert_consistent(&space, redundancy as u64).await;
             }
-            let pool = cut_and_import(&crash, &devices, 7).await;
-            let space = pool.space("m").unwrap();
-            check_all(&space, &model).await;
-            assert_consistent(&space, redundancy as u64).await;
-            pool.close().await.unwrap();
+            cut_and_check(&crash, &devices, 7, "m", &model, redundancy as u64).await;
         });
     }
 }
@@ -1246,11 +1252,7 @@ fn a_log_is_written_ahead_only_where_first_writes_allocate() {
                 assert!(space.journal().unwrap().status().dirty_bytes > 0);
                 check_all(&space, &model).await;
             }
-            let pool = cut_and_import(&crash, &devices, 72).await;
-            let space = pool.space("later").unwrap();
-            check_all(&space, &model).await;
-            assert_consistent(&space, 72).await;
-            pool.close().await.unwrap();
+            cut_and_check(&crash, &devices, 72, "later", &model, 72).await;
         });
     }
 }
@@ -1593,10 +1595,6 @@ fn fua_records(cheap: bool) {
                 assert!(count(flushes) > flushed, "the group commit flushed");
             }
         }
-        let pool = cut_and_import(&crash, &plain, 5).await;
-        let space = pool.space("fua").unwrap();
-        check_all(&space, &model).await;
-        assert_consistent(&space, 5).await;
-        pool.close().await.unwrap();
+        cut_and_check(&crash, &plain, 5, "fua", &model, 5).await;
     });
 }

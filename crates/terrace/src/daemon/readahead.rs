@@ -412,6 +412,14 @@ mod tests {
         }
     }
 
+    /// A space of `size` bytes in memory, and a read-ahead over it in 1 MiB
+    /// chunks.
+    fn space(size: u64) -> (Arc<Disk>, Arc<ReadAhead>) {
+        let disk = Disk::new(size);
+        let ahead = Arc::new(ReadAhead::new(MIB, disk.fetch()));
+        (disk, ahead)
+    }
+
     /// Read through the read-ahead, as the backend does.
     async fn read(ahead: &Arc<ReadAhead>, disk: &Disk, offset: u64, length: u64) -> Vec<u8> {
         let size = disk.data.lock().unwrap().len() as u64;
@@ -433,8 +441,7 @@ mod tests {
     #[test]
     fn a_sequential_stream_is_read_ahead_in_whole_chunks() {
         runtime().block_on(async {
-            let disk = Disk::new(64 * MIB);
-            let ahead = Arc::new(ReadAhead::new(MIB, disk.fetch()));
+            let (disk, ahead) = space(64 * MIB);
             let step = 64 << 10;
             for offset in (0..32 * MIB).step_by(step as usize) {
                 let got = read(&ahead, &disk, offset, step).await;
@@ -459,8 +466,7 @@ mod tests {
     #[test]
     fn a_stream_with_many_reads_in_flight_is_read_ahead_less() {
         runtime().block_on(async {
-            let disk = Disk::new(64 * MIB);
-            let ahead = Arc::new(ReadAhead::new(MIB, disk.fetch()));
+            let (disk, ahead) = space(64 * MIB);
             let step = 64 << 10;
             let size = 64 * MIB;
             // Reads answered at once until the window has grown.
@@ -492,8 +498,7 @@ mod tests {
     #[test]
     fn random_reads_are_not_read_ahead() {
         runtime().block_on(async {
-            let disk = Disk::new(64 * MIB);
-            let ahead = Arc::new(ReadAhead::new(MIB, disk.fetch()));
+            let (disk, ahead) = space(64 * MIB);
             let mut x = 7u64;
             for _ in 0..500 {
                 x = x
@@ -512,8 +517,7 @@ mod tests {
     #[test]
     fn a_write_drops_the_chunks_it_overlaps() {
         runtime().block_on(async {
-            let disk = Disk::new(64 * MIB);
-            let ahead = Arc::new(ReadAhead::new(MIB, disk.fetch()));
+            let (disk, ahead) = space(64 * MIB);
             let step = 64 << 10;
             for offset in (0..MIB).step_by(step as usize) {
                 read(&ahead, &disk, offset, step).await;
@@ -539,8 +543,7 @@ mod tests {
     #[test]
     fn many_streams_stay_within_the_memory_bound() {
         runtime().block_on(async {
-            let disk = Disk::new(256 * MIB);
-            let ahead = Arc::new(ReadAhead::new(MIB, disk.fetch()));
+            let (disk, ahead) = space(256 * MIB);
             let step = 64 << 10;
             let streams = 2 * STREAMS as u64;
             for round in 0..16u64 {
