@@ -92,7 +92,8 @@ pub struct PaperArgs {
     /// through. Only the bytes written take memory.
     #[arg(long)]
     ssd_dir: Option<PathBuf>,
-    /// Keep the disk files afterwards (they are deleted by default).
+    /// Keep the disk files and the daemon's state afterwards (by default they
+    /// are deleted, and the folders too if nothing else is in them).
     #[arg(long)]
     keep: bool,
     /// Write the report again from an earlier run's JSON (the report and
@@ -315,6 +316,11 @@ pub fn run(args: PaperArgs, _control: &Path) -> Result<(), CliError> {
         for (path, _, _) in &files {
             let _ = std::fs::remove_file(path);
         }
+        // The daemon's state, then the folders if nothing else is in them
+        // (`remove_dir` leaves a folder that holds anything).
+        let _ = std::fs::remove_dir_all(&daemon_config.state_dir);
+        let _ = std::fs::remove_dir(&ssd_directory);
+        let _ = std::fs::remove_dir(&directory);
     }
     let (report, run) = result?;
     let mut output = args.output.clone();
