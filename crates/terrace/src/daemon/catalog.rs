@@ -198,8 +198,10 @@ impl Backend for SpaceBackend {
         async move { map(space.flush().await) }.boxed()
     }
 
-    fn cache(&self, _offset: u64, _length: u64) -> BoxFuture<'static, Result<(), Errno>> {
-        // Nothing to prefetch into: reads go to the disks every time.
+    fn cache(&self, offset: u64, length: u64) -> BoxFuture<'static, Result<(), Errno>> {
+        // Read into the space's read-ahead; the reply does not wait.
+        self.readahead
+            .prefetch(offset, length, self.space.size_bytes());
         futures::future::ready(Ok(())).boxed()
     }
 

@@ -65,6 +65,11 @@ const WINDOW_MAX_BYTES: u64 = 8 << 20;
 const DEEP_CLIENT_BYTES: u64 = 2 << 20;
 /// Bytes a space's read-ahead holds at most, read or in flight.
 pub const HELD_MAX_BYTES: u64 = 64 << 20;
+/// The stream of chunks read for a client's hint (`NBD_CMD_CACHE`): no
+/// stream's, never pushed out with one.
+const HINTED: u64 = u64::MAX;
+/// Bytes hinted chunks hold at most, so that streams keep room.
+const HINTED_MAX_BYTES: u64 = HELD_MAX_BYTES / 2;
 /// Chunk sizes: a row of the space's data where that fits.
 const CHUNK_MIN_BYTES: u64 = 256 << 10;
 const CHUNK_MAX_BYTES: u64 = 4 << 20;
@@ -101,6 +106,8 @@ struct State {
     streams: Vec<Stream>,
     /// Bytes of `chunks`.
     held: u64,
+    /// Bytes of `chunks` read for hints ([`HINTED`]).
+    hinted: u64,
     tick: u64,
     next_stream: u64,
 }
@@ -265,18 +272,55 @@ impl ReadAhead {
             .min(size);
         while start < until && state.held + chunk <= HELD_MAX_BYTES {
             let length = chunk.min(size - start);
-            if let Entry::Vacant(vacant) = state.chunks.entry(start) {
-                let task = runtime.spawn((self.fetch)(start, length));
-                let data = async move { task.await.ok().flatten() }.boxed().shared();
-                vacant.insert(Chunk {
-                    length,
-                    data,
-                    stream: id,
-                });
-                state.held += length;
-            }
+            self.spawn_chunk(&runtime, state, start, length, id);
             start += length;
             state.streams[index].ahead = start;
+        }
+    }
+
+    /// A client says it will read `[offset, offset + length)` of a space of
+    /// `size` bytes soon (`NBD_CMD_CACHE`): read the chunks covering it,
+    /// as far as the bounds allow. They are answered, dropped and kept
+    /// coherent as a stream's are.
+    pub fn prefetch(&self, offset: u64, length: u64, size: u64) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let chunk = self.chunk_bytes;
+        let end = offset.saturating_add(length).min(size);
+        let mut state = self.lock();
+        let mut start = offset / chunk * chunk;
+        while start < end {
+            let length = chunk.min(size - start);
+            if state.held + length > HELD_MAX_BYTES || state.hinted + length > HINTED_MAX_BYTES {
+                break;
+            }
+            self.spawn_chunk(&runtime, &mut state, start, length, HINTED);
+            start += length;
+        }
+    }
+
+    /// Read the chunk at `start` for `stream`, unless it is there already.
+    fn spawn_chunk(
+        &self,
+        runtime: &tokio::runtime::Handle,
+        state: &mut State,
+        start: u64,
+        length: u64,
+        stream: u64,
+    ) {
+        if let Entry::Vacant(vacant) = state.chunks.entry(start) {
+            let task = runtime.spawn((self.fetch)(start, length));
+            let data = async move { task.await.ok().flatten() }.boxed().shared();
+            vacant.insert(Chunk {
+                length,
+                data,
+                stream,
+            });
+            state.held += length;
+            if stream == HINTED {
+                state.hinted += length;
+            }
         }
     }
 
@@ -352,6 +396,9 @@ fn take_chunks(state: &mut State, offset: u64, end: u64) -> Option<Vec<(Pending,
 fn remove_chunk(state: &mut State, start: u64) {
     if let Some(chunk) = state.chunks.remove(&start) {
         state.held -= chunk.length;
+        if chunk.stream == HINTED {
+            state.hinted -= chunk.length;
+        }
     }
 }
 
@@ -379,6 +426,8 @@ mod tests {
         data: Mutex<Vec<u8>>,
         reads: AtomicU64,
         read_bytes: AtomicU64,
+        /// Every read, as (offset, length).
+        log: Mutex<Vec<(u64, u64)>>,
     }
 
     impl Disk {
@@ -388,12 +437,14 @@ mod tests {
                 data: Mutex::new(data),
                 reads: AtomicU64::new(0),
                 read_bytes: AtomicU64::new(0),
+                log: Mutex::new(Vec::new()),
             })
         }
 
         fn read(&self, offset: u64, length: u64) -> Bytes {
             self.reads.fetch_add(1, Ordering::SeqCst);
             self.read_bytes.fetch_add(length, Ordering::SeqCst);
+            self.log.lock().unwrap().push((offset, length));
             let data = self.data.lock().unwrap();
             Bytes::copy_from_slice(&data[offset as usize..(offset + length) as usize])
         }
@@ -491,6 +542,40 @@ mod tests {
             }
             // 10 MiB in flight, beyond the window: nothing ahead of it.
             assert_eq!(ahead.held_bytes(), 0);
+        });
+    }
+
+    /// Chunks read for a hint answer the reads of the range that follow,
+    /// and hints together hold no more than their share.
+    #[test]
+    fn a_hinted_range_is_read_once_and_answers_its_reads() {
+        runtime().block_on(async {
+            let (disk, ahead) = space(256 * MIB);
+            ahead.prefetch(8 * MIB + 4096, 4 * MIB, 256 * MIB);
+            tokio::task::yield_now().await;
+            assert_eq!(disk.reads.load(Ordering::SeqCst), 5, "5 chunks of 1 MiB");
+            let step = 64 << 10;
+            for offset in (8 * MIB..12 * MIB).step_by(step as usize) {
+                let got = read(&ahead, &disk, offset, step).await;
+                let want =
+                    disk.data.lock().unwrap()[offset as usize..(offset + step) as usize].to_vec();
+                assert!(got == want, "differs at {offset}");
+            }
+            // The range was read as its chunks, once each (the stream its
+            // reads formed is read ahead past it).
+            let within: Vec<(u64, u64)> = disk
+                .log
+                .lock()
+                .unwrap()
+                .iter()
+                .copied()
+                .filter(|&(offset, _)| offset < 12 * MIB)
+                .collect();
+            assert_eq!(within, (8..12).map(|i| (i * MIB, MIB)).collect::<Vec<_>>());
+            ahead.prefetch(0, 256 * MIB, 256 * MIB);
+            let hinted = ahead.lock().hinted;
+            assert!(hinted > 0 && hinted <= HINTED_MAX_BYTES, "{hinted}");
+            assert!(ahead.held_bytes() <= HELD_MAX_BYTES);
         });
     }
 
