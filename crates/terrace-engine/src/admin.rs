@@ -572,8 +572,9 @@ pub(crate) async fn zero_slabs(
 /// `BlockDevice::allocates_on_first_write`): on a block device the ring's
 /// first lap costs what every later one does, so its log is ready at once.
 ///
-/// A log is correct without it: its records carry the log's epoch and a
-/// checksum, so a slab's old bytes never pass for records. So nothing here
+/// A log is correct without it: a record counts only with the log's epoch,
+/// the ring position it is found at, the sequence after the record before
+/// and its checksums, so a slab's old bytes never pass for records. So nothing here
 /// fails: a slab that cannot be written is left as it is (the disk's error
 /// counts as usual), and an extent whose targets change meanwhile (a job
 /// moving it) is left to the job, which is checked before every write.

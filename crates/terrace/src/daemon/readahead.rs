@@ -20,8 +20,9 @@
 //!        │        issue chunks up to `window` ahead, less what the
 //!        │        stream's own reads have in flight (spawned reads)
 //!        ▼
-//!   covered by chunks? ── yes ─▶ wait for them, copy the range out;
-//!        │                       chunks the read reached the end of are dropped
+//!   covered by chunks? ── yes ─▶ wait for them, answer a slice (or a copy
+//!        │                       of the pieces of two); chunks the read
+//!        │                       reached the end of are dropped
 //!        └── no ─▶ read the space
 //! ```
 //!
@@ -39,6 +40,7 @@
 
 use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::{Bytes, BytesMut};
@@ -85,8 +87,9 @@ struct Chunk {
 
 struct Stream {
     id: u64,
-    /// Bytes of its reads not answered yet.
-    outstanding: u64,
+    /// Bytes of its reads not answered yet: added under the lock, taken
+    /// back by each read's [`InFlight`] when it ends, without it.
+    outstanding: Arc<AtomicU64>,
     /// Where its next read is expected to start.
     next: u64,
     /// Its reads in a row, each where the last ended.
@@ -121,19 +124,16 @@ pub struct Lookup {
     _in_flight: Option<InFlight>,
 }
 
-/// A read of a stream in flight: counted until dropped.
+/// A read of a stream in flight: counted in its stream's `outstanding`
+/// until dropped (a stream replaced meanwhile just loses its counter).
 struct InFlight {
-    ahead: Arc<ReadAhead>,
-    stream: u64,
+    outstanding: Arc<AtomicU64>,
     bytes: u64,
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        let mut state = self.ahead.lock();
-        if let Some(stream) = state.streams.iter_mut().find(|s| s.id == self.stream) {
-            stream.outstanding = stream.outstanding.saturating_sub(self.bytes);
-        }
+        self.outstanding.fetch_sub(self.bytes, Ordering::Relaxed);
     }
 }
 
@@ -192,7 +192,7 @@ impl ReadAhead {
     /// A read of `[offset, offset + length)` of a space of `size` bytes
     /// arrives: follow its stream, read ahead of it if it is one, and say
     /// where its bytes come from. Called in the order reads arrive.
-    pub fn read(self: &Arc<Self>, offset: u64, length: u64, size: u64) -> Lookup {
+    pub fn read(&self, offset: u64, length: u64, size: u64) -> Lookup {
         let end = offset.saturating_add(length);
         if end > size {
             // The space answers what is wrong with it.
@@ -210,7 +210,7 @@ impl ReadAhead {
                 state.next_stream += 1;
                 let fresh = Stream {
                     id,
-                    outstanding: 0,
+                    outstanding: Arc::default(),
                     next: offset,
                     sequential: 0,
                     window: FIRST_WINDOW_CHUNKS,
@@ -235,21 +235,20 @@ impl ReadAhead {
         stream.next = end;
         stream.sequential = stream.sequential.saturating_add(1);
         stream.used = tick;
-        stream.outstanding += length;
+        stream.outstanding.fetch_add(length, Ordering::Relaxed);
         if served {
             stream.window = (stream.window * 2).min(window_max);
         }
-        let id = stream.id;
+        let in_flight = InFlight {
+            outstanding: stream.outstanding.clone(),
+            bytes: length,
+        };
         if stream.sequential >= SEQUENTIAL_READS {
             self.issue(&mut state, index, size);
         }
         Lookup {
             parts,
-            _in_flight: Some(InFlight {
-                ahead: self.clone(),
-                stream: id,
-                bytes: length,
-            }),
+            _in_flight: Some(in_flight),
         }
     }
 
@@ -261,14 +260,15 @@ impl ReadAhead {
         };
         let chunk = self.chunk_bytes;
         let stream = &state.streams[index];
-        if stream.outstanding >= DEEP_CLIENT_BYTES {
+        let outstanding = stream.outstanding.load(Ordering::Relaxed);
+        if outstanding >= DEEP_CLIENT_BYTES {
             return;
         }
         let id = stream.id;
         let mut start = stream.ahead.max(stream.next).next_multiple_of(chunk);
         let until = stream
             .next
-            .saturating_add((stream.window * chunk).saturating_sub(stream.outstanding))
+            .saturating_add((stream.window * chunk).saturating_sub(outstanding))
             .min(size);
         while start < until && state.held + chunk <= HELD_MAX_BYTES {
             let length = chunk.min(size - start);
