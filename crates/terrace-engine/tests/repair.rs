@@ -110,6 +110,13 @@ fn every_redundant_layout_survives_repairs_and_another_loss() {
                 disks.faults[usize::from(disk.0)].lose();
             }
             check(&space, &model).await;
+            // A mirror reads each region from one copy, so reading may not
+            // reach a lost disk; writing reaches every copy.
+            space
+                .write(0, bytes(model.bytes.clone()), false)
+                .await
+                .unwrap();
+            check(&space, &model).await;
             assert!(
                 matches!(space.health(), SpaceHealth::Degraded { survives: 0 }),
                 "{name}"

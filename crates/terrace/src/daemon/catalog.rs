@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex, Weak};
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use terrace_engine::layout::Layout;
-use terrace_engine::{EngineError, Space};
+use terrace_engine::layout::{Geometry, Layout};
+use terrace_engine::{EngineError, Space, MIRROR_READ_REGION_BYTES};
 use terrace_export::{Backend, BlockSizes, Catalog, Errno, Extent};
 
-use super::readahead::{Fetch, ReadAhead};
+use super::readahead::{Fetch, ReadAhead, WINDOW_MAX_BYTES};
 use super::registry::Registry;
 
 /// Largest request a client may send: 32 MiB, the protocol's portable limit
@@ -66,7 +66,24 @@ fn readahead_for(space: &Arc<Space>) -> Arc<ReadAhead> {
         }
         .boxed()
     });
-    Arc::new(ReadAhead::new(space.geometry().row_data_bytes(), fetch))
+    let geometry = space.geometry();
+    Arc::new(ReadAhead::new(
+        geometry.row_data_bytes(),
+        window_bytes(geometry),
+        fetch,
+    ))
+}
+
+/// How far a space's streams are read ahead at most: the usual window, or
+/// for a mirror the window that holds a region of every copy of every
+/// column, so that each copy's drives stream their own regions at once
+/// (`MIRROR_READ_REGION_BYTES`).
+fn window_bytes(geometry: &Geometry) -> u64 {
+    let copies = u64::from(geometry.layout().copies());
+    if copies < 2 {
+        return WINDOW_MAX_BYTES;
+    }
+    copies * u64::from(geometry.data_columns()) * MIRROR_READ_REGION_BYTES
 }
 
 impl SpaceBackend {
@@ -309,4 +326,24 @@ impl Catalog for SpaceCatalog {
 /// The export name of `space` of `pool`, as the catalog would serve it.
 pub fn export_name_in(registry: &Registry, pool: &str, space: &str) -> String {
     export_name(&all_spaces(registry), pool, space)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mirror_is_read_ahead_a_region_of_every_copy_of_every_column() {
+        let window = |layout, columns| {
+            window_bytes(&Geometry::new(layout, columns, 256 << 10, 1 << 30).unwrap())
+        };
+        let mib = 1 << 20;
+        assert_eq!(window(Layout::Simple, 8), WINDOW_MAX_BYTES);
+        assert_eq!(
+            window(Layout::Parity { redundancy: 2 }, 8),
+            WINDOW_MAX_BYTES
+        );
+        assert_eq!(window(Layout::Mirror { copies: 2 }, 4), 32 * mib);
+        assert_eq!(window(Layout::Mirror { copies: 3 }, 2), 24 * mib);
+    }
 }

@@ -35,7 +35,8 @@
 //! keeps one per space), so a write on one connection drops chunks another
 //! would read.
 //!
-//! Memory: at most [`HELD_MAX_BYTES`] per space, read or in flight; a stream
+//! Memory: at most [`HELD_MAX_BYTES`] per space (two windows where a space's
+//! window is larger, at most 128 MiB), read or in flight; a stream
 //! pushed out of the table takes its unread chunks with it.
 
 use std::collections::btree_map::Entry;
@@ -58,14 +59,19 @@ const SEQUENTIAL_READS: u32 = 3;
 /// Chunks ahead when a stream is first read ahead; doubled with every read
 /// served from its chunks, up to the space's maximum.
 const FIRST_WINDOW_CHUNKS: u64 = 2;
-/// Bytes a stream's window reaches at most: enough ahead that every disk of
-/// a wide space has several reads queued.
-const WINDOW_MAX_BYTES: u64 = 8 << 20;
-/// A stream whose own reads in flight reach this is not read ahead: its
-/// client keeps the disks busy itself, and its reads would wait for whole
-/// chunks instead of their own pieces.
-const DEEP_CLIENT_BYTES: u64 = 2 << 20;
-/// Bytes a space's read-ahead holds at most, read or in flight.
+/// Bytes a stream's window reaches at most, unless the space asks for more
+/// (a mirror, to reach its next copy's regions): enough ahead that every
+/// disk of a wide space has several reads queued.
+pub const WINDOW_MAX_BYTES: u64 = 8 << 20;
+/// The most any space asks for.
+pub const WINDOW_LIMIT_BYTES: u64 = 64 << 20;
+/// A stream whose own reads in flight reach a quarter of its window's
+/// maximum (2 MiB of the usual 8) is not read ahead: its client keeps the
+/// disks busy itself, and its reads would wait for whole chunks instead of
+/// their own pieces.
+const DEEP_CLIENT_SHARE: u64 = 4;
+/// Bytes a space's read-ahead holds at most, read or in flight: this, or
+/// two windows where the space's window is larger.
 pub const HELD_MAX_BYTES: u64 = 64 << 20;
 /// The stream of chunks read for a client's hint (`NBD_CMD_CACHE`): no
 /// stream's, never pushed out with one.
@@ -166,20 +172,27 @@ impl Lookup {
 pub struct ReadAhead {
     chunk_bytes: u64,
     window_max_chunks: u64,
+    /// A stream with this much of its own reads in flight is not read ahead.
+    deep_client_bytes: u64,
+    held_max_bytes: u64,
     fetch: Fetch,
     state: Mutex<State>,
 }
 
 impl ReadAhead {
-    /// Read-ahead for a space whose rows hold `row_bytes` of data, reading
-    /// through `fetch`.
-    pub fn new(row_bytes: u64, fetch: Fetch) -> ReadAhead {
+    /// Read-ahead for a space whose rows hold `row_bytes` of data, with
+    /// windows of up to `window_bytes` (within 8–64 MiB), reading through
+    /// `fetch`.
+    pub fn new(row_bytes: u64, window_bytes: u64, fetch: Fetch) -> ReadAhead {
         let chunk_bytes = row_bytes
             .clamp(CHUNK_MIN_BYTES, CHUNK_MAX_BYTES)
             .next_multiple_of(4096);
+        let window_bytes = window_bytes.clamp(WINDOW_MAX_BYTES, WINDOW_LIMIT_BYTES);
         ReadAhead {
             chunk_bytes,
-            window_max_chunks: (WINDOW_MAX_BYTES / chunk_bytes).max(FIRST_WINDOW_CHUNKS),
+            window_max_chunks: (window_bytes / chunk_bytes).max(FIRST_WINDOW_CHUNKS),
+            deep_client_bytes: window_bytes / DEEP_CLIENT_SHARE,
+            held_max_bytes: HELD_MAX_BYTES.max(2 * window_bytes),
             fetch,
             state: Mutex::new(State::default()),
         }
@@ -261,7 +274,7 @@ impl ReadAhead {
         let chunk = self.chunk_bytes;
         let stream = &state.streams[index];
         let outstanding = stream.outstanding.load(Ordering::Relaxed);
-        if outstanding >= DEEP_CLIENT_BYTES {
+        if outstanding >= self.deep_client_bytes {
             return;
         }
         let id = stream.id;
@@ -270,7 +283,7 @@ impl ReadAhead {
             .next
             .saturating_add((stream.window * chunk).saturating_sub(outstanding))
             .min(size);
-        while start < until && state.held + chunk <= HELD_MAX_BYTES {
+        while start < until && state.held + chunk <= self.held_max_bytes {
             let length = chunk.min(size - start);
             self.spawn_chunk(&runtime, state, start, length, id);
             start += length;
@@ -292,7 +305,8 @@ impl ReadAhead {
         let mut start = offset / chunk * chunk;
         while start < end {
             let length = chunk.min(size - start);
-            if state.held + length > HELD_MAX_BYTES || state.hinted + length > HINTED_MAX_BYTES {
+            if state.held + length > self.held_max_bytes || state.hinted + length > HINTED_MAX_BYTES
+            {
                 break;
             }
             self.spawn_chunk(&runtime, &mut state, start, length, HINTED);
@@ -467,7 +481,7 @@ mod tests {
     /// chunks.
     fn space(size: u64) -> (Arc<Disk>, Arc<ReadAhead>) {
         let disk = Disk::new(size);
-        let ahead = Arc::new(ReadAhead::new(MIB, disk.fetch()));
+        let ahead = Arc::new(ReadAhead::new(MIB, WINDOW_MAX_BYTES, disk.fetch()));
         (disk, ahead)
     }
 
@@ -508,6 +522,37 @@ mod tests {
             let read_bytes = disk.read_bytes.load(Ordering::SeqCst);
             assert!(read_bytes <= 32 * MIB + WINDOW_MAX_BYTES, "{read_bytes}");
             assert!(ahead.held_bytes() <= WINDOW_MAX_BYTES + MIB);
+        });
+    }
+
+    /// A space that asks for a wider window (a mirror) is read further
+    /// ahead, also beside a client with 4 MiB of reads in flight, where the
+    /// usual window would stop; its reads and the chunks together still
+    /// stay within the window.
+    #[test]
+    fn a_wider_window_reads_further_ahead_and_beside_deeper_clients() {
+        runtime().block_on(async {
+            let disk = Disk::new(128 * MIB);
+            let ahead = Arc::new(ReadAhead::new(MIB, 32 * MIB, disk.fetch()));
+            let (step, size) = (64 << 10, 128 * MIB);
+            let mut most = 0;
+            for offset in (0..16 * MIB).step_by(step as usize) {
+                let got = read(&ahead, &disk, offset, step).await;
+                assert!(got == disk.read(offset, step), "differs at {offset}");
+                most = most.max(ahead.held_bytes());
+            }
+            assert!(most > WINDOW_MAX_BYTES && most <= 33 * MIB, "{most}");
+            let mut in_flight = std::collections::VecDeque::new();
+            for offset in (16 * MIB..64 * MIB).step_by(step as usize) {
+                in_flight.push_back(ahead.read(offset, step, size));
+                if in_flight.len() > 64 {
+                    let mut oldest = in_flight.pop_front().unwrap();
+                    let _ = oldest.gather(step).await;
+                }
+                let outstanding = in_flight.len() as u64 * step;
+                assert!(ahead.held_bytes() + outstanding <= 34 * MIB);
+            }
+            assert!(ahead.held_bytes() > 8 * MIB, "{}", ahead.held_bytes());
         });
     }
 
