@@ -6,7 +6,7 @@
 //! the failure in a metadata commit before any write that saw it is
 //! acknowledged (see [`crate::pool`]).
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use terrace_io::latch::LatchedDevice;
@@ -49,12 +49,6 @@ pub struct Disk {
     /// Moving average of read and write service times, in microseconds
     /// (weight 1/16 per operation): how `pool status` spots a slow disk.
     latency_us: AtomicU64,
-    /// Reads and writes issued to the device and not completed yet, of
-    /// every space: how a mirror read picks the less busy copy.
-    in_flight: AtomicU32,
-    /// Where the last read issued to the device ended: a read starting
-    /// there continues a sequential run.
-    next_read: AtomicU64,
 }
 
 /// What every disk of a pool shares.
@@ -75,8 +69,6 @@ impl Disk {
             failures_observed: context.failures_observed,
             env: context.env,
             latency_us: AtomicU64::new(0),
-            in_flight: AtomicU32::new(0),
-            next_read: AtomicU64::new(u64::MAX),
             index,
             device: Some(Arc::new(LatchedDevice::new(device))),
             label: Some(label),
@@ -90,8 +82,6 @@ impl Disk {
             failures_observed: context.failures_observed,
             env: context.env,
             latency_us: AtomicU64::new(0),
-            in_flight: AtomicU32::new(0),
-            next_read: AtomicU64::new(u64::MAX),
             index,
             device: None,
             label: None,
@@ -166,11 +156,7 @@ impl Disk {
             Err(error) => return (buf, Err(error)),
         };
         let started = self.env.now_ns();
-        let busy = InFlight::enter(&self.in_flight);
-        self.next_read
-            .store(offset.saturating_add(buf.len() as u64), Ordering::Relaxed);
         let (buf, result) = device.read(offset, buf).await;
-        drop(busy);
         self.note_latency(started);
         (buf, self.on_error(result))
     }
@@ -178,9 +164,7 @@ impl Disk {
     pub async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), String> {
         let device = self.online_device()?;
         let started = self.env.now_ns();
-        let busy = InFlight::enter(&self.in_flight);
         let result = device.write(offset, data, fua).await;
-        drop(busy);
         self.note_latency(started);
         self.on_error(result)
     }
@@ -203,16 +187,6 @@ impl Disk {
         self.latency_us.load(Ordering::Acquire)
     }
 
-    /// Reads and writes in flight on the device now.
-    pub fn in_flight(&self) -> u32 {
-        self.in_flight.load(Ordering::Relaxed)
-    }
-
-    /// Whether a read at `offset` would continue the last read issued.
-    pub fn continues_read(&self, offset: u64) -> bool {
-        self.next_read.load(Ordering::Relaxed) == offset
-    }
-
     pub async fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> Result<(), String> {
         let device = self.online_device()?;
         self.on_error(device.write_zeroes(offset, length, fua).await)
@@ -221,22 +195,5 @@ impl Disk {
     pub async fn flush(&self) -> Result<(), String> {
         let device = self.online_device()?;
         self.on_error(device.flush().await)
-    }
-}
-
-/// One read or write counted in its disk's `in_flight` until dropped, so a
-/// request whose future is dropped midway is uncounted too.
-struct InFlight<'a>(&'a AtomicU32);
-
-impl<'a> InFlight<'a> {
-    fn enter(count: &'a AtomicU32) -> InFlight<'a> {
-        count.fetch_add(1, Ordering::Relaxed);
-        InFlight(count)
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }

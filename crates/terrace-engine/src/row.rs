@@ -57,25 +57,6 @@ impl RowIo<'_> {
         self.targets[slot as usize].readable(self.row).is_some()
     }
 
-    /// Requests in flight on the disk that holds this row of `slot`, if
-    /// some location holds it.
-    pub fn in_flight(&self, slot: u32) -> Option<u32> {
-        self.targets[slot as usize]
-            .readable(self.row)
-            .map(|location| location.disk.in_flight())
-    }
-
-    /// Whether a read of `slot` at `column_offset` would continue the last
-    /// read issued to the disk that holds this row of it.
-    pub fn continues_read(&self, slot: u32, column_offset: u64) -> bool {
-        self.targets[slot as usize]
-            .readable(self.row)
-            .is_some_and(|location| {
-                let offset = self.disk_offset(location, column_offset);
-                location.disk.continues_read(offset)
-            })
-    }
-
     fn disk_offset(&self, location: &Location, column_offset: u64) -> u64 {
         location.base + self.geometry().slab_offset(self.row, column_offset)
     }

@@ -70,6 +70,11 @@ pub const WINDOW_LIMIT_BYTES: u64 = 64 << 20;
 /// disks busy itself, and its reads would wait for whole chunks instead of
 /// their own pieces.
 const DEEP_CLIENT_SHARE: u64 = 4;
+/// Reads of the space, of any stream, after which a stream that has not
+/// read since is idle: its chunks make way for a stream that needs room.
+/// Many times the streams a space follows, so that streams read in turns
+/// never take each other's chunks.
+const IDLE_READS: u64 = 256;
 /// Bytes a space's read-ahead holds at most, read or in flight: this, or
 /// two windows where the space's window is larger.
 pub const HELD_MAX_BYTES: u64 = 64 << 20;
@@ -283,7 +288,15 @@ impl ReadAhead {
             .next
             .saturating_add((stream.window * chunk).saturating_sub(outstanding))
             .min(size);
-        while start < until && state.held + chunk <= self.held_max_bytes {
+        while start < until {
+            if state.held + chunk > self.held_max_bytes && !drop_idle_stream(state, id) {
+                break;
+            }
+            let index = state
+                .streams
+                .iter()
+                .position(|s| s.id == id)
+                .expect("the stream read ahead is not the idle one");
             let length = chunk.min(size - start);
             self.spawn_chunk(&runtime, state, start, length, id);
             start += length;
@@ -414,6 +427,29 @@ fn remove_chunk(state: &mut State, start: u64) {
             state.hinted -= chunk.length;
         }
     }
+}
+
+/// Make room for stream `reader`: forget the least recently used other
+/// stream that has not read for [`IDLE_READS`] reads of the space and
+/// holds chunks, with its chunks (a stream that stopped, such as a client
+/// that read a file to its end and went on elsewhere, would otherwise keep
+/// them until enough new streams pushed it out). Whether one was.
+fn drop_idle_stream(state: &mut State, reader: u64) -> bool {
+    let tick = state.tick;
+    let idle = state
+        .streams
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.id != reader && s.used + IDLE_READS <= tick)
+        .filter(|(_, s)| state.chunks.values().any(|chunk| chunk.stream == s.id))
+        .min_by_key(|(_, s)| s.used)
+        .map(|(index, s)| (index, s.id));
+    let Some((index, id)) = idle else {
+        return false;
+    };
+    state.streams.swap_remove(index);
+    drop_stream_chunks(state, id);
+    true
 }
 
 fn drop_stream_chunks(state: &mut State, stream: u64) {
@@ -553,6 +589,35 @@ mod tests {
                 assert!(ahead.held_bytes() + outstanding <= 34 * MIB);
             }
             assert!(ahead.held_bytes() > 8 * MIB, "{}", ahead.held_bytes());
+        });
+    }
+
+    /// Streams that stopped hold their chunks until a stream that needs
+    /// the room has read for a while; then they go, and it is read ahead.
+    #[test]
+    fn streams_that_stopped_make_room_for_one_that_reads() {
+        runtime().block_on(async {
+            let disk = Disk::new(192 * MIB);
+            let ahead = Arc::new(ReadAhead::new(MIB, 32 * MIB, disk.fetch()));
+            let step = 64 << 10;
+            for first in [0, 64 * MIB] {
+                for offset in (first..first + 16 * MIB).step_by(step as usize) {
+                    read(&ahead, &disk, offset, step).await;
+                }
+            }
+            // Two stopped streams fill the 64 MiB between them.
+            assert!(ahead.held_bytes() > 48 * MIB, "{}", ahead.held_bytes());
+            let before = disk.reads.load(Ordering::SeqCst);
+            for offset in (128 * MIB..160 * MIB).step_by(step as usize) {
+                let got = read(&ahead, &disk, offset, step).await;
+                assert!(got == disk.read(offset, step), "differs at {offset}");
+                disk.reads.fetch_sub(1, Ordering::SeqCst);
+                assert!(ahead.held_bytes() <= 64 * MIB);
+            }
+            // 512 reads of 64 KiB: read from the space itself only until
+            // the stopped streams were idle for 256 reads, then in chunks.
+            let reads = disk.reads.load(Ordering::SeqCst) - before;
+            assert!(reads < 320, "{reads} reads of the space");
         });
     }
 
