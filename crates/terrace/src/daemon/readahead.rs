@@ -288,15 +288,19 @@ impl ReadAhead {
             .next
             .saturating_add((stream.window * chunk).saturating_sub(outstanding))
             .min(size);
+        let mut index = index;
         while start < until {
-            if state.held + chunk > self.held_max_bytes && !drop_idle_stream(state, id) {
-                break;
+            if state.held + chunk > self.held_max_bytes {
+                if !drop_idle_stream(state, id) {
+                    break;
+                }
+                // Dropping another stream may have moved this one.
+                index = state
+                    .streams
+                    .iter()
+                    .position(|s| s.id == id)
+                    .expect("only other streams are dropped");
             }
-            let index = state
-                .streams
-                .iter()
-                .position(|s| s.id == id)
-                .expect("the stream read ahead is not the idle one");
             let length = chunk.min(size - start);
             self.spawn_chunk(&runtime, state, start, length, id);
             start += length;
