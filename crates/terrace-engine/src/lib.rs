@@ -43,7 +43,9 @@ pub use admin::{default_fault_domain, SpaceConfig, SpaceCreated, SpaceSize};
 pub use disk::Condition;
 pub use error::EngineError;
 pub use jobs::{JobAction, JobStatus, JOB_HISTORY_MAX};
-pub use mirror::READ_REGION_BYTES as MIRROR_READ_REGION_BYTES;
+pub use mirror::{
+    stream_reach_bytes as mirror_stream_reach_bytes, READ_REGION_BYTES as MIRROR_READ_REGION_BYTES,
+};
 pub use pool::{
     ImportOptions, NewDisk, Pool, PoolConfig, NAME_MAX_BYTES, SLAB_DEFAULT_BYTES, SLAB_MAX_BYTES,
     SLAB_MIN_BYTES,

@@ -21,7 +21,7 @@
 
 use futures::future::join_all;
 use terrace_io::BytesMut;
-use terrace_layout::{ColumnPiece, RowSpan};
+use terrace_layout::{ColumnPiece, Geometry, RowSpan};
 
 use crate::error::EngineError;
 use crate::payload::Payload;
@@ -32,6 +32,13 @@ use crate::simple::piece_range;
 /// hard disk's media rate (125–204 MB/s on `hdd-10k`) 20–35 ms of reading
 /// for one seek and rotation (about 3–4 ms) over the next region.
 pub const READ_REGION_BYTES: u64 = 4 << 20;
+
+/// Bytes of a mirror a stream must have in flight, or read ahead, for the
+/// drives of every copy to read their own regions at once: a region of
+/// every copy of every column.
+pub fn stream_reach_bytes(geometry: &Geometry) -> u64 {
+    u64::from(geometry.layout().copies()) * u64::from(geometry.data_columns()) * READ_REGION_BYTES
+}
 
 pub async fn read(
     io: &RowIo<'_>,

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, Weak};
 use futures::future::BoxFuture;
 use futures::FutureExt;
 use terrace_engine::layout::{Geometry, Layout};
-use terrace_engine::{EngineError, Space, MIRROR_READ_REGION_BYTES};
+use terrace_engine::{mirror_stream_reach_bytes, EngineError, Space};
 use terrace_export::{Backend, BlockSizes, Catalog, Errno, Extent};
 
 use super::readahead::{Fetch, ReadAhead, WINDOW_MAX_BYTES};
@@ -75,15 +75,13 @@ fn readahead_for(space: &Arc<Space>) -> Arc<ReadAhead> {
 }
 
 /// How far a space's streams are read ahead at most: the usual window, or
-/// for a mirror the window that holds a region of every copy of every
-/// column, so that each copy's drives stream their own regions at once
-/// (`MIRROR_READ_REGION_BYTES`).
+/// for a mirror as far as its copies need to stream their own regions at
+/// once.
 fn window_bytes(geometry: &Geometry) -> u64 {
-    let copies = u64::from(geometry.layout().copies());
-    if copies < 2 {
-        return WINDOW_MAX_BYTES;
+    match geometry.layout() {
+        Layout::Mirror { .. } => mirror_stream_reach_bytes(geometry),
+        _ => WINDOW_MAX_BYTES,
     }
-    copies * u64::from(geometry.data_columns()) * MIRROR_READ_REGION_BYTES
 }
 
 impl SpaceBackend {

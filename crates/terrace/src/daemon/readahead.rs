@@ -11,7 +11,8 @@
 //! A client that keeps enough reads in flight itself needs none of it: the
 //! window counts the stream's own reads in flight, so that reading ahead
 //! never puts fewer bytes in flight than the client alone would, and a
-//! stream with 2 MiB of its own reads in flight is not read ahead at all.
+//! stream with a quarter of its window's maximum of its own reads in
+//! flight (2 MiB of the usual 8) is not read ahead at all.
 //!
 //! ```text
 //!   read(offset) ── stream match? ── no ─▶ new stream (least recently used out)
@@ -37,7 +38,8 @@
 //!
 //! Memory: at most [`HELD_MAX_BYTES`] per space (two windows where a space's
 //! window is larger, at most 128 MiB), read or in flight; a stream
-//! pushed out of the table takes its unread chunks with it.
+//! pushed out of the table takes its unread chunks with it, and one that
+//! has stopped reading gives them up to a stream that needs the room.
 
 use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
@@ -394,12 +396,7 @@ fn take_chunks(state: &mut State, offset: u64, end: u64) -> Option<Vec<(Pending,
     let mut parts = Vec::new();
     let mut at = offset;
     let mut passed = Vec::new();
-    let first = state
-        .chunks
-        .range(..=offset)
-        .next_back()
-        .map(|(&start, _)| start);
-    let first = first?;
+    let (&first, _) = state.chunks.range(..=offset).next_back()?;
     for (&start, chunk) in state.chunks.range(first..) {
         if start > at || at >= end {
             break;
@@ -503,6 +500,11 @@ mod tests {
             Bytes::copy_from_slice(&data[offset as usize..(offset + length) as usize])
         }
 
+        /// The bytes at `[offset, offset + length)`, not counted as a read.
+        fn expected(&self, offset: u64, length: u64) -> Vec<u8> {
+            self.data.lock().unwrap()[offset as usize..(offset + length) as usize].to_vec()
+        }
+
         fn write(&self, offset: u64, bytes: &[u8]) {
             let mut data = self.data.lock().unwrap();
             data[offset as usize..offset as usize + bytes.len()].copy_from_slice(bytes);
@@ -520,8 +522,13 @@ mod tests {
     /// A space of `size` bytes in memory, and a read-ahead over it in 1 MiB
     /// chunks.
     fn space(size: u64) -> (Arc<Disk>, Arc<ReadAhead>) {
+        space_with_window(size, WINDOW_MAX_BYTES)
+    }
+
+    /// As [`space`], with windows of up to `window` bytes.
+    fn space_with_window(size: u64, window: u64) -> (Arc<Disk>, Arc<ReadAhead>) {
         let disk = Disk::new(size);
-        let ahead = Arc::new(ReadAhead::new(MIB, WINDOW_MAX_BYTES, disk.fetch()));
+        let ahead = Arc::new(ReadAhead::new(MIB, window, disk.fetch()));
         (disk, ahead)
     }
 
@@ -550,9 +557,7 @@ mod tests {
             let step = 64 << 10;
             for offset in (0..32 * MIB).step_by(step as usize) {
                 let got = read(&ahead, &disk, offset, step).await;
-                assert!(got == disk.read(offset, step), "differs at {offset}");
-                disk.reads.fetch_sub(1, Ordering::SeqCst);
-                disk.read_bytes.fetch_sub(step, Ordering::SeqCst);
+                assert!(got == disk.expected(offset, step), "differs at {offset}");
             }
             let reads = disk.reads.load(Ordering::SeqCst);
             // 512 reads of the stream; the space saw the first few and then
@@ -572,13 +577,12 @@ mod tests {
     #[test]
     fn a_wider_window_reads_further_ahead_and_beside_deeper_clients() {
         runtime().block_on(async {
-            let disk = Disk::new(128 * MIB);
-            let ahead = Arc::new(ReadAhead::new(MIB, 32 * MIB, disk.fetch()));
+            let (disk, ahead) = space_with_window(128 * MIB, 32 * MIB);
             let (step, size) = (64 << 10, 128 * MIB);
             let mut most = 0;
             for offset in (0..16 * MIB).step_by(step as usize) {
                 let got = read(&ahead, &disk, offset, step).await;
-                assert!(got == disk.read(offset, step), "differs at {offset}");
+                assert!(got == disk.expected(offset, step), "differs at {offset}");
                 most = most.max(ahead.held_bytes());
             }
             assert!(most > WINDOW_MAX_BYTES && most <= 33 * MIB, "{most}");
@@ -601,8 +605,7 @@ mod tests {
     #[test]
     fn streams_that_stopped_make_room_for_one_that_reads() {
         runtime().block_on(async {
-            let disk = Disk::new(192 * MIB);
-            let ahead = Arc::new(ReadAhead::new(MIB, 32 * MIB, disk.fetch()));
+            let (disk, ahead) = space_with_window(192 * MIB, 32 * MIB);
             let step = 64 << 10;
             for first in [0, 64 * MIB] {
                 for offset in (first..first + 16 * MIB).step_by(step as usize) {
@@ -614,8 +617,7 @@ mod tests {
             let before = disk.reads.load(Ordering::SeqCst);
             for offset in (128 * MIB..160 * MIB).step_by(step as usize) {
                 let got = read(&ahead, &disk, offset, step).await;
-                assert!(got == disk.read(offset, step), "differs at {offset}");
-                disk.reads.fetch_sub(1, Ordering::SeqCst);
+                assert!(got == disk.expected(offset, step), "differs at {offset}");
                 assert!(ahead.held_bytes() <= 64 * MIB);
             }
             // 512 reads of 64 KiB: read from the space itself only until
@@ -671,9 +673,7 @@ mod tests {
             let step = 64 << 10;
             for offset in (8 * MIB..12 * MIB).step_by(step as usize) {
                 let got = read(&ahead, &disk, offset, step).await;
-                let want =
-                    disk.data.lock().unwrap()[offset as usize..(offset + step) as usize].to_vec();
-                assert!(got == want, "differs at {offset}");
+                assert!(got == disk.expected(offset, step), "differs at {offset}");
             }
             // The range was read as its chunks, once each (the stream its
             // reads formed is read ahead past it).
@@ -730,9 +730,7 @@ mod tests {
             ahead.changed(at, new.len() as u64);
             for offset in (MIB..4 * MIB).step_by(step as usize) {
                 let got = read(&ahead, &disk, offset, step).await;
-                let want =
-                    disk.data.lock().unwrap()[offset as usize..(offset + step) as usize].to_vec();
-                assert!(got == want, "stale data at {offset}");
+                assert!(got == disk.expected(offset, step), "stale data at {offset}");
             }
         });
     }
@@ -749,7 +747,7 @@ mod tests {
                 for stream in 0..streams {
                     let offset = stream * 16 * MIB + round * step;
                     let got = read(&ahead, &disk, offset, step).await;
-                    assert!(got == disk.read(offset, step), "differs at {offset}");
+                    assert!(got == disk.expected(offset, step), "differs at {offset}");
                     assert!(ahead.held_bytes() <= HELD_MAX_BYTES);
                 }
             }
@@ -762,7 +760,7 @@ mod tests {
                 for stream in 0..STREAMS as u64 {
                     let offset = stream * 16 * MIB + round * step;
                     let got = read(&ahead, &disk, offset, step).await;
-                    assert!(got == disk.read(offset, step), "differs at {offset}");
+                    assert!(got == disk.expected(offset, step), "differs at {offset}");
                     assert!(ahead.held_bytes() <= HELD_MAX_BYTES);
                 }
             }
