@@ -1454,15 +1454,8 @@ fn counting(
 }
 
 impl BlockDevice for Counting {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn alignment(&self) -> u64 {
-        self.inner.alignment()
-    }
+    terrace_io::forward_device_answers!(inner: name, size_bytes, alignment);
+
     fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
         self.reads.fetch_add(1, Ordering::Relaxed);
         let Some(wait) = self.gate.as_ref().and_then(|gate| gate.pass()) else {

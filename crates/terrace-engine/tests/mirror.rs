@@ -31,15 +31,8 @@ impl Recorded {
 }
 
 impl BlockDevice for Recorded {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn alignment(&self) -> u64 {
-        self.inner.alignment()
-    }
+    terrace_io::forward_device_answers!(inner: name, size_bytes, alignment);
+
     fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
         self.reads.lock().unwrap().push((offset, buf.len() as u64));
         self.inner.read(offset, buf)

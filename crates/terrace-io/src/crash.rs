@@ -314,25 +314,7 @@ async fn recorded_write(
 }
 
 impl BlockDevice for CrashDevice {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-
-    fn alignment(&self) -> u64 {
-        self.inner.alignment()
-    }
-
-    fn cheap_fua(&self) -> bool {
-        self.inner.cheap_fua()
-    }
-
-    fn allocates_on_first_write(&self) -> bool {
-        self.inner.allocates_on_first_write()
-    }
+    crate::forward_device_answers!(inner: name, size_bytes, alignment, cheap_fua, allocates_on_first_write);
 
     fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
         self.inner.read(offset, buf)

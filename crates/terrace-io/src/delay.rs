@@ -73,25 +73,7 @@ fn delayed<T: Send + 'static>(
 }
 
 impl BlockDevice for DelayDevice {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-
-    fn alignment(&self) -> u64 {
-        self.inner.alignment()
-    }
-
-    fn cheap_fua(&self) -> bool {
-        self.inner.cheap_fua()
-    }
-
-    fn allocates_on_first_write(&self) -> bool {
-        self.inner.allocates_on_first_write()
-    }
+    crate::forward_device_answers!(inner: name, size_bytes, alignment, cheap_fua, allocates_on_first_write);
 
     fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
         let inner = Arc::clone(&self.inner);

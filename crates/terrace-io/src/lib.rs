@@ -186,6 +186,49 @@ pub trait BlockDevice: Send + Sync + 'static {
     }
 }
 
+/// Answers a wrapper device gives as the device it wraps: expands, inside an
+/// `impl BlockDevice`, to each named method forwarded to `self.$field`.
+/// A wrapper names every answer it does not change, so one that changes
+/// an answer (a drive model's `cheap_fua`) writes only that one.
+///
+/// ```ignore
+/// impl BlockDevice for Wrapper {
+///     terrace_io::forward_device_answers!(inner: name, size_bytes, alignment);
+///     // read, write, write_zeroes, flush ...
+/// }
+/// ```
+#[macro_export]
+macro_rules! forward_device_answers {
+    (@one $field:ident name) => {
+        fn name(&self) -> &str {
+            self.$field.name()
+        }
+    };
+    (@one $field:ident size_bytes) => {
+        fn size_bytes(&self) -> u64 {
+            self.$field.size_bytes()
+        }
+    };
+    (@one $field:ident alignment) => {
+        fn alignment(&self) -> u64 {
+            self.$field.alignment()
+        }
+    };
+    (@one $field:ident cheap_fua) => {
+        fn cheap_fua(&self) -> bool {
+            self.$field.cheap_fua()
+        }
+    };
+    (@one $field:ident allocates_on_first_write) => {
+        fn allocates_on_first_write(&self) -> bool {
+            self.$field.allocates_on_first_write()
+        }
+    };
+    ($field:ident: $($method:ident),+ $(,)?) => {
+        $($crate::forward_device_answers!(@one $field $method);)+
+    };
+}
+
 /// Check that `[offset, offset + length)` fits a device of `size_bytes`.
 /// Backends call this first so an out-of-range request never reaches the OS.
 pub fn check_range(

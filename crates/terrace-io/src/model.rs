@@ -838,17 +838,9 @@ impl Drop for CancelGuard<'_> {
 }
 
 impl BlockDevice for ModelDevice {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-
-    fn alignment(&self) -> u64 {
-        self.inner.alignment()
-    }
+    // `allocates_on_first_write` is the backing file's answer: allocating
+    // it is a cost the model does not hide.
+    crate::forward_device_answers!(inner: name, size_bytes, alignment, allocates_on_first_write);
 
     /// The modelled drive's answer, not the backing file's: an SSD with a
     /// protected write buffer, or a drive without a write cache.
@@ -857,12 +849,6 @@ impl BlockDevice for ModelDevice {
             ModelKind::Ssd(p) => p.write_buffer_bytes > 0,
             ModelKind::Hdd(p) => p.write_cache_bytes == 0,
         }
-    }
-
-    /// The backing file's answer: allocating it is a cost the model does
-    /// not hide.
-    fn allocates_on_first_write(&self) -> bool {
-        self.inner.allocates_on_first_write()
     }
 
     fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {

@@ -189,15 +189,8 @@ impl SimDisk {
 }
 
 impl BlockDevice for SimDisk {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn alignment(&self) -> u64 {
-        self.inner.alignment()
-    }
+    terrace_engine::io::forward_device_answers!(inner: name, size_bytes, alignment);
+
     fn cheap_fua(&self) -> bool {
         self.traits.cheap_fua
     }

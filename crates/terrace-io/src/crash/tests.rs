@@ -129,12 +129,8 @@ impl Future for HeldWrite {
 }
 
 impl BlockDevice for Gate {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
+    crate::forward_device_answers!(inner: name, size_bytes);
+
     fn alignment(&self) -> u64 {
         1
     }
