@@ -22,6 +22,7 @@ use crate::control::PoolShared;
 use crate::error::EngineError;
 use crate::pool::{validate_name, Pool};
 use crate::space::{Space, SpaceMap, Target};
+use crate::units::format_size;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SpaceSize {
@@ -331,13 +332,26 @@ pub(crate) fn plan_space(
                 return Ok((record(config, metadata, planned), geometry));
             }
             Err(error) => {
+                let out_of_space = matches!(
+                    error,
+                    EngineError::Placement(PlacementError::OutOfSpace { .. })
+                );
                 let can_narrow = config.columns.is_none() && choice.columns > layout.min_columns();
-                if !can_narrow
-                    || !matches!(
-                        error,
-                        EngineError::Placement(PlacementError::OutOfSpace { .. })
-                    )
-                {
+                if out_of_space && !can_narrow {
+                    let (wanted, extents) =
+                        match config.size {
+                            SpaceSize::Bytes(bytes) => (
+                                format!("{} as {}", format_size(bytes), shape(&geometry)),
+                                Some(geometry.extents_for(
+                                    bytes.next_multiple_of(terrace_layout::BLOCK_BYTES),
+                                )),
+                            ),
+                            SpaceSize::Max => (shape(&geometry), None),
+                        };
+                    let free = Room::of(&allocator);
+                    return Err(no_capacity(&config.name, wanted, extents, &geometry, free));
+                }
+                if !can_narrow || !out_of_space {
                     return Err(error);
                 }
                 choice = ColumnChoice {
@@ -347,6 +361,62 @@ pub(crate) fn plan_space(
             }
         }
     }
+}
+
+/// The refusal of a space, a growth or a cache that does not fit: what it
+/// asks for (`wanted`, placed as `extents` of `geometry`, or at least one
+/// when `None`) and what the disks it may use have (`free`, before any of
+/// it was placed). "Not enough free capacity" alone left the user to work
+/// out whether the size, the layout or the disks were at fault.
+pub(crate) fn no_capacity(
+    space: &str,
+    wanted: String,
+    extents: Option<u64>,
+    geometry: &Geometry,
+    free: Room,
+) -> EngineError {
+    let per_extent = u64::from(geometry.slots_per_extent());
+    let slab = format_size(geometry.slab_bytes());
+    let needs = match extents {
+        Some(extents) => format!(
+            "needs {} slabs of {slab} ({} raw), {per_extent} per {} of data on distinct disks",
+            extents * per_extent,
+            format_size(extents * per_extent * geometry.slab_bytes()),
+            format_size(geometry.extent_data_bytes()),
+        ),
+        None => format!("needs at least {per_extent} slabs of {slab} on distinct disks"),
+    };
+    EngineError::NoCapacity {
+        space: space.to_string(),
+        detail: format!(
+            "{wanted} {needs}; the disks it may use have {} free slabs ({}) on {} disks",
+            free.slabs,
+            format_size(free.slabs * geometry.slab_bytes()),
+            free.disks,
+        ),
+    }
+}
+
+/// Free slabs, and the disks holding them, that an allocation may use.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Room {
+    slabs: u64,
+    disks: u32,
+}
+
+impl Room {
+    pub(crate) fn of(allocator: &Allocator) -> Room {
+        Room {
+            slabs: allocator.free_slabs(),
+            disks: allocator.usable_disks_and_domains().0,
+        }
+    }
+}
+
+/// "a 2-way mirror space over 1 column"
+pub(crate) fn shape(geometry: &Geometry) -> String {
+    let columns = terrace_layout::columns_text(geometry.columns());
+    format!("a {} space over {columns}", geometry.layout())
 }
 
 /// A space fully planned: its shape and where every extent goes.
@@ -508,13 +578,27 @@ impl Pool {
                 .shared
                 .allocator(next, record.fault_domain, |_, disk| disk.takes_capacity());
             let have = record.extents.len() as u64;
-            let added = (have..geometry.extents_for(requested))
+            let wanted = geometry.extents_for(requested) - have;
+            let free = Room::of(&allocator);
+            let added = (0..wanted)
                 .map(|_| {
                     allocator
                         .allocate_extent(&geometry)
                         .map(|slabs| ExtentRecord { slabs: Some(slabs) })
                 })
-                .collect::<Result<Vec<_>, _>>()?;
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|error| match error {
+                    PlacementError::OutOfSpace { .. } => {
+                        let growth = format!(
+                            "growing from {} to {} as {}",
+                            format_size(current),
+                            format_size(requested),
+                            shape(&geometry)
+                        );
+                        no_capacity(name, growth, Some(wanted), &geometry, free)
+                    }
+                    other => other.into(),
+                })?;
             let added_targets = targets(&self.shared, next, &added)?;
             (added, added_targets)
         };

@@ -14,11 +14,13 @@ use std::sync::Arc;
 
 use terrace_layout::Layout;
 use terrace_meta::{
-    CacheRecord, DiskRecord, DiskState, FaultDomain, PoolMetadata, SpaceId, SpaceRecord, SpaceRole,
-    Usage,
+    CacheRecord, DiskRecord, DiskState, FaultDomain, PlacementError, PoolMetadata, SpaceId,
+    SpaceRecord, SpaceRole, Usage,
 };
 
-use crate::admin::{build_space, plan_space, preallocate_log, SpaceConfig, SpaceSize};
+use crate::admin::{
+    build_space, no_capacity, plan_space, preallocate_log, shape, Room, SpaceConfig, SpaceSize,
+};
 use crate::control::PoolShared;
 use crate::error::EngineError;
 use crate::journal::{
@@ -26,6 +28,7 @@ use crate::journal::{
 };
 use crate::pool::Pool;
 use crate::space::Space;
+use crate::units::format_size;
 
 /// How long the destager sleeps when no cache needs it.
 const DESTAGE_IDLE_NS: u64 = 20_000_000;
@@ -95,6 +98,7 @@ pub(crate) fn plan_log(
         .find(|s| s.id == owner)
         .expect("owner planned");
     let copies = log_copies(owner_record.layout);
+    let owner_name = owner_record.name.clone();
     let config = SpaceConfig {
         columns: Some(1),
         ..SpaceConfig::new(
@@ -110,7 +114,23 @@ pub(crate) fn plan_log(
         shared.allocator(next, FaultDomain::Disk, |_, disk| disk.takes_capacity())
     };
     let now = shared.env.wall_clock_ns();
-    let (mut record, _) = plan_space(&config, next, allocator, FaultDomain::Disk, now)?;
+    let (mut record, _) = plan_space(&config, next, allocator, FaultDomain::Disk, now).map_err(
+        |error| match error {
+            // Named after the space whose cache it is, not the hidden log.
+            EngineError::NoCapacity { detail, .. } => EngineError::NoCapacity {
+                space: owner_name.clone(),
+                detail: format!(
+                    "its write-back cache on {}: {detail}",
+                    if on_journal {
+                        "journal disks"
+                    } else {
+                        "capacity disks"
+                    }
+                ),
+            },
+            other => other,
+        },
+    )?;
     record.role = SpaceRole::Log { owner };
     record.columns_reason = if on_journal {
         format!(
@@ -349,13 +369,32 @@ impl Pool {
         };
         let requested = bytes.next_multiple_of(geometry.extent_data_bytes());
         let have = next.spaces[position].extents.len() as u64;
-        let added = (have..geometry.extents_for(requested))
+        let wanted = geometry.extents_for(requested) - have;
+        let free = Room::of(&allocator);
+        let added = (0..wanted)
             .map(|_| {
                 allocator
                     .allocate_extent(&geometry)
                     .map(|slabs| terrace_meta::ExtentRecord { slabs: Some(slabs) })
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| match error {
+                PlacementError::OutOfSpace { .. } => {
+                    let growth = format!(
+                        "its write-back cache growing from {} to {} as {} on {}",
+                        format_size(have * geometry.extent_data_bytes()),
+                        format_size(requested),
+                        shape(&geometry),
+                        if on_journal {
+                            "journal disks"
+                        } else {
+                            "capacity disks"
+                        },
+                    );
+                    no_capacity(owner, growth, Some(wanted), &geometry, free)
+                }
+                other => other.into(),
+            })?;
         let added_targets = crate::admin::targets(&self.shared, &next, &added)?;
         let record = &mut next.spaces[position];
         record.size_bytes = requested;

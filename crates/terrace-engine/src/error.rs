@@ -130,6 +130,8 @@ pub enum EngineError {
         length: u64,
         reason: String,
     },
+    #[error("not enough free capacity for space {space}: {detail}")]
+    NoCapacity { space: String, detail: String },
     #[error("disk {disk} changed state while space {space} was prepared; nothing was created, create it again")]
     ChangedWhilePreparing { space: String, disk: u16 },
     #[error("{0}")]

@@ -37,6 +37,7 @@ mod simple;
 mod space;
 mod status;
 mod target;
+mod units;
 mod zero;
 
 pub use admin::{default_fault_domain, SpaceConfig, SpaceCreated, SpaceSize};
@@ -56,6 +57,7 @@ pub use space::{Space, REQUEST_MAX_BYTES};
 pub use status::{
     CacheInfo, DiskStatus, FailureImpact, PoolHealth, PoolStatus, SpaceHealth, SpaceStatus,
 };
+pub use units::format_size;
 
 pub use terrace_io as io;
 pub use terrace_layout as layout;

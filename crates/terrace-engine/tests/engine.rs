@@ -332,9 +332,14 @@ fn space_creation_errors_name_the_problem_and_change_nothing() {
             .await
             .err()
             .unwrap();
-        assert!(
-            error.to_string().contains("not enough free capacity"),
-            "{error}"
+        // The refusal says what the space asks for and what the disks have.
+        // Narrowed to one column before giving up, as a space without a
+        // column count is.
+        assert_eq!(
+            error.to_string(),
+            "not enough free capacity for space big: 1G as a simple space over 1 column \
+             needs 16384 slabs of 64K (1G raw), 1 per 64K of data on distinct disks; \
+             the disks it may use have 96 free slabs (6M) on 3 disks"
         );
         let mut bad_interleave = SpaceConfig::new("i", Layout::Simple, SpaceSize::Bytes(1 << 20));
         bad_interleave.interleave_bytes = Some(12 << 10);
@@ -801,5 +806,68 @@ fn disks_join_spaces_grow_usage_changes_and_pools_are_destroyed() {
         Pool::create(env(), small_config("again"), disks_again)
             .await
             .unwrap();
+    });
+}
+
+#[test]
+fn growths_and_caches_that_do_not_fit_say_what_they_need() {
+    block_on(async {
+        let disks = Disks::new(3, 48 << 20);
+        let pool = create_pool(&disks).await;
+        pool.create_space(SpaceConfig::new(
+            "s",
+            Layout::Simple,
+            SpaceSize::Bytes(1 << 20),
+        ))
+        .await
+        .unwrap();
+        let mut parity = SpaceConfig::new(
+            "p",
+            Layout::Parity { redundancy: 1 },
+            SpaceSize::Bytes(4 << 20),
+        );
+        parity.cache_bytes = Some(32 << 20);
+        pool.create_space(parity).await.unwrap();
+        let generation = pool.metadata().await.generation;
+        let refusals = [
+            pool.resize_space("s", 1 << 30)
+                .await
+                .unwrap_err()
+                .to_string(),
+            pool.set_cache_size("p", 100 << 20)
+                .await
+                .unwrap_err()
+                .to_string(),
+            {
+                let mut big = SpaceConfig::new(
+                    "q",
+                    Layout::Parity { redundancy: 1 },
+                    SpaceSize::Bytes(1 << 20),
+                );
+                big.cache_bytes = Some(1 << 30);
+                pool.create_space(big).await.err().unwrap().to_string()
+            },
+        ];
+        assert_eq!(
+            refusals,
+            [
+                "not enough free capacity for space s: growing from 1M to 1G as a simple space \
+                 over 3 columns needs 16368 slabs of 64K (1023M raw), 3 per 192K of data on \
+                 distinct disks; the disks it may use have 1070 free slabs (67M) on 3 disks",
+                "not enough free capacity for space p: its write-back cache growing from 32M to \
+                 100M as a 2-way mirror space over 1 column on capacity disks needs 2176 slabs \
+                 of 64K (136M raw), 2 per 64K of data on distinct disks; the disks it may use \
+                 have 1070 free slabs (67M) on 3 disks",
+                "not enough free capacity for space q: its write-back cache on capacity disks: \
+                 1G as a 2-way mirror space over 1 column needs 32768 slabs of 64K (2G raw), 2 \
+                 per 64K of data on distinct disks; the disks it may use have 1046 free slabs \
+                 (65M) on 3 disks",
+            ]
+        );
+        assert_eq!(
+            pool.metadata().await.generation,
+            generation,
+            "nothing committed"
+        );
     });
 }

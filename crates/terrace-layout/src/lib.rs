@@ -448,6 +448,14 @@ pub struct ColumnChoice {
     pub reason: String,
 }
 
+/// "1 column", "3 columns": a column count as a sentence says it.
+pub fn columns_text(columns: u32) -> String {
+    match columns {
+        1 => "1 column".to_string(),
+        n => format!("{n} columns"),
+    }
+}
+
 /// Choose (or check) the column count of a new space given how many disks
 /// (or distinct fault domains) can hold its slabs.
 pub fn choose_columns(
@@ -483,7 +491,7 @@ pub fn choose_columns(
         }
         return Ok(ColumnChoice {
             columns,
-            reason: format!("{columns} columns, as requested"),
+            reason: format!("{}, as requested", columns_text(columns)),
         });
     }
     // A redundant space leaves one disk's width free where it can, so that
@@ -503,20 +511,21 @@ pub fn choose_columns(
     };
     let fit = width / copies;
     let columns = fit.min(COLUMNS_AUTOMATIC_MAX);
+    let count = columns_text(columns);
     let reason = if fit > COLUMNS_AUTOMATIC_MAX {
         format!(
-            "{columns} columns{copies_note}: the automatic maximum; {usable_disks} usable disks would allow {fit}, but wider rows make small parity updates and rebuilds touch more disks"
+            "{count}{copies_note}: the automatic maximum; {usable_disks} usable disks would allow {fit}, but wider rows make small parity updates and rebuilds touch more disks"
         )
     } else if keep_free {
         format!(
-            "{columns} columns{copies_note}: as wide as {width} of {usable_disks} usable disks allow, keeping one free so that a failed disk is rebuilt into free space without a spare"
+            "{count}{copies_note}: as wide as {width} of {usable_disks} usable disks allow, keeping one free so that a failed disk is rebuilt into free space without a spare"
         )
     } else if redundant {
         format!(
-            "{columns} columns{copies_note}: as wide as {usable_disks} usable disks allow (too few to keep one free for rebuilds: a failed disk waits for a spare or a new disk)"
+            "{count}{copies_note}: as wide as {usable_disks} usable disks allow (too few to keep one free for rebuilds: a failed disk waits for a spare or a new disk)"
         )
     } else {
-        format!("{columns} columns{copies_note}: as wide as {usable_disks} usable disks allow")
+        format!("{count}{copies_note}: as wide as {usable_disks} usable disks allow")
     };
     Ok(ColumnChoice { columns, reason })
 }

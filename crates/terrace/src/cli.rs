@@ -616,8 +616,19 @@ pub fn render(request: &Request, result: serde_json::Value) -> Result<String, Cl
         ),
         Request::SpaceCreate(_) | Request::SpaceResize { .. } | Request::SpaceCache { .. } => {
             let space: SpaceView = parse(result)?;
+            // The cache is what `space cache` changed, and a creation may
+            // have given one by default: say where it is either way.
+            let cache = space.cache.as_ref().map_or(String::new(), |cache| {
+                let disks: Vec<String> = cache.log_disks.iter().map(u16::to_string).collect();
+                format!(
+                    "; write-back cache {}, log on disks {} ({} copies)",
+                    crate::units::format_size(cache.bytes),
+                    disks.join(", "),
+                    cache.log_copies
+                )
+            });
             format!(
-                "space {} in pool {}: {}, {} ({}), export {}\n",
+                "space {} in pool {}: {}, {} ({}), export {}{cache}\n",
                 space.name,
                 space.pool,
                 space.layout_description,

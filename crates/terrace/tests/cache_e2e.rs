@@ -153,3 +153,43 @@ fn the_log_memory_is_shared_by_the_pools() {
     assert_eq!(share(&daemon, "a"), 64 << 20);
     daemon.stop();
 }
+
+/// `space cache` answers with the cache it made, where its log lives, and
+/// refuses a cache the journal disks cannot hold with what it needs.
+#[test]
+fn space_cache_says_what_it_made_or_what_it_needs() {
+    let mut daemon = Daemon::start();
+    let mut disks: Vec<String> = daemon
+        .disk_files("cap", 3, GIB)
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    disks.extend(
+        daemon
+            .disk_files("jrn", 2, 256 << 20)
+            .iter()
+            .map(|p| format!("{},usage=journal", p.display())),
+    );
+    let mut args = vec!["pool", "create", "wb"];
+    args.extend(disks.iter().map(String::as_str));
+    args.extend(["--slab", "16M"]);
+    daemon.cli_json(&args);
+    daemon.create_space("wb", "p", &["--layout", "parity", "--cache", "64M"], "64M");
+    let text = daemon.cli_ok(&["space", "cache", "p", "96M"]).stdout;
+    assert!(
+        text.contains("write-back cache 96M, log on disks 3, 4 (2 copies)"),
+        "{text}"
+    );
+    let refused = daemon.cli(&["space", "cache", "p", "1G"]);
+    assert!(!refused.success(), "{}", refused.describe());
+    assert!(
+        refused.stderr.contains(
+            "not enough free capacity for space p: its write-back cache growing from 96M to 1G"
+        ) && refused.stderr.contains("on journal disks"),
+        "{}",
+        refused.describe()
+    );
+    let view = daemon.cli_json(&["space", "show", "p"]);
+    assert_eq!(view["space"]["cache"]["bytes"], 96 << 20, "{view}");
+    daemon.stop();
+}

@@ -109,7 +109,7 @@ fn refused_commands_say_why_and_change_nothing() {
         "space create alpha big --layout simple --size 100G",
         None,
         1,
-        &["capacity"],
+        &["capacity", "100G as a simple space", "raw", "free slabs"],
     );
     // A disk of alpha in a new pool.
     setup.refused(
@@ -204,6 +204,12 @@ fn refused_commands_say_why_and_change_nothing() {
         None,
         1,
         &["keep", "exists"],
+    );
+    setup.refused(
+        "space resize keep --size 100G",
+        None,
+        1,
+        &["keep", "growing from 32M to 100G", "free slabs"],
     );
     let answer = setup.refused("space delete keep", Some("no\n"), 1, &["not confirmed"]);
     assert!(

@@ -43,9 +43,9 @@ fn map<T>(result: Result<T, EngineError>) -> Result<T, Errno> {
 fn describe(space: &Space) -> String {
     let geometry = space.geometry();
     format!(
-        "{}, {} columns, {} interleave",
+        "{}, {}, {} interleave",
         geometry.layout(),
-        geometry.columns(),
+        terrace_engine::layout::columns_text(geometry.columns()),
         crate::units::format_size(geometry.interleave_bytes())
     )
 }

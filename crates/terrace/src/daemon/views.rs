@@ -1,6 +1,6 @@
 //! Engine state → the API's views.
 
-use terrace_engine::layout::Layout;
+use terrace_engine::layout::{columns_text, Layout};
 use terrace_engine::meta::{
     DiskIndex, FaultDomain, JobKind, Media, PoolMetadata, PoolSettings, RepairPolicy,
     RetireMissing, Usage,
@@ -309,9 +309,9 @@ fn explanation(view: &SpaceView, slab_bytes: u64) -> Vec<String> {
     )];
     match view.layout.as_str() {
         "mirror" => lines.push(format!(
-            "each row stripes {} interleave units over {} columns; every column is kept on {} disks",
+            "each row stripes {} interleave units over {}; every column is kept on {} disks",
             format_size(view.interleave_bytes),
-            view.columns,
+            columns_text(view.columns),
             view.copies
         )),
         "parity" => lines.push(format!(
@@ -321,9 +321,9 @@ fn explanation(view: &SpaceView, slab_bytes: u64) -> Vec<String> {
             view.redundancy
         )),
         _ => lines.push(format!(
-            "each row stripes {} interleave units over {} columns; no redundancy",
+            "each row stripes {} interleave units over {}; no redundancy",
             format_size(view.interleave_bytes),
-            view.columns
+            columns_text(view.columns)
         )),
     }
     let slots = view.columns * view.copies;
