@@ -205,7 +205,8 @@ pub struct DiskView {
     pub index: u16,
     pub id: String,
     pub device: String,
-    /// ONLINE, FAILED, MISSING or STANDBY.
+    /// ONLINE, FAILED, MISSING, STANDBY, or REMOVED (emptied and released
+    /// by `disk remove` or `disk replace`).
     pub state: String,
     pub reason: String,
     pub media: String,

@@ -267,6 +267,12 @@ fn redundancy_template(daemon: &Daemon, template: &Template, seed: u64) {
             status["disks"][disk]["slabs_used"], 0,
             "{name}: the lost disk {disk} still holds slabs: {status}"
         );
+        if matches!(template.repair, Repair::Replace) {
+            assert_eq!(
+                status["disks"][disk]["state"], "REMOVED",
+                "{name}: the replaced disk {disk}: {status}"
+            );
+        }
     }
     let now_on: BTreeSet<usize> = disks_of(daemon, name).into_iter().collect();
     let expected_new: Vec<usize> = match template.repair {

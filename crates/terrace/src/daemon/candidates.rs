@@ -42,6 +42,18 @@ fn block_devices() -> Vec<String> {
         .collect()
 }
 
+/// A block device's size as the kernel gives it (`/sys/block/NAME/size`,
+/// in 512-byte sectors whatever the device's own sector size).
+fn sysfs_size_bytes(path: &str) -> Option<u64> {
+    let name = Path::new(path).file_name()?.to_string_lossy().into_owned();
+    let sectors = std::fs::read_to_string(format!("/sys/block/{name}/size")).ok()?;
+    sectors
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .map(|sectors| sectors * 512)
+}
+
 /// Why the kernel's view of a block device rules it out, if it does.
 fn block_device_problem(path: &str) -> Option<String> {
     let name = Path::new(path).file_name()?.to_string_lossy().into_owned();
@@ -114,7 +126,13 @@ async fn candidate(registry: &Registry, path: &str) -> CandidateView {
     };
     let device: Arc<dyn BlockDevice> = match FileDevice::open(path, options) {
         Ok(device) => Arc::new(device),
-        Err(error) => return view(0, "unusable", format!("cannot open: {error}")),
+        // What the kernel says about a block device (mounted, partitioned,
+        // held) explains a refused open better than the errno does, and
+        // its size is known without opening it.
+        Err(error) => {
+            let reason = block_device_problem(path).unwrap_or(format!("cannot open: {error}"));
+            return view(sysfs_size_bytes(path).unwrap_or(0), "unusable", reason);
+        }
     };
     let size = device.size_bytes();
     let report = terrace_engine::scan(&[device]).await.remove(0);

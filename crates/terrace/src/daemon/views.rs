@@ -2,10 +2,12 @@
 
 use terrace_engine::layout::{columns_text, Layout};
 use terrace_engine::meta::{
-    DiskIndex, FaultDomain, JobKind, Media, PoolMetadata, PoolSettings, RepairPolicy,
+    DiskIndex, DiskState, FaultDomain, JobKind, Media, PoolMetadata, PoolSettings, RepairPolicy,
     RetireMissing, Usage,
 };
-use terrace_engine::{Condition, JobStatus, PoolHealth, PoolStatus, SpaceHealth, SpaceStatus};
+use terrace_engine::{
+    Condition, DiskStatus, JobStatus, PoolHealth, PoolStatus, SpaceHealth, SpaceStatus,
+};
 
 use crate::api::{
     DiskView, ExtentView, ImpactView, JobView, PoolSummary, PoolView, SettingsView, SlotView,
@@ -40,6 +42,17 @@ pub fn condition_name(condition: Condition) -> &'static str {
     }
 }
 
+/// A disk's state as status shows it: a disk emptied and released by
+/// `disk remove` or `disk replace` keeps its row (indexes stay stable) but
+/// is neither missing nor failed.
+fn disk_state_name(disk: &DiskStatus) -> &'static str {
+    if disk.state == DiskState::Removed {
+        "REMOVED"
+    } else {
+        condition_name(disk.condition)
+    }
+}
+
 pub fn domain_name(domain: FaultDomain) -> &'static str {
     match domain {
         FaultDomain::Disk => "disk",
@@ -52,7 +65,7 @@ fn state_and_reason(status: &PoolStatus) -> (&'static str, String) {
     let offline = status
         .disks
         .iter()
-        .filter(|d| d.condition != Condition::Online)
+        .filter(|d| d.state != DiskState::Removed && d.condition != Condition::Online)
         .count();
     match (&status.health, &status.read_only) {
         (PoolHealth::DataLoss, _) => (
@@ -176,7 +189,7 @@ pub fn pool_view(
             index: disk.index,
             id: disk.id.clone(),
             device: disk.device.clone(),
-            state: condition_name(disk.condition).into(),
+            state: disk_state_name(disk).into(),
             reason: disk.reason.clone(),
             media: media_name(disk.media).into(),
             usage: usage_name(disk.usage).into(),
