@@ -687,6 +687,19 @@ impl Space {
             .all(|disk| disk.device().is_some_and(|device| device.cheap_fua()))
     }
 
+    /// Whether the space's data sits on spinning drives: some disk holding
+    /// its slabs says it spins (see `BlockDevice::rotational`). Its NBD
+    /// export tells clients so, which pick their I/O scheduling and file
+    /// system layout by it.
+    pub fn rotational(&self) -> bool {
+        self.map()
+            .extents
+            .iter()
+            .flat_map(|targets| targets.iter().flat_map(|t| t.locations.iter()))
+            .filter_map(|location| location.disk.device())
+            .any(|device| device.rotational() == Some(true))
+    }
+
     /// Flush only the disks this space's slabs are on (a log's group
     /// commit: the pool's other disks have nothing of it to flush).
     pub(crate) async fn flush_own_disks(&self) -> Result<(), EngineError> {

@@ -268,6 +268,7 @@ impl Haggle<'_> {
         Session {
             size: backend.size_bytes(),
             read_only: backend.read_only(),
+            rotational: backend.rotational(),
             block_sizes: advertised_block_sizes(
                 backend.block_sizes(),
                 self.options.max_payload_bytes,
@@ -494,10 +495,12 @@ fn selects_base_allocation(queries: &[String], listing: bool) -> bool {
 /// Transmission flags of an export. Everything the server implements is
 /// advertised; read-only exports leave out the commands that would write
 /// (they are still refused with `NBD_EPERM` if sent). `NBD_FLAG_ROTATIONAL`
-/// is never set and `NBD_FLAG_SEND_DF` neither: reads always come back as
-/// one chunk, but the flag is not implemented.
-pub(crate) fn transmission_flags(read_only: bool) -> u16 {
-    let common = NBD_FLAG_HAS_FLAGS
+/// is the backend's answer. `NBD_FLAG_SEND_DF` is never set: reads always
+/// come back as one chunk, but the flag is not implemented.
+pub(crate) fn transmission_flags(read_only: bool, rotational: bool) -> u16 {
+    let spins = if rotational { NBD_FLAG_ROTATIONAL } else { 0 };
+    let common = spins
+        | NBD_FLAG_HAS_FLAGS
         | NBD_FLAG_SEND_FLUSH
         | NBD_FLAG_SEND_FUA
         | NBD_FLAG_SEND_CACHE
@@ -578,15 +581,17 @@ mod tests {
 
     #[test]
     fn read_only_exports_do_not_offer_writing_commands() {
-        let flags = transmission_flags(true);
+        let flags = transmission_flags(true, false);
         assert_ne!(flags & NBD_FLAG_READ_ONLY, 0);
         assert_eq!(
             flags & (NBD_FLAG_SEND_TRIM | NBD_FLAG_SEND_WRITE_ZEROES | NBD_FLAG_SEND_FAST_ZERO),
             0
         );
-        let flags = transmission_flags(false);
+        let flags = transmission_flags(false, false);
         assert_eq!(flags & NBD_FLAG_READ_ONLY, 0);
         assert_ne!(flags & NBD_FLAG_CAN_MULTI_CONN, 0);
         assert_eq!(flags & (NBD_FLAG_ROTATIONAL | NBD_FLAG_SEND_DF), 0);
+        // Spinning media is the only difference a rotational backend makes.
+        assert_eq!(transmission_flags(false, true), flags | NBD_FLAG_ROTATIONAL);
     }
 }

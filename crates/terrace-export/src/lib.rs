@@ -87,6 +87,11 @@ pub trait Backend: Send + Sync + 'static {
     fn block_sizes(&self) -> BlockSizes;
     /// A description for NBD_INFO_DESCRIPTION (e.g. "2-way mirror, 4 columns").
     fn description(&self) -> String;
+    /// Whether the export is on spinning media (NBD_FLAG_ROTATIONAL): a
+    /// client may then schedule its I/O as for a hard disk.
+    fn rotational(&self) -> bool {
+        false
+    }
     /// Exactly `length` bytes (anything else ends the connection's reply
     /// with an I/O error); shared bytes, so that a backend may answer from
     /// memory it keeps without copying.

@@ -39,6 +39,8 @@ pub(crate) struct Session {
     /// The size sent to the client; requests are checked against it.
     pub size: u64,
     pub read_only: bool,
+    /// On spinning media (`Backend::rotational`), as advertised.
+    pub rotational: bool,
     /// As advertised; `maximum` is the payload limit this server enforces.
     pub block_sizes: BlockSizes,
     pub structured: bool,
@@ -48,7 +50,7 @@ pub(crate) struct Session {
 
 impl Session {
     pub(crate) fn transmission_flags(&self) -> u16 {
-        transmission_flags(self.read_only)
+        transmission_flags(self.read_only, self.rotational)
     }
 
     pub(crate) fn payload_limit(&self) -> u32 {
@@ -614,6 +616,7 @@ mod tests {
             backend: Arc::new(NoBackend),
             size: 1 << 20,
             read_only,
+            rotational: false,
             block_sizes: NoBackend.block_sizes(),
             structured,
             block_status_context: context,

@@ -314,7 +314,7 @@ async fn recorded_write(
 }
 
 impl BlockDevice for CrashDevice {
-    crate::forward_device_answers!(inner: name, size_bytes, alignment, cheap_fua, allocates_on_first_write);
+    crate::forward_device_answers!(inner: name, size_bytes, alignment, cheap_fua, allocates_on_first_write, rotational);
 
     fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
         self.inner.read(offset, buf)

@@ -73,7 +73,7 @@ fn delayed<T: Send + 'static>(
 }
 
 impl BlockDevice for DelayDevice {
-    crate::forward_device_answers!(inner: name, size_bytes, alignment, cheap_fua, allocates_on_first_write);
+    crate::forward_device_answers!(inner: name, size_bytes, alignment, cheap_fua, allocates_on_first_write, rotational);
 
     fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
         let inner = Arc::clone(&self.inner);

@@ -174,7 +174,7 @@ impl FaultDevice {
 }
 
 impl BlockDevice for FaultDevice {
-    crate::forward_device_answers!(inner: name, size_bytes, alignment, cheap_fua, allocates_on_first_write);
+    crate::forward_device_answers!(inner: name, size_bytes, alignment, cheap_fua, allocates_on_first_write, rotational);
 
     fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
         match self.verdict(Operation::Read, offset, buf.len() as u64) {

@@ -136,6 +136,8 @@ struct DeviceIo {
     /// See [`BlockDevice::allocates_on_first_write`]: a regular file, or a
     /// loop device (a file behind it).
     allocates: bool,
+    /// See [`BlockDevice::rotational`]: a block device's `queue/rotational`.
+    rotational: Option<bool>,
 }
 
 impl FileDevice {
@@ -170,6 +172,11 @@ impl FileDevice {
         let file = Arc::new(file);
         let memory_backed = sys::is_memory_backed(&file);
         let allocates = !block_device || sys::is_loop_over_file(&file);
+        let rotational = if block_device {
+            sys::rotational(&file)
+        } else {
+            None
+        };
         let cheap_fua = if block_device {
             sys::write_through_cache(&file)
         } else {
@@ -193,6 +200,7 @@ impl FileDevice {
             fallocate_unsupported: AtomicBool::new(false),
             cheap_fua,
             allocates,
+            rotational,
         });
         Ok(FileDevice {
             io,
@@ -563,6 +571,10 @@ impl BlockDevice for FileDevice {
     /// block device's are all there.
     fn allocates_on_first_write(&self) -> bool {
         self.io.allocates
+    }
+
+    fn rotational(&self) -> Option<bool> {
+        self.io.rotational
     }
 
     fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {

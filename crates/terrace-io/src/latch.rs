@@ -66,7 +66,7 @@ fn observe<T>(slot: &Mutex<Option<String>>, result: IoResult<T>) -> IoResult<T> 
 }
 
 impl BlockDevice for LatchedDevice {
-    crate::forward_device_answers!(inner: name, size_bytes, alignment, cheap_fua, allocates_on_first_write);
+    crate::forward_device_answers!(inner: name, size_bytes, alignment, cheap_fua, allocates_on_first_write, rotational);
 
     fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
         if let Some(error) = self.refuse() {

@@ -69,11 +69,25 @@ impl fmt::Display for Operation {
     }
 }
 
+/// An operation and the bytes it covered, as an error names them: "open"
+/// and "flush" cover no range, so none is named.
+struct Span(Operation, u64, u64);
+
+impl fmt::Display for Span {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Span(operation, offset, length) = *self;
+        match operation {
+            Operation::Open | Operation::Flush => write!(f, "{operation}"),
+            _ => write!(f, "{operation} of {length} bytes at offset {offset}"),
+        }
+    }
+}
+
 /// Why a device operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum IoError {
     /// The operating system rejected the operation.
-    #[error("{device}: {operation} of {length} bytes at offset {offset} failed: {source}")]
+    #[error("{device}: {} failed: {source}", Span(*.operation, *.offset, *.length))]
     Os {
         device: String,
         operation: Operation,
@@ -184,6 +198,14 @@ pub trait BlockDevice: Send + Sync + 'static {
     fn allocates_on_first_write(&self) -> bool {
         false
     }
+    /// Whether the device is a spinning drive, where it can say: a block
+    /// device's `queue/rotational`, a drive model's kind. `None` for a
+    /// regular file or memory. Pools record it as the disk's media where
+    /// none is declared, and a space on spinning drives tells its NBD
+    /// clients so. Wrappers forward their inner device's answer.
+    fn rotational(&self) -> Option<bool> {
+        None
+    }
 }
 
 /// Answers a wrapper device gives as the device it wraps: expands, inside an
@@ -222,6 +244,11 @@ macro_rules! forward_device_answers {
     (@one $field:ident allocates_on_first_write) => {
         fn allocates_on_first_write(&self) -> bool {
             self.$field.allocates_on_first_write()
+        }
+    };
+    (@one $field:ident rotational) => {
+        fn rotational(&self) -> Option<bool> {
+            self.$field.rotational()
         }
     };
     ($field:ident: $($method:ident),+ $(,)?) => {
@@ -313,6 +340,26 @@ mod tests {
             assert_eq!(copy.as_ptr() as usize % DIRECT_IO_ALIGNMENT, 0);
             assert_eq!(&copy[..], &data[..]);
         }
+    }
+
+    #[test]
+    fn os_errors_name_a_range_only_where_the_operation_has_one() {
+        let error = |operation, offset, length| IoError::Os {
+            device: "/dev/sdz".into(),
+            operation,
+            offset,
+            length,
+            source: std::io::Error::from_raw_os_error(libc::EPERM),
+        };
+        let open = error(Operation::Open, 0, 0).to_string();
+        assert!(open.starts_with("/dev/sdz: open failed: "), "{open}");
+        let flush = error(Operation::Flush, 0, 0).to_string();
+        assert!(flush.starts_with("/dev/sdz: flush failed: "), "{flush}");
+        let write = error(Operation::Write, 8192, 4096).to_string();
+        assert!(
+            write.starts_with("/dev/sdz: write of 4096 bytes at offset 8192 failed: "),
+            "{write}"
+        );
     }
 
     #[test]

@@ -335,7 +335,7 @@ impl DriveModel {
         })
     }
 
-    /// Whether the model is a rotating disk (for media labels).
+    /// Whether the model is a rotating disk.
     pub fn is_hdd(&self) -> bool {
         matches!(self.kind, ModelKind::Hdd(_))
     }
@@ -849,6 +849,11 @@ impl BlockDevice for ModelDevice {
             ModelKind::Ssd(p) => p.write_buffer_bytes > 0,
             ModelKind::Hdd(p) => p.write_cache_bytes == 0,
         }
+    }
+
+    /// The modelled drive's kind, not the backing file's.
+    fn rotational(&self) -> Option<bool> {
+        Some(self.model.is_hdd())
     }
 
     fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {

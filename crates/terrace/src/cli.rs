@@ -19,7 +19,9 @@ use crate::{render, CliError};
 /// `path,media=...` attributes win).
 #[derive(Args, Debug, Clone, Default)]
 pub struct DiskDefaults {
-    /// Media of the disks: hdd or ssd.
+    /// Media of the disks: hdd, ssd, unknown, or auto (the default: what
+    /// the device says, a block device's queue/rotational or a drive
+    /// model's kind; a plain file is unknown).
     #[arg(long)]
     media: Option<String>,
     /// What the pool may use the disks for: auto, manual, hot-spare, journal, retired.

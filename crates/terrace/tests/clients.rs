@@ -39,6 +39,8 @@ fn nbdinfo_sees_every_layout_as_a_writable_disk() {
             assert_eq!(export[flag], true, "{flag} of {}: {info}", layout.name);
         }
         assert_eq!(export["is_read_only"], false, "{info}");
+        // Plain files cannot say they spin.
+        assert_eq!(export["is_rotational"], false, "{info}");
         let minimum = export["block_size_minimum"].as_u64();
         let preferred = export["block_size_preferred"].as_u64();
         let maximum = export["block_size_maximum"].as_u64();
@@ -140,6 +142,39 @@ fn nbdinfo_sees_every_layout_as_a_writable_disk() {
         "nbdinfo connected to a space that does not exist\n{}",
         answer.describe()
     );
+    daemon.stop();
+}
+
+/// A space on spinning drives tells its NBD clients so (a client picks
+/// its I/O scheduling, and a file system its layout, by it); one on SSDs
+/// does not. The disks' media, declared nowhere, is what the devices say.
+#[test]
+fn spaces_on_spinning_drives_say_so_to_nbd_clients() {
+    if skip_without("nbdinfo", &["nbdinfo"]) {
+        return;
+    }
+    let mut daemon = Daemon::start();
+    for (pool, model, media, spins) in [
+        ("spinning", "hdd-7k", "hdd", true),
+        ("flash", "ssd-sata", "ssd", false),
+    ] {
+        let disks: Vec<String> = daemon
+            .disk_files(pool, 2, 256 * MIB)
+            .iter()
+            .map(|file| format!("{},model={model}", file.display()))
+            .collect();
+        let mut args = vec!["pool", "create", pool];
+        args.extend(disks.iter().map(String::as_str));
+        args.extend(["--slab", "16M"]);
+        let status = daemon.cli_json(&args);
+        for disk in status["disks"].as_array().expect("disks") {
+            assert_eq!(disk["media"], media, "{pool}: {status}");
+        }
+        let name = format!("{pool}-space");
+        daemon.create_space(pool, &name, &["--layout", "mirror"], "32M");
+        let info = run_ok(command("nbdinfo").arg("--json").arg(daemon.uri(&name))).json();
+        assert_eq!(info["exports"][0]["is_rotational"], spins, "{name}: {info}");
+    }
     daemon.stop();
 }
 

@@ -190,6 +190,19 @@ pub fn write_through_cache(file: &File) -> bool {
         .is_some_and(|text| text.trim() == "write through")
 }
 
+/// Whether the block device `file` says it spins (`queue/rotational` in
+/// sysfs; a partition asks its disk); `None` where it cannot say.
+pub fn rotational(file: &File) -> Option<bool> {
+    ["queue/rotational", "../queue/rotational"]
+        .iter()
+        .find_map(|tail| block_sysfs(file, tail))
+        .and_then(|text| match text.trim() {
+            "1" => Some(true),
+            "0" => Some(false),
+            _ => None,
+        })
+}
+
 /// Whether a block device is a loop device with a file behind it.
 pub fn is_loop_over_file(file: &File) -> bool {
     block_sysfs(file, "loop/backing_file").is_some_and(|path| !path.trim().is_empty())

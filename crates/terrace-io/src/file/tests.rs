@@ -626,6 +626,32 @@ fn devices_say_fua_is_cheap_only_without_a_volatile_cache() {
     let _ = std::fs::write(&knob, before.trim());
 }
 
+/// A block device says whether it spins (sysfs `queue/rotational`, which
+/// root may set on a loop device); a regular file cannot say.
+#[test]
+fn block_devices_say_whether_they_spin_and_files_do_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let backing = sparse_file(dir.path(), MIB);
+    let file = FileDevice::open(&backing, FileOptions::default()).unwrap();
+    assert_eq!(file.rotational(), None);
+    let Some(loop_device) = LoopDevice::attach(&backing) else {
+        eprintln!("skipped the block device half: needs root and losetup with a free loop device");
+        return;
+    };
+    let name = loop_device.path.file_name().unwrap().to_string_lossy();
+    let knob = PathBuf::from(format!("/sys/block/{name}/queue/rotational"));
+    let before = std::fs::read_to_string(&knob).unwrap();
+    for (value, spins) in [("1", true), ("0", false)] {
+        if std::fs::write(&knob, value).is_err() {
+            eprintln!("skipped rotational={value}: the kernel refused it");
+            continue;
+        }
+        let device = FileDevice::open(&loop_device.path, FileOptions::default()).unwrap();
+        assert_eq!(device.rotational(), Some(spins), "rotational={value}");
+    }
+    let _ = std::fs::write(&knob, before.trim());
+}
+
 /// A regular file's first writes allocate its blocks (on disk or, in
 /// memory, its pages), and so do a loop device's over it. (A block
 /// device's blocks are all there; this machine has none to spare.)

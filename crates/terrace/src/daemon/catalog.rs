@@ -117,6 +117,10 @@ impl Backend for SpaceBackend {
         self.space.is_read_only()
     }
 
+    fn rotational(&self) -> bool {
+        self.space.rotational()
+    }
+
     fn block_sizes(&self) -> BlockSizes {
         // Any byte granularity works; 512 keeps clients from sending less.
         // The preferred size is the write that needs no read-modify-write

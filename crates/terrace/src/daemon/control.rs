@@ -215,12 +215,26 @@ fn daemon_view(daemon: &Daemon) -> DaemonView {
     }
 }
 
-pub fn parse_media(text: &str) -> Result<Media, (ErrorKind, String)> {
+/// A disk's media as declared (`hdd`, `ssd`, `unknown`), or, where none
+/// is declared or `auto`, as the device says (`BlockDevice::rotational`:
+/// a block device's `queue/rotational`, a drive model's kind; a regular
+/// file cannot say).
+pub fn parse_media(
+    text: Option<&str>,
+    device: &dyn BlockDevice,
+) -> Result<Media, (ErrorKind, String)> {
     match text {
-        "hdd" => Ok(Media::Hdd),
-        "ssd" => Ok(Media::Ssd),
-        "unknown" | "auto" => Ok(Media::Unknown),
-        other => Err(usage(format!("unknown media {other:?}: use hdd or ssd"))),
+        None | Some("auto") => Ok(match device.rotational() {
+            Some(true) => Media::Hdd,
+            Some(false) => Media::Ssd,
+            None => Media::Unknown,
+        }),
+        Some("hdd") => Ok(Media::Hdd),
+        Some("ssd") => Ok(Media::Ssd),
+        Some("unknown") => Ok(Media::Unknown),
+        Some(other) => Err(usage(format!(
+            "unknown media {other:?}: use hdd, ssd, unknown or auto"
+        ))),
     }
 }
 
@@ -252,7 +266,7 @@ fn new_disks(
         let device: Arc<dyn BlockDevice> = open_device(&path, &registry.env)
             .map_err(|error| failure(format!("cannot open {}: {error}", spec.path)))?;
         let mut disk = NewDisk::new(device);
-        disk.media = parse_media(spec.media.as_deref().unwrap_or("unknown"))?;
+        disk.media = parse_media(spec.media.as_deref(), disk.device.as_ref())?;
         disk.usage = parse_usage(spec.usage.as_deref().unwrap_or("auto"))?;
         disk.enclosure = spec.enclosure.unwrap_or_default();
         disk.node = spec.node.unwrap_or_default();
