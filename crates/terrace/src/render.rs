@@ -7,7 +7,7 @@ use crate::api::{
     CandidateView, ImpactView, ImportableView, JobView, PoolSummary, PoolView, SpaceDetail,
     SpaceView,
 };
-use crate::units::format_size;
+use crate::units::{count, format_size};
 
 fn table(header: &[&str]) -> Table {
     let mut table = Table::new();
@@ -24,7 +24,7 @@ fn indent(text: &str) -> String {
 
 pub fn space_health(space: &SpaceView) -> String {
     match (space.health.as_str(), space.survives) {
-        ("healthy", Some(n)) => format!("healthy (survives {n} failure(s))"),
+        ("healthy", Some(n)) => format!("healthy (survives {})", count(n, "failure")),
         ("no-redundancy", _) => "healthy (no redundancy)".into(),
         ("degraded", Some(n)) => format!("DEGRADED (survives {n} more)"),
         ("incomplete", Some(n)) => {

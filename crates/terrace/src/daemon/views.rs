@@ -13,7 +13,7 @@ use crate::api::{
     DiskView, ExtentView, ImpactView, JobView, PoolSummary, PoolView, SettingsView, SlotView,
     SpaceDetail, SpaceView,
 };
-use crate::units::format_size;
+use crate::units::{count, format_size};
 
 pub fn media_name(media: Media) -> &'static str {
     match media {
@@ -76,7 +76,10 @@ fn state_and_reason(status: &PoolStatus) -> (&'static str, String) {
         (_, Some(reason)) => ("READ-ONLY", reason.clone()),
         (PoolHealth::Degraded, None) => (
             "DEGRADED",
-            format!("{offline} disk(s) failed or missing; every space still has its data"),
+            format!(
+                "{} failed or missing; every space still has its data",
+                count(offline as u64, "disk")
+            ),
         ),
         (PoolHealth::Ok, None) => ("ONLINE", "all disks online".into()),
     }
@@ -163,8 +166,9 @@ fn cache_view(cache: &terrace_engine::CacheInfo) -> crate::api::CacheView {
         log_copies: cache.log_copies,
         log_health: log_health.into(),
         protects: format!(
-            "{} copies: any {lose} log disk(s) may fail without losing a logged write; partial-stripe writes are logged before they touch the disks, so a crash leaves no write hole",
-            cache.log_copies
+            "{} copies: any {} may fail without losing a logged write; partial-stripe writes are logged before they touch the disks, so a crash leaves no write hole",
+            cache.log_copies,
+            count(lose, "log disk")
         ),
         absorbed_writes: status.absorbed_writes,
         absorbed_bytes: status.absorbed_bytes,
@@ -328,10 +332,10 @@ fn explanation(view: &SpaceView, slab_bytes: u64) -> Vec<String> {
             view.copies
         )),
         "parity" => lines.push(format!(
-            "each row holds {} data units of {} and {} parity unit(s); parity rotates one column per row so every disk shares the parity work",
+            "each row holds {} data units of {} and {}; parity rotates one column per row so every disk shares the parity work",
             view.data_columns,
             format_size(view.interleave_bytes),
-            view.redundancy
+            count(view.redundancy, "parity unit")
         )),
         _ => lines.push(format!(
             "each row stripes {} interleave units over {}; no redundancy",
@@ -354,8 +358,8 @@ fn explanation(view: &SpaceView, slab_bytes: u64) -> Vec<String> {
     ));
     lines.push(match view.survives {
         Some(n) => format!(
-            "survives any {} disk failure(s) by design; {n} more now",
-            view.failures_tolerated
+            "survives any {} by design; {n} more now",
+            count(view.failures_tolerated, "disk failure")
         ),
         None => "some extents have lost their data".into(),
     });
