@@ -191,5 +191,14 @@ fn space_cache_says_what_it_made_or_what_it_needs() {
     );
     let view = daemon.cli_json(&["space", "show", "p"]);
     assert_eq!(view["space"]["cache"]["bytes"], 96 << 20, "{view}");
+    // What the log protects against is said for the layout it serves.
+    let protects = |view: &serde_json::Value| view["space"]["cache"]["protects"].to_string();
+    assert!(protects(&view).contains("no write hole"), "{view}");
+    daemon.create_space("wb", "m", &["--layout", "mirror", "--cache", "32M"], "64M");
+    let view = daemon.cli_json(&["space", "show", "m"]);
+    assert!(
+        protects(&view).contains("only the ranges being written are resynced"),
+        "{view}"
+    );
     daemon.stop();
 }

@@ -211,6 +211,12 @@ fn refused_commands_say_why_and_change_nothing() {
         1,
         &["keep", "growing from 32M to 100G", "free slabs"],
     );
+    setup.refused(
+        "space cache keep 0",
+        None,
+        2,
+        &["resized, not removed", "32M to 100G"],
+    );
     let answer = setup.refused("space delete keep", Some("no\n"), 1, &["not confirmed"]);
     assert!(
         answer.stdout.contains("keep"),

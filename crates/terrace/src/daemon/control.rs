@@ -115,6 +115,12 @@ async fn handle(daemon: &Arc<Daemon>, request: Request) -> Answer {
             }))
         }
         Request::SpaceCache { pool, name, bytes } => {
+            if bytes == 0 {
+                return Err(usage(
+                    "a live space's write-back cache is resized, not removed: use 32M to 100G \
+                     (0, no cache, is a choice at creation; a parity space always keeps a log)",
+                ));
+            }
             check_cache_size(Some(bytes))?;
             let _admin = registry.admin.lock().await;
             let (entry, space) = find_space(registry, pool.as_deref(), &name)?;

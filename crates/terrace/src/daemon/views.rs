@@ -139,11 +139,14 @@ pub fn space_view(pool: &str, space: &SpaceStatus, read_only: bool, export: Stri
         repair_percent: repair.map(|(_, percent)| percent),
         read_only,
         export,
-        cache: space.cache.as_ref().map(cache_view),
+        cache: space
+            .cache
+            .as_ref()
+            .map(|cache| cache_view(cache, space.layout)),
     }
 }
 
-fn cache_view(cache: &terrace_engine::CacheInfo) -> crate::api::CacheView {
+fn cache_view(cache: &terrace_engine::CacheInfo, layout: Layout) -> crate::api::CacheView {
     let status = &cache.status;
     let log_health = match cache.log_health {
         SpaceHealth::Healthy => "healthy",
@@ -166,9 +169,14 @@ fn cache_view(cache: &terrace_engine::CacheInfo) -> crate::api::CacheView {
         log_copies: cache.log_copies,
         log_health: log_health.into(),
         protects: format!(
-            "{} copies: any {} may fail without losing a logged write; partial-stripe writes are logged before they touch the disks, so a crash leaves no write hole",
+            "{} copies: any {} may fail without losing a logged write; {}",
             cache.log_copies,
-            count(lose, "log disk")
+            count(lose, "log disk"),
+            match layout {
+                Layout::Parity { .. } => "partial-stripe writes are logged before they touch the disks, so a crash leaves no write hole",
+                Layout::Mirror { .. } => "writes smaller than an interleave are logged before they touch the disks, and after a crash only the ranges being written are resynced",
+                Layout::Simple => "small writes are acknowledged once logged and reach the disks in the background",
+            }
         ),
         absorbed_writes: status.absorbed_writes,
         absorbed_bytes: status.absorbed_bytes,
@@ -345,13 +353,13 @@ fn explanation(view: &SpaceView, slab_bytes: u64) -> Vec<String> {
     }
     let slots = view.columns * view.copies;
     lines.push(format!(
-        "an extent is {slots} slabs of {} on {slots} distinct {}s, holding {} of the space",
+        "an extent is {slots} slabs of {} on {slots} distinct {}s, holding up to {} of the space",
         format_size(slab_bytes),
         view.fault_domain,
         format_size(u64::from(view.data_columns) * slab_bytes)
     ));
     lines.push(format!(
-        "usable {} of raw {} ({:.0}% efficiency)",
+        "usable {} in {} of slabs; the layout keeps {:.0}% of raw capacity for data",
         format_size(view.size_bytes),
         format_size(view.raw_bytes),
         100.0 * f64::from(view.data_columns) / f64::from(slots)
