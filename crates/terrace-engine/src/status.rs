@@ -296,7 +296,10 @@ impl Pool {
                     enclosure: record.enclosure.clone(),
                     node: record.node.clone(),
                     latency_us,
-                    slow: online.len() >= 3
+                    // Only a disk in service is slow; one that failed or
+                    // went missing says so instead.
+                    slow: disk.is_online()
+                        && online.len() >= 3
                         && latency_us >= SLOW_FLOOR_US
                         && latency_us > median * SLOW_FACTOR,
                 }

@@ -94,9 +94,12 @@ pub fn pool_status(pool: &PoolView) -> String {
             used,
             domain,
             if disk.slow {
-                format!("SLOW: {} µs per I/O {}", disk.latency_us, disk.reason)
-                    .trim_end()
-                    .to_string()
+                let slow = format!("SLOW: {} µs per I/O", disk.latency_us);
+                if disk.reason.is_empty() {
+                    slow
+                } else {
+                    format!("{slow}; {}", disk.reason)
+                }
             } else {
                 disk.reason.clone()
             },

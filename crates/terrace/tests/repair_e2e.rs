@@ -710,3 +710,59 @@ fn the_repair_target_is_kept_while_filled_and_tolerated_failures_mid_repair_end_
     assert_reads_back(&daemon, "m", &source, "after both repairs");
     daemon.stop();
 }
+
+/// A drive far slower than its peers is flagged SLOW in `pool status`,
+/// with its service time; once it is gone it is MISSING, and no longer
+/// slow: a disk out of service says why instead.
+#[test]
+fn a_slow_disk_is_flagged_until_it_leaves_service() {
+    if skip_without("the slow-disk test", &["fio"]) {
+        return;
+    }
+    let mut daemon = Daemon::start();
+    let mut files = daemon.disk_files("lag", 4, DISK_BYTES);
+    // The last disk behaves like a 7,200 rpm drive: milliseconds per
+    // random read, where the files answer in microseconds.
+    let slow_file = files.pop().expect("four disks");
+    let mut args: Vec<String> = ["pool", "create", "lag"].map(String::from).to_vec();
+    args.extend(files.iter().map(|file| file.display().to_string()));
+    args.push(format!("{},model=hdd-7k", slow_file.display()));
+    args.extend(["--slab".into(), SLAB.into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    daemon.cli_json(&args);
+    daemon.create_space("lag", "s", &["--layout", "mirror", "--columns", "2"], "32M");
+    run_ok(
+        command("fio")
+            .current_dir(daemon.temp())
+            .args([
+                "--name=slow-disk",
+                "--ioengine=nbd",
+                "--rw=randrw",
+                "--bs=4k",
+                "--iodepth=4",
+                "--size=32M",
+                "--runtime=2",
+                "--time_based",
+            ])
+            .arg(format!("--uri={}", daemon.uri("s"))),
+    );
+    let slow = disk_view(&daemon, "lag", 3);
+    assert_eq!(slow["slow"], true, "{slow}");
+    for disk in 0..3 {
+        let view = disk_view(&daemon, "lag", disk);
+        assert_eq!(view["slow"], false, "{view}");
+    }
+    let text = daemon.cli_ok(&["pool", "status", "lag"]).stdout;
+    assert!(text.contains("SLOW: "), "{text}");
+
+    std::fs::remove_file(&slow_file).expect("remove the slow disk's file");
+    wait_until(&daemon, "the slow disk going missing", || {
+        let view = disk_view(&daemon, "lag", 3);
+        (view["state"] != "MISSING").then(|| view.to_string())
+    });
+    let gone = disk_view(&daemon, "lag", 3);
+    assert_eq!(gone["slow"], false, "{gone}");
+    let text = daemon.cli_ok(&["pool", "status", "lag"]).stdout;
+    assert!(!text.contains("SLOW"), "{text}");
+    daemon.stop();
+}
