@@ -283,7 +283,11 @@ impl Pool {
                     device: disk.device_name().unwrap_or(&record.path_hint).to_string(),
                     condition: disk.condition(),
                     state: record.state,
-                    reason: if disk.is_online() {
+                    // A released disk's last run-time reason (it went
+                    // missing, say) is history; its state is what counts.
+                    reason: if record.state == DiskState::Removed {
+                        "removed from the pool".into()
+                    } else if disk.is_online() {
                         String::new()
                     } else {
                         disk.reason()

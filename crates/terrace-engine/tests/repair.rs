@@ -674,3 +674,37 @@ fn health_tells_missing_from_failed_and_what_another_failure_would_cost() {
         );
     });
 }
+
+/// A finished job keeps the rate it ran at: asked later, it is the same
+/// (it used to be its bytes over the time since it started, so it decayed
+/// as time passed after the job ended).
+#[test]
+fn a_finished_job_keeps_its_rate() {
+    block_on(async {
+        let disks = Disks::new(5, 16 << 20);
+        let pool = create_pool(&disks).await;
+        let mut config =
+            SpaceConfig::new("m", Layout::Mirror { copies: 2 }, SpaceSize::Bytes(4 << 20));
+        config.columns = Some(2);
+        let space = pool.create_space(config).await.unwrap().space;
+        let model = fill(&space, 9).await;
+        let lost = disks_of(&pool.metadata().await, "m")[0];
+        disks.faults[usize::from(lost.0)].lose();
+        let done = with_jobs(&pool, jobs_settle(&pool)).await;
+        let repair = |statuses: &[terrace_engine::JobStatus]| {
+            statuses
+                .iter()
+                .find(|s| s.kind == JobKind::Repair { disk: lost })
+                .cloned()
+                .expect("a repair of the lost disk")
+        };
+        let first = repair(&done);
+        assert_eq!(first.state, JobState::Done, "{first:?}");
+        assert!(first.rate_bytes_per_second > 0, "{first:?}");
+        assert_eq!(first.eta_seconds, None, "{first:?}");
+        sleep(300).await;
+        let later = repair(&pool.job_statuses().await);
+        assert_eq!(later.rate_bytes_per_second, first.rate_bytes_per_second);
+        check(&space, &model).await;
+    });
+}

@@ -272,6 +272,10 @@ fn redundancy_template(daemon: &Daemon, template: &Template, seed: u64) {
                 status["disks"][disk]["state"], "REMOVED",
                 "{name}: the replaced disk {disk}: {status}"
             );
+            assert_eq!(
+                status["disks"][disk]["reason"], "removed from the pool",
+                "{name}: the replaced disk {disk}: {status}"
+            );
         }
     }
     let now_on: BTreeSet<usize> = disks_of(daemon, name).into_iter().collect();

@@ -85,6 +85,9 @@ struct Progress {
     started_ns: u64,
     bytes_at_start: u64,
     bytes_now: u64,
+    /// When `bytes_now` was last noted: a job that stopped running is
+    /// timed to here, not to the moment it is asked about.
+    noted_ns: u64,
 }
 
 impl JobRuntime {
@@ -143,14 +146,20 @@ impl JobRuntime {
             started_ns: now_ns,
             bytes_at_start: bytes_now,
             bytes_now,
+            noted_ns: now_ns,
         });
         entry.bytes_now = bytes_now;
+        entry.noted_ns = now_ns;
     }
 
-    fn rate(&self, job: u64, now_ns: u64) -> u64 {
+    /// Bytes per second since the job started in this process: until now
+    /// while it runs, until its last progress once it stopped (a finished
+    /// repair kept its rate instead of decaying as time passed).
+    fn rate(&self, job: u64, now_ns: u64, running: bool) -> u64 {
         let progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
         progress.get(&job).map_or(0, |p| {
-            let seconds = (now_ns.saturating_sub(p.started_ns) as f64 / 1e9).max(1e-3);
+            let end = if running { now_ns } else { p.noted_ns };
+            let seconds = (end.saturating_sub(p.started_ns) as f64 / 1e9).max(1e-3);
             (p.bytes_now.saturating_sub(p.bytes_at_start) as f64 / seconds) as u64
         })
     }
@@ -281,7 +290,8 @@ impl Pool {
             .iter()
             .map(|job| {
                 let bytes_done = self.live_bytes_done(&metadata, job);
-                let rate = self.shared.job_runtime.rate(job.id, now);
+                let running = job.state == JobState::Running;
+                let rate = self.shared.job_runtime.rate(job.id, now, running);
                 let left = job.bytes_total.saturating_sub(bytes_done);
                 JobStatus {
                     id: job.id,
@@ -293,7 +303,7 @@ impl Pool {
                     moves_total: job.moves.len(),
                     moves_done: job.moves.iter().filter(|m| m.done).count(),
                     rate_bytes_per_second: rate,
-                    eta_seconds: (job.state == JobState::Running && rate > 0).then(|| left / rate),
+                    eta_seconds: (running && rate > 0).then(|| left / rate),
                 }
             })
             .collect()
