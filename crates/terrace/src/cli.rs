@@ -13,6 +13,15 @@ use crate::api::{
     Response, SpaceCreate, SpaceDetail, SpaceView,
 };
 use crate::units::parse_size;
+
+/// A bandwidth per second as `pool set` takes it: a size, or `0`,
+/// `unlimited` or `none` for no limit (what `pool status` shows).
+fn parse_rate(text: &str) -> Result<u64, String> {
+    match text.trim() {
+        "unlimited" | "none" => Ok(0),
+        other => parse_size(other).map_err(|error| error.to_string()),
+    }
+}
 use crate::{render, CliError};
 
 /// Attributes applied to every disk of the command (a disk's own
@@ -95,8 +104,9 @@ pub enum PoolCommand {
         /// Repair many extents at once (parallel) or one at a time.
         #[arg(long, value_parser = ["parallel", "sequential"])]
         repair: Option<String>,
-        /// Repair and move bandwidth limit per second, e.g. 200M; 0 = none.
-        #[arg(long, value_parser = parse_size)]
+        /// Repair and move bandwidth limit per second, e.g. 200M (at least
+        /// 1M); 0 or unlimited = none.
+        #[arg(long, value_parser = parse_rate)]
         repair_rate: Option<u64>,
     },
 }

@@ -212,6 +212,24 @@ fn refused_commands_say_why_and_change_nothing() {
         &["keep", "growing from 32M to 100G", "free slabs"],
     );
     setup.refused(
+        "pool set alpha --repair-rate 5",
+        None,
+        2,
+        &["at least 1M", "unlimited"],
+    );
+    // What status shows for no limit is also what sets it.
+    let view = daemon.cli_json(&["pool", "set", "alpha", "--repair-rate", "200M"]);
+    assert_eq!(
+        view["settings"]["repair_rate_bytes_per_second"],
+        200 << 20,
+        "{view}"
+    );
+    let view = daemon.cli_json(&["pool", "set", "alpha", "--repair-rate", "unlimited"]);
+    assert_eq!(
+        view["settings"]["repair_rate_bytes_per_second"], 0,
+        "{view}"
+    );
+    setup.refused(
         "space cache keep 0",
         None,
         2,

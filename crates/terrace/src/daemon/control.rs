@@ -785,6 +785,15 @@ async fn pool_set(
         };
     }
     if let Some(rate) = repair_rate_bytes {
+        // Below a megabyte a second a repair of one disk takes weeks: a
+        // slip of the unit (5 for 5M), not a choice.
+        const RATE_MIN_BYTES: u64 = 1 << 20;
+        if rate != 0 && rate < RATE_MIN_BYTES {
+            return Err(usage(format!(
+                "a repair rate of {rate} bytes a second would take weeks for one disk: \
+                 use at least 1M (e.g. 200M), or 0 or unlimited for no limit"
+            )));
+        }
         settings.repair_rate_bytes_per_second = rate;
     }
     entry.pool.set_settings(settings).await.map_err(failure)?;
