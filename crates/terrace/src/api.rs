@@ -194,6 +194,7 @@ pub struct PoolSummary {
     pub state: String,
     /// Why the state is what it is.
     pub reason: String,
+    /// Disks in the pool; those emptied and released are not counted.
     pub disk_count: usize,
     pub space_count: usize,
     pub capacity_bytes: u64,

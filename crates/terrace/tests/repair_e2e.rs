@@ -278,6 +278,27 @@ fn redundancy_template(daemon: &Daemon, template: &Template, seed: u64) {
             );
         }
     }
+    if matches!(template.repair, Repair::Replace) {
+        // The pool's disk count leaves the released disks out.
+        let in_pool = status["disks"]
+            .as_array()
+            .expect("disks")
+            .iter()
+            .filter(|disk| disk["state"] != "REMOVED")
+            .count();
+        assert_eq!(
+            in_pool,
+            status["disks"].as_array().unwrap().len() - lost.len()
+        );
+        let list = daemon.cli_json(&["pool", "list"]);
+        let summary = list
+            .as_array()
+            .expect("pools")
+            .iter()
+            .find(|p| p["name"] == pool.as_str())
+            .expect("the pool is listed");
+        assert_eq!(summary["disk_count"], in_pool, "{name}: {list}");
+    }
     let now_on: BTreeSet<usize> = disks_of(daemon, name).into_iter().collect();
     let expected_new: Vec<usize> = match template.repair {
         Repair::HotSpares(_) => (template.capacity_disks..files.len()).collect(),

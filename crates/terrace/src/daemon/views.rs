@@ -92,7 +92,11 @@ pub fn summary(status: &PoolStatus) -> PoolSummary {
         id: status.id.clone(),
         state: state.into(),
         reason,
-        disk_count: status.disks.len(),
+        disk_count: status
+            .disks
+            .iter()
+            .filter(|disk| disk.state != DiskState::Removed)
+            .count(),
         space_count: status.spaces.len(),
         capacity_bytes: status.capacity_bytes,
         allocated_bytes: status.allocated_bytes,
