@@ -33,6 +33,26 @@ fn fio(uri: &str, dir: &Path, extra: &[&str]) -> std::process::Command {
     fio
 }
 
+/// Pool `wb` of `capacity` 1 GiB files and `journals` journal files of
+/// `journal_bytes`, 16 MiB slabs; the journal disks come last.
+fn journaled_pool(daemon: &Daemon, capacity: usize, journals: usize, journal_bytes: u64) {
+    let mut disks: Vec<String> = daemon
+        .disk_files("cap", capacity, GIB)
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    disks.extend(
+        daemon
+            .disk_files("jrn", journals, journal_bytes)
+            .iter()
+            .map(|p| format!("{},usage=journal", p.display())),
+    );
+    let mut args = vec!["pool", "create", "wb"];
+    args.extend(disks.iter().map(String::as_str));
+    args.extend(["--slab", "16M"]);
+    daemon.cli_json(&args);
+}
+
 #[test]
 fn sigkill_during_random_writes_loses_no_acknowledged_write() {
     sigkill_during_random_writes(&[]);
@@ -49,21 +69,7 @@ fn sigkill_during_random_writes(daemon_args: &[&str]) {
     }
     let mut daemon = Daemon::start_with(daemon_args);
     let read_back = !daemon_args.is_empty();
-    let mut disks: Vec<String> = daemon
-        .disk_files("cap", 6, GIB)
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect();
-    disks.extend(
-        daemon
-            .disk_files("jrn", 3, GIB)
-            .iter()
-            .map(|p| format!("{},usage=journal", p.display())),
-    );
-    let mut args = vec!["pool", "create", "wb"];
-    args.extend(disks.iter().map(String::as_str));
-    args.extend(["--slab", "16M"]);
-    daemon.cli_json(&args);
+    journaled_pool(&daemon, 6, 3, GIB);
     let view = daemon.create_space(
         "wb",
         "p",
@@ -159,21 +165,7 @@ fn the_log_memory_is_shared_by_the_pools() {
 #[test]
 fn space_cache_says_what_it_made_or_what_it_needs() {
     let mut daemon = Daemon::start();
-    let mut disks: Vec<String> = daemon
-        .disk_files("cap", 3, GIB)
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect();
-    disks.extend(
-        daemon
-            .disk_files("jrn", 2, 256 << 20)
-            .iter()
-            .map(|p| format!("{},usage=journal", p.display())),
-    );
-    let mut args = vec!["pool", "create", "wb"];
-    args.extend(disks.iter().map(String::as_str));
-    args.extend(["--slab", "16M"]);
-    daemon.cli_json(&args);
+    journaled_pool(&daemon, 3, 2, 256 << 20);
     daemon.create_space("wb", "p", &["--layout", "parity", "--cache", "64M"], "64M");
     let text = daemon.cli_ok(&["space", "cache", "p", "96M"]).stdout;
     assert!(

@@ -587,6 +587,25 @@ impl LoopDevice {
     }
 }
 
+impl LoopDevice {
+    /// Set the loop device's sysfs `queue/SETTING` (root may) to each of
+    /// `values` in turn and run `check` with it; a value the kernel
+    /// refuses is skipped. The setting is put back afterwards.
+    fn with_queue_setting(&self, setting: &str, values: &[&str], check: impl Fn(&str)) {
+        let name = self.path.file_name().unwrap().to_string_lossy();
+        let knob = PathBuf::from(format!("/sys/block/{name}/queue/{setting}"));
+        let before = std::fs::read_to_string(&knob).unwrap();
+        for value in values {
+            if std::fs::write(&knob, value).is_err() {
+                eprintln!("skipped {setting}={value:?}: the kernel refused it");
+                continue;
+            }
+            check(value);
+        }
+        let _ = std::fs::write(&knob, before.trim());
+    }
+}
+
 impl Drop for LoopDevice {
     fn drop(&mut self) {
         let _ = Command::new("losetup").arg("-d").arg(&self.path).status();
@@ -612,18 +631,10 @@ fn devices_say_fua_is_cheap_only_without_a_volatile_cache() {
         eprintln!("skipped the block device half: needs root and losetup with a free loop device");
         return;
     };
-    let name = loop_device.path.file_name().unwrap().to_string_lossy();
-    let knob = PathBuf::from(format!("/sys/block/{name}/queue/write_cache"));
-    let before = std::fs::read_to_string(&knob).unwrap();
-    for (mode, cheap) in [("write through", true), ("write back", false)] {
-        if std::fs::write(&knob, mode).is_err() {
-            eprintln!("skipped {mode:?}: the kernel refused it");
-            continue;
-        }
+    loop_device.with_queue_setting("write_cache", &["write through", "write back"], |mode| {
         let device = FileDevice::open(&loop_device.path, FileOptions::default()).unwrap();
-        assert_eq!(device.cheap_fua(), cheap, "{mode}");
-    }
-    let _ = std::fs::write(&knob, before.trim());
+        assert_eq!(device.cheap_fua(), mode == "write through", "{mode}");
+    });
 }
 
 /// A block device says whether it spins (sysfs `queue/rotational`, which
@@ -638,18 +649,14 @@ fn block_devices_say_whether_they_spin_and_files_do_not() {
         eprintln!("skipped the block device half: needs root and losetup with a free loop device");
         return;
     };
-    let name = loop_device.path.file_name().unwrap().to_string_lossy();
-    let knob = PathBuf::from(format!("/sys/block/{name}/queue/rotational"));
-    let before = std::fs::read_to_string(&knob).unwrap();
-    for (value, spins) in [("1", true), ("0", false)] {
-        if std::fs::write(&knob, value).is_err() {
-            eprintln!("skipped rotational={value}: the kernel refused it");
-            continue;
-        }
+    loop_device.with_queue_setting("rotational", &["1", "0"], |value| {
         let device = FileDevice::open(&loop_device.path, FileOptions::default()).unwrap();
-        assert_eq!(device.rotational(), Some(spins), "rotational={value}");
-    }
-    let _ = std::fs::write(&knob, before.trim());
+        assert_eq!(
+            device.rotational(),
+            Some(value == "1"),
+            "rotational={value}"
+        );
+    });
 }
 
 /// A regular file's first writes allocate its blocks (on disk or, in
