@@ -791,3 +791,46 @@ fn a_slow_disk_is_flagged_until_it_leaves_service() {
     assert!(!text.contains("SLOW"), "{text}");
     daemon.stop();
 }
+
+/// The pool's state line says what it sees: a disk holding no data that
+/// goes missing leaves the pool ONLINE but is not hidden behind "all disks
+/// online"; a pool imported from too few of its disks is DATA-LOSS and
+/// says it is read-only as well.
+#[test]
+fn the_pool_state_line_names_missing_empty_disks_and_a_read_only_import() {
+    let mut daemon = Daemon::start();
+    let files = daemon.disk_files("idle", 4, DISK_BYTES);
+    daemon.create_pool("idle", &files, SLAB);
+    set_pool(&daemon, "idle", &["--retire-missing", "never"]);
+    daemon.create_space("idle", "m", &["--layout", "mirror", "--columns", "1"], "8M");
+    let used = disks_of(&daemon, "m");
+    let empty = (0..files.len())
+        .find(|disk| !used.contains(disk))
+        .expect("a disk without slabs");
+    std::fs::remove_file(&files[empty]).expect("remove the empty disk's file");
+    // A metadata commit writes every disk, and finds this one gone.
+    set_pool(&daemon, "idle", &["--repair-rate", "200M"]);
+    wait_until(&daemon, "the empty disk going missing", || {
+        let view = disk_view(&daemon, "idle", empty);
+        (view["state"] != "MISSING").then(|| view.to_string())
+    });
+    let status = daemon.pool_status("idle");
+    assert_eq!(status["state"], "ONLINE", "{status}");
+    assert_eq!(
+        status["reason"],
+        "every disk holding data is online; 1 disk failed or missing, holding none",
+        "{status}"
+    );
+
+    // Export, and import from one disk that holds none of the space.
+    daemon.cli_ok(&["pool", "export", "idle"]);
+    let alone = (0..files.len())
+        .find(|disk| *disk != empty && !used.contains(disk))
+        .expect("a second disk without slabs");
+    let path = files[alone].display().to_string();
+    let status = daemon.cli_json(&["pool", "import", &path]);
+    assert_eq!(status["state"], "DATA-LOSS", "{status}");
+    let reason = status["reason"].as_str().expect("reason");
+    assert!(reason.contains("; read-only: "), "{status}");
+    daemon.stop();
+}

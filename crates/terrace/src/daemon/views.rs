@@ -68,16 +68,29 @@ fn state_and_reason(status: &PoolStatus) -> (&'static str, String) {
         .filter(|d| d.state != DiskState::Removed && d.condition != Condition::Online)
         .count();
     match (&status.health, &status.read_only) {
-        (PoolHealth::DataLoss, _) => (
+        (PoolHealth::DataLoss, read_only) => (
             "DATA-LOSS",
-            "some extents lost more disks than their layout tolerates; their data is unavailable"
-                .into(),
+            format!(
+                "some extents lost more disks than their layout tolerates; their data is unavailable{}",
+                // Read-only as well (a minority of disks imported, say):
+                // the state names the worse, the reason both.
+                read_only
+                    .as_ref()
+                    .map_or(String::new(), |reason| format!("; read-only: {reason}"))
+            ),
         ),
         (_, Some(reason)) => ("READ-ONLY", reason.clone()),
         (PoolHealth::Degraded, None) => (
             "DEGRADED",
             format!(
                 "{} failed or missing; every space still has its data",
+                count(offline as u64, "disk")
+            ),
+        ),
+        (PoolHealth::Ok, None) if offline > 0 => (
+            "ONLINE",
+            format!(
+                "every disk holding data is online; {} failed or missing, holding none",
                 count(offline as u64, "disk")
             ),
         ),
