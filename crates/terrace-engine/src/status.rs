@@ -314,35 +314,40 @@ impl Pool {
     /// What each online disk — and each labelled enclosure and node — would
     /// cost if it failed now.
     fn impacts(&self, metadata: &PoolMetadata) -> Vec<FailureImpact> {
-        let mut groups: BTreeMap<String, Vec<u16>> = BTreeMap::new();
+        // Disks in index order (disk 2 before disk 10), then enclosures,
+        // then nodes, each group once with its members.
+        let mut groups: BTreeMap<(u8, u16, String), (String, Vec<u16>)> = BTreeMap::new();
+        let mut add = |key: (u8, u16, String), what: String, index: usize| {
+            groups
+                .entry(key)
+                .or_insert_with(|| (what, Vec::new()))
+                .1
+                .push(index as u16);
+        };
         for (index, record) in metadata.disks.iter().enumerate() {
             if record.state != DiskState::Active {
                 continue;
             }
-            groups
-                .entry(format!("disk {index}"))
-                .or_default()
-                .push(index as u16);
+            add(
+                (0, index as u16, String::new()),
+                format!("disk {index}"),
+                index,
+            );
             if !record.enclosure.is_empty() {
-                let key = format!(
-                    "enclosure {}",
-                    record.domain_key(
-                        terrace_meta::DiskIndex(index as u16),
-                        FaultDomain::Enclosure
-                    )
+                let key = record.domain_key(
+                    terrace_meta::DiskIndex(index as u16),
+                    FaultDomain::Enclosure,
                 );
-                groups.entry(key).or_default().push(index as u16);
+                add((1, 0, key.clone()), format!("enclosure {key}"), index);
             }
             if !record.node.is_empty() {
-                groups
-                    .entry(format!("node {}", record.node))
-                    .or_default()
-                    .push(index as u16);
+                let node = record.node.clone();
+                add((2, 0, node.clone()), format!("node {node}"), index);
             }
         }
         let spaces = self.spaces();
         groups
-            .into_iter()
+            .into_values()
             .map(|(what, members)| {
                 let gone = |disk: u16| members.contains(&disk);
                 let mut impact = FailureImpact {

@@ -708,3 +708,18 @@ fn a_finished_job_keeps_its_rate() {
         check(&space, &model).await;
     });
 }
+
+/// What each disk's failure would cost is listed in disk order: disk 2
+/// before disk 10 (the names sorted as text put 10 after 1).
+#[test]
+fn failure_impacts_are_listed_in_disk_order() {
+    block_on(async {
+        let disks = Disks::new(12, 16 << 20);
+        let pool = create_pool(&disks).await;
+        let status = pool.status().await;
+        let listed: Vec<&str> = status.impact.iter().map(|i| i.what.as_str()).collect();
+        let expected: Vec<String> = (0..12).map(|disk| format!("disk {disk}")).collect();
+        assert_eq!(listed, expected);
+        pool.close().await.unwrap();
+    });
+}
