@@ -34,6 +34,14 @@ fn demo_writes_loses_a_disk_and_verifies() {
         "the demo's pool status is not DEGRADED\n{}",
         answer.describe()
     );
+    // The SSDs are journal disks and hold each space's write-back log:
+    // two copies for the mirror, three for dual parity.
+    for log in [
+        "write-back cache: 256M (0% used, 0 dirty, 0 held in memory), log on disks 8, 9 (2 copies",
+        "write-back cache: 256M (0% used, 0 dirty, 0 held in memory), log on disks 8, 9, 10 (3 copies",
+    ] {
+        assert!(out.contains(log), "no {log:?}\n{}", answer.describe());
+    }
     for space in ["mirror", "parity"] {
         let lines = out
             .lines()
