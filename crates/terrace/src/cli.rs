@@ -121,16 +121,21 @@ pub enum JobCommand {
         #[arg(long)]
         pool: Option<String>,
     },
+    /// Stop a running job where it is; it stays paused across restarts.
     Pause {
         id: u64,
         #[arg(long)]
         pool: Option<String>,
     },
+    /// Go on with a paused job from where it stopped.
     Resume {
         id: u64,
         #[arg(long)]
         pool: Option<String>,
     },
+    /// End a job for good; what it moved stays moved. A cancelled repair
+    /// is done again by `terrace disk remove POOL DISK` (re-create the
+    /// disk's slabs elsewhere, then release it).
     Cancel {
         id: u64,
         #[arg(long)]

@@ -218,7 +218,13 @@ pub fn jobs(list: &[JobView]) -> String {
             job.state.clone(),
             format!("{}%", job.percent),
             format_size(job.bytes_total),
-            format!("{}/s", format_size(job.rate_bytes_per_second)),
+            // A job that ended before this daemon started has no rate
+            // measured here: unknown, not zero.
+            if job.rate_bytes_per_second == 0 && job.state != "running" {
+                "-".into()
+            } else {
+                format!("{}/s", format_size(job.rate_bytes_per_second))
+            },
             job.eta_seconds.map_or("-".to_string(), duration),
             what,
         ]);
@@ -426,5 +432,37 @@ mod tests {
             line,
             "  prep: the write-back log of space vm, 2G of 8G written (25%)"
         );
+    }
+
+    /// A job that ended with no rate measured in this daemon shows none;
+    /// one that ran here, or runs, shows its rate.
+    #[test]
+    fn job_rates_unknown_are_not_zero() {
+        let job = |state: &str, rate: u64| JobView {
+            pool: "tank".into(),
+            id: 1,
+            kind: "repair".into(),
+            description: "re-create the slabs of disk 3".into(),
+            state: state.into(),
+            reason: String::new(),
+            bytes_total: 512 << 20,
+            bytes_done: 512 << 20,
+            percent: 100,
+            rate_bytes_per_second: rate,
+            eta_seconds: None,
+            moves_total: 2,
+            moves_done: 2,
+        };
+        let rate_column = |view: JobView| {
+            let table = jobs(&[view]);
+            let row = table.lines().nth(1).expect("a row").to_string();
+            row.split_whitespace()
+                .nth(6)
+                .expect("the RATE column")
+                .to_string()
+        };
+        assert_eq!(rate_column(job("done", 0)), "-");
+        assert_eq!(rate_column(job("done", 175 << 20)), "175M/s");
+        assert_eq!(rate_column(job("running", 0)), "0/s");
     }
 }
