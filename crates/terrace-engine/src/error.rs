@@ -1,6 +1,7 @@
 //! Errors of the engine, by cause. Every variant carries what a user needs
 //! to act: which disk, which space, which range, and the underlying source.
 
+use crate::units::format_size;
 use terrace_io::IoError;
 use terrace_layout::LayoutError;
 use terrace_meta::{DecodeError, LabelError, PlacementError, SlotError};
@@ -45,7 +46,7 @@ pub enum EngineError {
         #[source]
         source: IoError,
     },
-    #[error("{device} is {size_bytes} bytes; a pool disk needs at least {minimum_bytes} (metadata plus one slab)")]
+    #[error("{device} is {}; a pool disk needs at least {} (metadata plus one slab)", format_size(*.size_bytes), format_size(*.minimum_bytes))]
     DiskTooSmall {
         device: String,
         size_bytes: u64,
@@ -81,7 +82,7 @@ pub enum EngineError {
     NoSuchDisk { disk: u16 },
     #[error("disk {disk} holds {slabs} slabs of data; move them off first")]
     DiskInUse { disk: u16, slabs: u64 },
-    #[error("space {space} is {current} bytes; shrinking to {requested} would destroy the data at its end, which terrace does not do (create a smaller space and copy)")]
+    #[error("space {space} is {}; shrinking to {} would destroy the data at its end, which terrace does not do (create a smaller space and copy)", format_size(*.current), format_size(*.requested))]
     ShrinkRefused {
         space: String,
         current: u64,

@@ -187,7 +187,7 @@ fn refused_commands_say_why_and_change_nothing() {
         &format!("pool create beta {b0} {tiny_text} --slab 8M"),
         None,
         1,
-        &[&tiny_text, "at least"],
+        &[&tiny_text, "is 1M; a pool disk needs at least"],
     );
     // A name already taken.
     setup.refused(

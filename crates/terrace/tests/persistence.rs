@@ -254,6 +254,13 @@ fn a_grown_space_keeps_its_data_and_serves_the_new_size() {
         "shrinking a space\n{}",
         answer.describe()
     );
+    assert!(
+        answer
+            .stderr
+            .contains("space grow is 200M; shrinking to 100M would destroy"),
+        "the refusal names both sizes as people write them\n{}",
+        answer.describe()
+    );
 
     let mut connection = Connection::open(&daemon.nbd_socket, "grow");
     assert_eq!(connection.info.size, 200 * MIB, "export size after resize");
