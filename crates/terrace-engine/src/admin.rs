@@ -368,7 +368,7 @@ pub(crate) fn plan_space(
 /// when `None`) and what the disks it may use have (`free`, before any of
 /// it was placed). "Not enough free capacity" alone left the user to work
 /// out whether the size, the layout or the disks were at fault.
-pub(crate) fn no_capacity(
+fn no_capacity(
     space: &str,
     wanted: String,
     extents: Option<u64>,
@@ -397,15 +397,44 @@ pub(crate) fn no_capacity(
     }
 }
 
+/// The extents a space (or a log) of `have` extents needs more to hold
+/// `requested` bytes, taken from `allocator`. Refused, when they do not
+/// fit, with what the growth (`growth()` says which) needs and what the
+/// disks have.
+pub(crate) fn allocate_growth(
+    allocator: &mut Allocator,
+    geometry: &Geometry,
+    have: u64,
+    requested: u64,
+    space: &str,
+    growth: impl FnOnce() -> String,
+) -> Result<Vec<ExtentRecord>, EngineError> {
+    let wanted = geometry.extents_for(requested) - have;
+    let free = Room::of(allocator);
+    (0..wanted)
+        .map(|_| {
+            allocator
+                .allocate_extent(geometry)
+                .map(|slabs| ExtentRecord { slabs: Some(slabs) })
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| match error {
+            PlacementError::OutOfSpace { .. } => {
+                no_capacity(space, growth(), Some(wanted), geometry, free)
+            }
+            other => other.into(),
+        })
+}
+
 /// Free slabs, and the disks holding them, that an allocation may use.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Room {
+struct Room {
     slabs: u64,
     disks: u32,
 }
 
 impl Room {
-    pub(crate) fn of(allocator: &Allocator) -> Room {
+    fn of(allocator: &Allocator) -> Room {
         Room {
             slabs: allocator.free_slabs(),
             disks: allocator.usable_disks_and_domains().0,
@@ -415,7 +444,7 @@ impl Room {
 
 /// "a 2-way mirror space over 1 column"
 pub(crate) fn shape(geometry: &Geometry) -> String {
-    let columns = terrace_layout::columns_text(geometry.columns());
+    let columns = terrace_layout::count(geometry.columns(), "column");
     format!("a {} space over {columns}", geometry.layout())
 }
 
@@ -578,27 +607,14 @@ impl Pool {
                 .shared
                 .allocator(next, record.fault_domain, |_, disk| disk.takes_capacity());
             let have = record.extents.len() as u64;
-            let wanted = geometry.extents_for(requested) - have;
-            let free = Room::of(&allocator);
-            let added = (0..wanted)
-                .map(|_| {
-                    allocator
-                        .allocate_extent(&geometry)
-                        .map(|slabs| ExtentRecord { slabs: Some(slabs) })
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|error| match error {
-                    PlacementError::OutOfSpace { .. } => {
-                        let growth = format!(
-                            "growing from {} to {} as {}",
-                            format_size(current),
-                            format_size(requested),
-                            shape(&geometry)
-                        );
-                        no_capacity(name, growth, Some(wanted), &geometry, free)
-                    }
-                    other => other.into(),
-                })?;
+            let added = allocate_growth(&mut allocator, &geometry, have, requested, name, || {
+                format!(
+                    "growing from {} to {} as {}",
+                    format_size(current),
+                    format_size(requested),
+                    shape(&geometry)
+                )
+            })?;
             let added_targets = targets(&self.shared, next, &added)?;
             (added, added_targets)
         };

@@ -14,12 +14,12 @@ use std::sync::Arc;
 
 use terrace_layout::Layout;
 use terrace_meta::{
-    CacheRecord, DiskRecord, DiskState, FaultDomain, PlacementError, PoolMetadata, SpaceId,
-    SpaceRecord, SpaceRole, Usage,
+    CacheRecord, DiskRecord, DiskState, FaultDomain, PoolMetadata, SpaceId, SpaceRecord, SpaceRole,
+    Usage,
 };
 
 use crate::admin::{
-    build_space, no_capacity, plan_space, preallocate_log, shape, Room, SpaceConfig, SpaceSize,
+    allocate_growth, build_space, plan_space, preallocate_log, shape, SpaceConfig, SpaceSize,
 };
 use crate::control::PoolShared;
 use crate::error::EngineError;
@@ -84,6 +84,15 @@ fn check_size(bytes: u64) -> Result<u64, EngineError> {
     }
 }
 
+/// The disks a log lives on, as a refusal names them.
+fn log_disks_kind(on_journal: bool) -> &'static str {
+    if on_journal {
+        "journal disks"
+    } else {
+        "capacity disks"
+    }
+}
+
 /// Plan the log of space `owner` into `next` (its record and the owner's
 /// cache record) and build it; nothing is written.
 pub(crate) fn plan_log(
@@ -121,11 +130,7 @@ pub(crate) fn plan_log(
                 space: owner_name.clone(),
                 detail: format!(
                     "its write-back cache on {}: {detail}",
-                    if on_journal {
-                        "journal disks"
-                    } else {
-                        "capacity disks"
-                    }
+                    log_disks_kind(on_journal)
                 ),
             },
             other => other,
@@ -369,32 +374,15 @@ impl Pool {
         };
         let requested = bytes.next_multiple_of(geometry.extent_data_bytes());
         let have = next.spaces[position].extents.len() as u64;
-        let wanted = geometry.extents_for(requested) - have;
-        let free = Room::of(&allocator);
-        let added = (0..wanted)
-            .map(|_| {
-                allocator
-                    .allocate_extent(&geometry)
-                    .map(|slabs| terrace_meta::ExtentRecord { slabs: Some(slabs) })
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|error| match error {
-                PlacementError::OutOfSpace { .. } => {
-                    let growth = format!(
-                        "its write-back cache growing from {} to {} as {} on {}",
-                        format_size(have * geometry.extent_data_bytes()),
-                        format_size(requested),
-                        shape(&geometry),
-                        if on_journal {
-                            "journal disks"
-                        } else {
-                            "capacity disks"
-                        },
-                    );
-                    no_capacity(owner, growth, Some(wanted), &geometry, free)
-                }
-                other => other.into(),
-            })?;
+        let added = allocate_growth(&mut allocator, &geometry, have, requested, owner, || {
+            format!(
+                "its write-back cache growing from {} to {} as {} on {}",
+                format_size(have * geometry.extent_data_bytes()),
+                format_size(requested),
+                shape(&geometry),
+                log_disks_kind(on_journal),
+            )
+        })?;
         let added_targets = crate::admin::targets(&self.shared, &next, &added)?;
         let record = &mut next.spaces[position];
         record.size_bytes = requested;

@@ -314,44 +314,29 @@ impl Pool {
     /// What each online disk — and each labelled enclosure and node — would
     /// cost if it failed now.
     fn impacts(&self, metadata: &PoolMetadata) -> Vec<FailureImpact> {
-        // Disks in index order (disk 2 before disk 10), then enclosures,
-        // then nodes, each group once with its members.
-        let mut groups: BTreeMap<(u8, u16, String), (String, Vec<u16>)> = BTreeMap::new();
-        let mut add = |key: (u8, u16, String), what: String, index: usize| {
-            groups
-                .entry(key)
-                .or_insert_with(|| (what, Vec::new()))
-                .1
-                .push(index as u16);
-        };
+        let mut groups: BTreeMap<Group, Vec<u16>> = BTreeMap::new();
         for (index, record) in metadata.disks.iter().enumerate() {
             if record.state != DiskState::Active {
                 continue;
             }
-            add(
-                (0, index as u16, String::new()),
-                format!("disk {index}"),
-                index,
-            );
+            let disk = index as u16;
+            groups.entry(Group::Disk(disk)).or_default().push(disk);
             if !record.enclosure.is_empty() {
-                let key = record.domain_key(
-                    terrace_meta::DiskIndex(index as u16),
-                    FaultDomain::Enclosure,
-                );
-                add((1, 0, key.clone()), format!("enclosure {key}"), index);
+                let key = record.domain_key(terrace_meta::DiskIndex(disk), FaultDomain::Enclosure);
+                groups.entry(Group::Enclosure(key)).or_default().push(disk);
             }
             if !record.node.is_empty() {
-                let node = record.node.clone();
-                add((2, 0, node.clone()), format!("node {node}"), index);
+                let node = Group::Node(record.node.clone());
+                groups.entry(node).or_default().push(disk);
             }
         }
         let spaces = self.spaces();
         groups
-            .into_values()
-            .map(|(what, members)| {
+            .into_iter()
+            .map(|(group, members)| {
                 let gone = |disk: u16| members.contains(&disk);
                 let mut impact = FailureImpact {
-                    what,
+                    what: group.to_string(),
                     lose_data: Vec::new(),
                     lose_redundancy: Vec::new(),
                 };
@@ -365,6 +350,26 @@ impl Pool {
                 impact
             })
             .collect()
+    }
+}
+
+/// What may fail at once, in the order status lists them: disks by index
+/// (disk 2 before disk 10), then enclosures, then nodes (the variants'
+/// order).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Group {
+    Disk(u16),
+    Enclosure(String),
+    Node(String),
+}
+
+impl std::fmt::Display for Group {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Group::Disk(index) => write!(f, "disk {index}"),
+            Group::Enclosure(key) => write!(f, "enclosure {key}"),
+            Group::Node(node) => write!(f, "node {node}"),
+        }
     }
 }
 

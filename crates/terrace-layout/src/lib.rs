@@ -448,11 +448,13 @@ pub struct ColumnChoice {
     pub reason: String,
 }
 
-/// "1 column", "3 columns": a column count as a sentence says it.
-pub fn columns_text(columns: u32) -> String {
-    match columns {
-        1 => "1 column".to_string(),
-        n => format!("{n} columns"),
+/// "1 column", "3 columns": a count with its noun as a sentence says it.
+/// Column choices are explained with it, and so is everything else the
+/// system counts for people (disks, failures, log disks).
+pub fn count(n: impl Into<u64>, noun: &str) -> String {
+    match n.into() {
+        1 => format!("1 {noun}"),
+        n => format!("{n} {noun}s"),
     }
 }
 
@@ -491,7 +493,7 @@ pub fn choose_columns(
         }
         return Ok(ColumnChoice {
             columns,
-            reason: format!("{}, as requested", columns_text(columns)),
+            reason: format!("{}, as requested", count(columns, "column")),
         });
     }
     // A redundant space leaves one disk's width free where it can, so that
@@ -511,21 +513,21 @@ pub fn choose_columns(
     };
     let fit = width / copies;
     let columns = fit.min(COLUMNS_AUTOMATIC_MAX);
-    let count = columns_text(columns);
+    let chosen = count(columns, "column");
     let reason = if fit > COLUMNS_AUTOMATIC_MAX {
         format!(
-            "{count}{copies_note}: the automatic maximum; {usable_disks} usable disks would allow {fit}, but wider rows make small parity updates and rebuilds touch more disks"
+            "{chosen}{copies_note}: the automatic maximum; {usable_disks} usable disks would allow {fit}, but wider rows make small parity updates and rebuilds touch more disks"
         )
     } else if keep_free {
         format!(
-            "{count}{copies_note}: as wide as {width} of {usable_disks} usable disks allow, keeping one free so that a failed disk is rebuilt into free space without a spare"
+            "{chosen}{copies_note}: as wide as {width} of {usable_disks} usable disks allow, keeping one free so that a failed disk is rebuilt into free space without a spare"
         )
     } else if redundant {
         format!(
-            "{count}{copies_note}: as wide as {usable_disks} usable disks allow (too few to keep one free for rebuilds: a failed disk waits for a spare or a new disk)"
+            "{chosen}{copies_note}: as wide as {usable_disks} usable disks allow (too few to keep one free for rebuilds: a failed disk waits for a spare or a new disk)"
         )
     } else {
-        format!("{count}{copies_note}: as wide as {usable_disks} usable disks allow")
+        format!("{chosen}{copies_note}: as wide as {usable_disks} usable disks allow")
     };
     Ok(ColumnChoice { columns, reason })
 }

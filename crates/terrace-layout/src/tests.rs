@@ -272,3 +272,10 @@ fn capacity_figures() {
         vec![vec![0, 1], vec![2, 3], vec![4, 5], vec![6, 7]]
     );
 }
+
+#[test]
+fn counts_agree_with_their_nouns() {
+    assert_eq!(count(1u32, "column"), "1 column");
+    assert_eq!(count(2u32, "failure"), "2 failures");
+    assert_eq!(count(0u64, "disk"), "0 disks");
+}

@@ -13,6 +13,7 @@ use crate::api::{
     Response, SpaceCreate, SpaceDetail, SpaceView,
 };
 use crate::units::parse_size;
+use crate::{render, CliError};
 
 /// A bandwidth per second as `pool set` takes it: a size, or `0`,
 /// `unlimited` or `none` for no limit (what `pool status` shows).
@@ -22,7 +23,6 @@ fn parse_rate(text: &str) -> Result<u64, String> {
         other => parse_size(other).map_err(|error| error.to_string()),
     }
 }
-use crate::{render, CliError};
 
 /// Attributes applied to every disk of the command (a disk's own
 /// `path,media=...` attributes win).
@@ -636,11 +636,10 @@ pub fn render(request: &Request, result: serde_json::Value) -> Result<String, Cl
             // The cache is what `space cache` changed, and a creation may
             // have given one by default: say where it is either way.
             let cache = space.cache.as_ref().map_or(String::new(), |cache| {
-                let disks: Vec<String> = cache.log_disks.iter().map(u16::to_string).collect();
                 format!(
                     "; write-back cache {}, log on disks {} ({} copies)",
                     crate::units::format_size(cache.bytes),
-                    disks.join(", "),
+                    render::log_disks(cache),
                     cache.log_copies
                 )
             });

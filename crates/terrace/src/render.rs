@@ -4,8 +4,8 @@ use comfy_table::presets::NOTHING;
 use comfy_table::Table;
 
 use crate::api::{
-    CandidateView, ImpactView, ImportableView, JobView, PoolSummary, PoolView, SpaceDetail,
-    SpaceView,
+    CacheView, CandidateView, ImpactView, ImportableView, JobView, PoolSummary, PoolView,
+    SpaceDetail, SpaceView,
 };
 use crate::units::{count, format_size};
 
@@ -328,19 +328,24 @@ pub fn importable(pools: &[ImportableView]) -> String {
     format!("{table}\nimport one with `terrace pool import --name NAME PATH...`\n")
 }
 
+/// "5, 6": the pool disks a cache's log lives on.
+pub fn log_disks(cache: &CacheView) -> String {
+    let disks: Vec<String> = cache.log_disks.iter().map(u16::to_string).collect();
+    disks.join(", ")
+}
+
 /// The write-back cache of a space, in a few indented lines.
 pub fn cache_lines(space: &SpaceView) -> String {
     let Some(cache) = &space.cache else {
         return "  write-back cache: none (writes go straight to the disks)\n".to_string();
     };
-    let disks: Vec<String> = cache.log_disks.iter().map(u16::to_string).collect();
     let mut out = format!(
         "  write-back cache: {} ({}% used, {} dirty, {} held in memory), log on disks {} ({} copies, {})\n",
         format_size(cache.bytes),
         cache.fill_percent,
         format_size(cache.dirty_bytes),
         format_size(cache.memory_bytes),
-        disks.join(", "),
+        log_disks(cache),
         cache.log_copies,
         cache.log_health,
     );

@@ -42,14 +42,7 @@ pub fn parse_size(text: &str) -> Result<u64, SizeError> {
 }
 
 pub use terrace_engine::format_size;
-
-/// "1 failure", "2 failures": a count with its noun as a sentence says it.
-pub fn count(n: impl Into<u64>, noun: &str) -> String {
-    match n.into() {
-        1 => format!("1 {noun}"),
-        n => format!("{n} {noun}s"),
-    }
-}
+pub use terrace_engine::layout::count;
 
 #[cfg(test)]
 mod tests {
@@ -68,12 +61,5 @@ mod tests {
             assert!(parse_size(bad).is_err(), "{bad}");
         }
         assert!(parse_size("12Q").unwrap_err().to_string().contains("256K"));
-    }
-
-    #[test]
-    fn counts_agree_with_their_nouns() {
-        assert_eq!(count(1u32, "failure"), "1 failure");
-        assert_eq!(count(2u32, "failure"), "2 failures");
-        assert_eq!(count(0u64, "disk"), "0 disks");
     }
 }

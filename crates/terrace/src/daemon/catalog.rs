@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use terrace_engine::layout::{Geometry, Layout};
+use terrace_engine::layout::{count, Geometry, Layout};
 use terrace_engine::{mirror_stream_reach_bytes, EngineError, Space};
 use terrace_export::{Backend, BlockSizes, Catalog, Errno, Extent};
 
@@ -45,7 +45,7 @@ fn describe(space: &Space) -> String {
     format!(
         "{}, {}, {} interleave",
         geometry.layout(),
-        terrace_engine::layout::columns_text(geometry.columns()),
+        count(geometry.columns(), "column"),
         crate::units::format_size(geometry.interleave_bytes())
     )
 }

@@ -1,6 +1,6 @@
 //! Engine state → the API's views.
 
-use terrace_engine::layout::{columns_text, Layout};
+use terrace_engine::layout::Layout;
 use terrace_engine::meta::{
     DiskIndex, DiskState, FaultDomain, JobKind, Media, PoolMetadata, PoolSettings, RepairPolicy,
     RetireMissing, Usage,
@@ -353,7 +353,7 @@ fn explanation(view: &SpaceView, slab_bytes: u64) -> Vec<String> {
         "mirror" => lines.push(format!(
             "each row stripes {} interleave units over {}; every column is kept on {} disks",
             format_size(view.interleave_bytes),
-            columns_text(view.columns),
+            count(view.columns, "column"),
             view.copies
         )),
         "parity" => lines.push(format!(
@@ -365,7 +365,7 @@ fn explanation(view: &SpaceView, slab_bytes: u64) -> Vec<String> {
         _ => lines.push(format!(
             "each row stripes {} interleave units over {}; no redundancy",
             format_size(view.interleave_bytes),
-            columns_text(view.columns)
+            count(view.columns, "column")
         )),
     }
     let slots = view.columns * view.copies;
