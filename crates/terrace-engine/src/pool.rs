@@ -648,23 +648,37 @@ async fn open(
 
 impl Pool {
     /// Disks that were missing and are present again catch up on what was
-    /// written while they were away (a resync job), unless a repair already
-    /// re-creates their slabs elsewhere; then they wait, unused.
+    /// written while they were away (a resync job). A repair that the
+    /// policy started when the disk went missing is cancelled for it: what
+    /// the disk still holds needs only the extents written meanwhile, where
+    /// the repair would copy all of it elsewhere and retire a good disk (a
+    /// disk left out of an import by mistake, or slow to appear at boot).
+    /// Under `retire-missing always` the repair goes on and the disk waits,
+    /// unused, to be released.
     async fn welcome_back(&self, metadata: &PoolMetadata) -> Result<(), EngineError> {
-        let repairing: Vec<DiskIndex> = metadata
+        let repairing: Vec<(DiskIndex, u64)> = metadata
             .jobs
             .iter()
             .filter(|job| job.is_active())
             .filter_map(|job| match job.kind {
-                terrace_meta::JobKind::Repair { disk } => Some(disk),
+                terrace_meta::JobKind::Repair { disk } => Some((disk, job.id)),
                 _ => None,
             })
             .collect();
+        let retiring = metadata.settings.retire_missing == terrace_meta::RetireMissing::Always;
         for disk in self.shared.disks() {
             let record = &metadata.disks[usize::from(disk.index.0)];
             let returning = record.state == DiskState::Missing && disk.device().is_some();
-            if !returning || repairing.contains(&disk.index) {
+            if !returning {
                 continue;
+            }
+            if let Some(&(_, repair)) = repairing.iter().find(|(d, _)| *d == disk.index) {
+                if retiring {
+                    continue;
+                }
+                let because = format!("disk {} returned and catches up in place", disk.index.0);
+                self.change_job(repair, crate::jobs::JobAction::Cancel, &because)
+                    .await?;
             }
             let kind = terrace_meta::JobKind::Resync { disk: disk.index };
             let resyncing = metadata

@@ -498,6 +498,76 @@ fn a_returning_disk_resyncs_only_what_it_missed() {
     });
 }
 
+/// A disk left out of an import has its slabs repaired elsewhere at once
+/// (retire-missing auto). Brought back before that repair is done, it is
+/// not retired: the repair is cancelled with the reason, and the disk
+/// catches up in place on what was written while it was away.
+#[test]
+fn a_disk_back_before_its_repair_is_done_catches_up_in_place() {
+    block_on(async {
+        let disks = Disks::new(5, 16 << 20);
+        let pool = create_pool(&disks).await;
+        let mut config =
+            SpaceConfig::new("m", Layout::Mirror { copies: 2 }, SpaceSize::Bytes(8 << 20));
+        config.columns = Some(2);
+        config.interleave_bytes = Some(4096);
+        let space = pool.create_space(config).await.unwrap().space;
+        let mut model = fill(&space, 7).await;
+        pool.set_settings(terrace_engine::meta::PoolSettings {
+            repair_rate_bytes_per_second: 1 << 20,
+            ..pool.metadata().await.settings
+        })
+        .await
+        .unwrap();
+        let away = disks_of(&pool.metadata().await, "m")[0];
+        pool.close().await.unwrap();
+        let others: Vec<_> = (0..disks.devices.len())
+            .filter(|&i| i != usize::from(away.0))
+            .map(|i| disks.devices[i].clone())
+            .collect();
+        let pool = Pool::import(env(), others, ImportOptions::default())
+            .await
+            .unwrap();
+        let space = pool.space("m").unwrap();
+        let data = Rng(8).bytes(64 << 10);
+        space.write(0, bytes(data.clone()), false).await.unwrap();
+        model.write(0, &data);
+        with_jobs(&pool, sleep(1500)).await;
+        let repair = pool.job_statuses().await;
+        assert!(
+            matches!(repair[..], [ref job] if job.kind == JobKind::Repair { disk: away }
+                && job.state == JobState::Running && job.bytes_done > 0),
+            "{repair:?}"
+        );
+        pool.close().await.unwrap();
+        let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
+            .await
+            .unwrap();
+        let settled = with_jobs(&pool, jobs_settle(&pool)).await;
+        let kinds: Vec<_> = settled.iter().map(|s| (s.kind, s.state)).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                (JobKind::Repair { disk: away }, JobState::Cancelled),
+                (JobKind::Resync { disk: away }, JobState::Done),
+            ]
+        );
+        assert!(
+            settled[0]
+                .reason
+                .contains("returned and catches up in place"),
+            "{}",
+            settled[0].reason
+        );
+        let metadata = pool.metadata().await;
+        assert_eq!(metadata.disks[usize::from(away.0)].state, DiskState::Active);
+        assert!(metadata.dirty.is_empty());
+        let space = pool.space("m").unwrap();
+        check(&space, &model).await;
+        assert_redundant(&space).await;
+    });
+}
+
 #[test]
 fn a_failing_target_is_replaced_and_a_second_loss_beyond_tolerance_fails_the_job() {
     block_on(async {

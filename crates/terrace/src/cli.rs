@@ -98,7 +98,8 @@ pub enum PoolCommand {
     Set {
         name: String,
         /// When a disk fails or goes missing: never (wait), always (repair
-        /// at once), auto (repair at once if there is room).
+        /// at once), auto (repair at once if there is room; a missing disk
+        /// that returns before its repair is done catches up in place).
         #[arg(long, value_parser = ["never", "always", "auto"])]
         retire_missing: Option<String>,
         /// Repair many extents at once (parallel) or one at a time.

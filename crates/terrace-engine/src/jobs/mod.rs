@@ -152,9 +152,21 @@ impl JobRuntime {
         entry.noted_ns = now_ns;
     }
 
-    /// Bytes per second since the job started in this process: until now
-    /// while it runs, until its last progress once it stopped (a finished
-    /// repair kept its rate instead of decaying as time passed).
+    /// A paused job runs again: the time it stood still is not its
+    /// running time, so its rate's start moves forward by as much (a 2M/s
+    /// repair paused for as long as it had run showed 1M/s on resuming).
+    fn resumed(&self, job: u64, now_ns: u64) {
+        let mut progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = progress.get_mut(&job) {
+            p.started_ns += now_ns.saturating_sub(p.noted_ns);
+            p.noted_ns = now_ns;
+        }
+    }
+
+    /// Bytes per second while the job ran in this process (paused spans
+    /// left out, see [`JobRuntime::resumed`]): until now while it runs,
+    /// until its last progress once it stopped (a finished repair kept its
+    /// rate instead of decaying as time passed).
     fn rate(&self, job: u64, now_ns: u64, running: bool) -> u64 {
         let progress = self.progress.lock().unwrap_or_else(|e| e.into_inner());
         progress.get(&job).map_or(0, |p| {
@@ -243,6 +255,16 @@ impl Pool {
 
     /// Pause, resume or cancel a job.
     pub async fn job_action(&self, id: u64, action: JobAction) -> Result<(), EngineError> {
+        self.change_job(id, action, "cancelled").await
+    }
+
+    /// [`Pool::job_action`], with the reason a cancelled job keeps.
+    pub(crate) async fn change_job(
+        &self,
+        id: u64,
+        action: JobAction,
+        cancelled_because: &str,
+    ) -> Result<(), EngineError> {
         self.shared.check_open()?;
         self.shared.check_writable()?;
         let mut control = self.shared.control.lock().await;
@@ -269,12 +291,16 @@ impl Pool {
             self.save_watermarks(job);
         }
         if state == JobState::Cancelled {
-            job.reason = "cancelled".into();
+            job.reason = cancelled_because.into();
             job.finished_ns = self.shared.env.wall_clock_ns();
         }
         let cancelled = (state == JobState::Cancelled).then(|| job.clone());
         self.shared.commit(&mut control, next).await?;
         drop(control);
+        if state == JobState::Running {
+            let now = self.shared.env.now_ns();
+            self.shared.job_runtime.resumed(id, now);
+        }
         if let Some(job) = cancelled {
             self.uninstall_job(&job);
         }
@@ -441,4 +467,30 @@ pub(crate) fn moves_bytes(
             rows(step) * interleave
         })
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::JobRuntime;
+
+    const SECOND: u64 = 1_000_000_000;
+
+    /// 10 MB in the first second, a pause of 9 s, 10 MB more in the second
+    /// after resuming: 10 MB/s, not 20 MB over 11 s.
+    #[test]
+    fn a_paused_span_is_not_running_time() {
+        let runtime = JobRuntime::default();
+        runtime.note_bytes(7, 0, 0);
+        runtime.note_bytes(7, SECOND, 10_000_000);
+        assert_eq!(runtime.rate(7, SECOND, true), 10_000_000);
+        // Paused: timed to its last progress, however long it stands.
+        assert_eq!(runtime.rate(7, 10 * SECOND, false), 10_000_000);
+        runtime.resumed(7, 10 * SECOND);
+        assert_eq!(runtime.rate(7, 10 * SECOND, true), 10_000_000);
+        runtime.note_bytes(7, 11 * SECOND, 20_000_000);
+        assert_eq!(runtime.rate(7, 11 * SECOND, true), 10_000_000);
+        // A job this process never saw progress of has no rate to move.
+        runtime.resumed(8, 11 * SECOND);
+        assert_eq!(runtime.rate(8, 12 * SECOND, true), 0);
+    }
 }
