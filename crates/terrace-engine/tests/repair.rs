@@ -11,7 +11,7 @@ use common::*;
 use futures::executor::block_on;
 use futures::future::{select, Either};
 use terrace_engine::layout::Layout;
-use terrace_engine::meta::{DiskIndex, DiskState, JobKind, JobState, Usage};
+use terrace_engine::meta::{DiskIndex, DiskState, JobKind, JobState, SpaceRole, Usage};
 use terrace_engine::{
     verify_space, EngineError, ImportOptions, JobAction, Pool, Space, SpaceConfig, SpaceHealth,
     SpaceSize,
@@ -565,6 +565,67 @@ fn a_disk_back_before_its_repair_is_done_catches_up_in_place() {
         let space = pool.space("m").unwrap();
         check(&space, &model).await;
         assert_redundant(&space).await;
+    });
+}
+
+/// A log copy lost with its journal disk is re-mirrored onto another
+/// journal disk with room, not onto the capacity disks: there a parity
+/// space's log would write at their speed from then on.
+#[test]
+fn a_lost_log_copy_is_re_mirrored_onto_another_journal_disk() {
+    block_on(async {
+        let disks = Disks::new(7, 64 << 20);
+        let mut new_disks = disks.new_disks();
+        for disk in &mut new_disks[4..] {
+            disk.usage = Usage::Journal;
+        }
+        let pool = Pool::create(env(), small_config("tank"), new_disks)
+            .await
+            .unwrap();
+        let mut config = SpaceConfig::new(
+            "p",
+            Layout::Parity { redundancy: 1 },
+            SpaceSize::Bytes(4 << 20),
+        );
+        config.cache_bytes = Some(32 << 20);
+        let space = pool.create_space(config).await.unwrap().space;
+        let model = fill(&space, 3).await;
+        let log_disks = |metadata: &terrace_engine::meta::PoolMetadata| {
+            let mut disks: Vec<usize> = metadata
+                .spaces
+                .iter()
+                .filter(|s| matches!(s.role, SpaceRole::Log { .. }))
+                .flat_map(|s| s.extents.iter())
+                .flat_map(|e| {
+                    e.slabs
+                        .iter()
+                        .flatten()
+                        .map(|slab| usize::from(slab.disk.0))
+                })
+                .collect();
+            disks.sort_unstable();
+            disks.dedup();
+            disks
+        };
+        let before = log_disks(&pool.metadata().await);
+        assert_eq!(
+            before,
+            vec![4, 5, 6],
+            "the log is spread over the journal disks"
+        );
+        disks.faults[5].lose();
+        let settled = with_jobs(&pool, jobs_settle(&pool)).await;
+        assert!(
+            settled
+                .iter()
+                .any(|s| s.kind == JobKind::Repair { disk: DiskIndex(5) }
+                    && s.state == JobState::Done),
+            "{settled:?}"
+        );
+        assert_eq!(log_disks(&pool.metadata().await), vec![4, 6]);
+        let journal = space.journal().unwrap();
+        assert_eq!(journal.status().write_through, None);
+        check(&space, &model).await;
     });
 }
 

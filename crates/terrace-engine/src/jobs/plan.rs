@@ -11,30 +11,53 @@ use std::collections::BTreeSet;
 
 use terrace_layout::Geometry;
 use terrace_meta::{
-    Allocator, DiskIndex, DiskRecord, DiskState, JobKind, MoveRecord, PoolMetadata, SlabRef, Usage,
+    Allocator, DiskIndex, DiskRecord, DiskState, JobKind, MoveRecord, PoolMetadata, SlabRef,
+    SpaceRole, Usage,
 };
 
 use crate::error::EngineError;
 
-/// The disks that may receive a slot: hot spares, then capacity disks;
-/// slabs `reserved` for a change not yet committed left out.
-fn allocators(
-    metadata: &PoolMetadata,
-    level: terrace_meta::FaultDomain,
-    only: Option<DiskIndex>,
-    reserved: &BTreeSet<SlabRef>,
-) -> [Allocator; 2] {
-    let eligible = |wanted: Usage| {
-        move |index: DiskIndex, disk: &DiskRecord| {
-            disk.state == DiskState::Active
-                && disk.usage == wanted
-                && only.is_none_or(|only| only == index)
-        }
-    };
-    [
-        Allocator::with_filter(metadata, level, eligible(Usage::HotSpare)).exclude(reserved),
-        Allocator::with_filter(metadata, level, eligible(Usage::Auto)).exclude(reserved),
-    ]
+/// The disks that may receive a slot, by usage: journal disks, hot spares,
+/// capacity disks; slabs `reserved` for a change not yet committed left
+/// out. Which of them a space may use, and in what order, is
+/// [`Pools::order`].
+struct Pools([Allocator; 3]);
+
+impl Pools {
+    fn new(
+        metadata: &PoolMetadata,
+        level: terrace_meta::FaultDomain,
+        only: Option<DiskIndex>,
+        reserved: &BTreeSet<SlabRef>,
+    ) -> Pools {
+        let eligible = |wanted: Usage| {
+            move |index: DiskIndex, disk: &DiskRecord| {
+                disk.state == DiskState::Active
+                    && disk.usage == wanted
+                    && only.is_none_or(|only| only == index)
+            }
+        };
+        let pool =
+            |usage| Allocator::with_filter(metadata, level, eligible(usage)).exclude(reserved);
+        Pools([
+            pool(Usage::Journal),
+            pool(Usage::HotSpare),
+            pool(Usage::Auto),
+        ])
+    }
+
+    /// A space's data goes to hot spares, then capacity disks, never to
+    /// journal disks. A write-back log goes to journal disks first, as it
+    /// was placed: re-mirrored onto capacity disks while another journal
+    /// disk had room, a log of a parity space on SSDs wrote at the speed
+    /// of hard disks from then on.
+    fn order(&mut self, role: SpaceRole) -> impl Iterator<Item = &mut Allocator> {
+        let skip = match role {
+            SpaceRole::Log { .. } => 0,
+            SpaceRole::Data => 1,
+        };
+        self.0.iter_mut().skip(skip)
+    }
 }
 
 /// Where the other slots of one extent are, or are being moved to.
@@ -77,13 +100,13 @@ impl<'a> ExtentPlaces<'a> {
 /// Choose a target slab for `slot` of an extent: on no disk that holds or
 /// will hold another slot of it (two slots on one disk would make one disk
 /// failure cost two), outside the domains of its redundancy group.
-fn choose_target(
+fn choose_target<'a>(
     metadata: &PoolMetadata,
     geometry: &Geometry,
     level: terrace_meta::FaultDomain,
     places: &ExtentPlaces,
     slot: usize,
-    pools: &mut [Allocator; 2],
+    pools: impl Iterator<Item = &'a mut Allocator>,
     also_avoid: Option<DiskIndex>,
 ) -> Option<SlabRef> {
     let mut avoid_disks: BTreeSet<DiskIndex> = (0..places.slabs.len())
@@ -102,7 +125,7 @@ fn choose_target(
         .map(|disk| metadata.disks[usize::from(disk.0)].domain_key(disk, level))
         .collect();
     pools
-        .iter_mut()
+        .into_iter()
         .find_map(|pool| pool.allocate_slab(&avoid_disks, &avoid_domains))
 }
 
@@ -119,7 +142,7 @@ pub(crate) fn plan(
         JobKind::Resync { disk } => return Ok(resync_moves(metadata, disk)),
     };
     let mut moves = Vec::new();
-    let mut level_pools: Vec<(terrace_meta::FaultDomain, [Allocator; 2])> = Vec::new();
+    let mut level_pools: Vec<(terrace_meta::FaultDomain, Pools)> = Vec::new();
     for space in &metadata.spaces {
         let geometry = space.geometry(metadata.slab_bytes)?;
         let position = match level_pools
@@ -130,7 +153,7 @@ pub(crate) fn plan(
             None => {
                 level_pools.push((
                     space.fault_domain,
-                    allocators(metadata, space.fault_domain, only, reserved),
+                    Pools::new(metadata, space.fault_domain, only, reserved),
                 ));
                 level_pools.len() - 1
             }
@@ -150,7 +173,7 @@ pub(crate) fn plan(
                 if slab.disk != source {
                     continue;
                 }
-                let pools = &mut level_pools[position].1;
+                let pools = level_pools[position].1.order(space.role);
                 let places = ExtentPlaces::new(metadata, space.id, extent as u32, slabs, &moves);
                 let target = choose_target(
                     metadata,
@@ -249,7 +272,7 @@ pub(crate) fn retarget(
         .slabs
         .clone()
         .unwrap_or_default();
-    let mut pools = allocators(metadata, space.fault_domain, only, reserved);
+    let mut pools = Pools::new(metadata, space.fault_domain, only, reserved);
     let places = ExtentPlaces::new(metadata, step.space, step.extent, &slabs, &[]);
     choose_target(
         metadata,
@@ -257,7 +280,7 @@ pub(crate) fn retarget(
         space.fault_domain,
         &places,
         usize::from(step.slot),
-        &mut pools,
+        pools.order(space.role),
         Some(step.target.disk),
     )
     .ok_or(EngineError::NoRoomToRepair {
