@@ -13,6 +13,7 @@
 //! | healthy | every slab present |
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use terrace_layout::Layout;
 use terrace_meta::{DiskState, FaultDomain, JobKind, JobState, Media, PoolMetadata, Usage};
@@ -123,6 +124,11 @@ pub struct FailureImpact {
     pub lose_data: Vec<String>,
     /// Spaces that would keep their data but no further redundancy.
     pub lose_redundancy: Vec<String>,
+    /// Spaces whose write-back log would lose every copy: they write
+    /// through from then on, and what only the log's disks held is lost.
+    pub lose_log: Vec<String>,
+    /// Spaces whose write-back log would be left with one copy.
+    pub lose_log_redundancy: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -331,6 +337,20 @@ impl Pool {
             }
         }
         let spaces = self.spaces();
+        // Each log under the name of the space it serves.
+        let logs: Vec<(String, Arc<Space>)> = self
+            .logs
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter_map(|(id, log)| {
+                let owner = match metadata.space_by_id(*id)?.role {
+                    terrace_meta::SpaceRole::Log { owner } => metadata.space_by_id(owner)?,
+                    terrace_meta::SpaceRole::Data => return None,
+                };
+                Some((owner.name.clone(), log.clone()))
+            })
+            .collect();
         groups
             .into_iter()
             .map(|(group, members)| {
@@ -339,11 +359,20 @@ impl Pool {
                     what: group.to_string(),
                     lose_data: Vec::new(),
                     lose_redundancy: Vec::new(),
+                    lose_log: Vec::new(),
+                    lose_log_redundancy: Vec::new(),
                 };
                 for space in &spaces {
                     match space.impact_of(&gone) {
                         Some(true) => impact.lose_data.push(space.name().to_string()),
                         Some(false) => impact.lose_redundancy.push(space.name().to_string()),
+                        None => {}
+                    }
+                }
+                for (owner, log) in &logs {
+                    match log.impact_of(&gone) {
+                        Some(true) => impact.lose_log.push(owner.clone()),
+                        Some(false) => impact.lose_log_redundancy.push(owner.clone()),
                         None => {}
                     }
                 }

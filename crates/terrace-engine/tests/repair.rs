@@ -854,3 +854,62 @@ fn failure_impacts_are_listed_in_disk_order() {
         pool.close().await.unwrap();
     });
 }
+
+/// What a journal disk's failure would cost is listed too: the logs on it
+/// left with one copy, then, with one copy already gone, a log losing
+/// every copy (its space writes through from then on).
+#[test]
+fn failure_impacts_name_the_write_back_logs_a_disk_holds() {
+    block_on(async {
+        let disks = Disks::new(6, 64 << 20);
+        let mut new_disks = disks.new_disks();
+        for disk in &mut new_disks[4..] {
+            disk.usage = Usage::Journal;
+        }
+        let pool = Pool::create(env(), small_config("tank"), new_disks)
+            .await
+            .unwrap();
+        pool.set_settings(terrace_engine::meta::PoolSettings {
+            retire_missing: terrace_engine::meta::RetireMissing::Never,
+            ..pool.metadata().await.settings
+        })
+        .await
+        .unwrap();
+        let mut config = SpaceConfig::new(
+            "p",
+            Layout::Parity { redundancy: 1 },
+            SpaceSize::Bytes(2 << 20),
+        );
+        config.cache_bytes = Some(32 << 20);
+        let space = pool.create_space(config).await.unwrap().space;
+        let impact = |status: &terrace_engine::PoolStatus, disk: &str| {
+            let found = status.impact.iter().find(|i| i.what == disk).unwrap();
+            (
+                found.lose_data.clone(),
+                found.lose_redundancy.clone(),
+                found.lose_log.clone(),
+                found.lose_log_redundancy.clone(),
+            )
+        };
+        let none: Vec<String> = Vec::new();
+        let p = vec!["p".to_string()];
+        let status = pool.status().await;
+        for disk in ["disk 4", "disk 5"] {
+            assert_eq!(
+                impact(&status, disk),
+                (none.clone(), none.clone(), none.clone(), p.clone())
+            );
+        }
+        assert_eq!(
+            impact(&status, "disk 0"),
+            (none.clone(), p.clone(), none.clone(), none.clone())
+        );
+        disks.faults[4].lose();
+        space.write(0, bytes(vec![7; 4096]), false).await.unwrap();
+        let status = pool.status().await;
+        assert_eq!(
+            impact(&status, "disk 5"),
+            (none.clone(), none.clone(), p.clone(), none.clone())
+        );
+    });
+}

@@ -249,6 +249,11 @@ pub struct ImpactView {
     pub what: String,
     pub lose_data: Vec<String>,
     pub lose_redundancy: Vec<String>,
+    /// Spaces whose write-back log would lose every copy (they write
+    /// through from then on).
+    pub lose_log: Vec<String>,
+    /// Spaces whose write-back log would be left with one copy.
+    pub lose_log_redundancy: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

@@ -147,7 +147,12 @@ fn impact(pool: &PoolView) -> String {
     let risky: Vec<&ImpactView> = pool
         .impact
         .iter()
-        .filter(|i| !i.lose_data.is_empty() || !i.lose_redundancy.is_empty())
+        .filter(|i| {
+            !(i.lose_data.is_empty()
+                && i.lose_redundancy.is_empty()
+                && i.lose_log.is_empty()
+                && i.lose_log_redundancy.is_empty())
+        })
         .collect();
     if risky.is_empty() {
         return "\nif any one disk fails now: every space keeps its data and some redundancy\n"
@@ -163,6 +168,18 @@ fn impact(pool: &PoolView) -> String {
             parts.push(format!(
                 "leaves {} with no redundancy",
                 item.lose_redundancy.join(", ")
+            ));
+        }
+        if !item.lose_log.is_empty() {
+            parts.push(format!(
+                "takes every copy of the write-back log of {} (writing through from then on)",
+                item.lose_log.join(", ")
+            ));
+        }
+        if !item.lose_log_redundancy.is_empty() {
+            parts.push(format!(
+                "leaves the write-back log of {} with one copy",
+                item.lose_log_redundancy.join(", ")
             ));
         }
         out.push_str(&format!("  {}: {}\n", item.what, parts.join("; ")));

@@ -254,6 +254,8 @@ pub fn pool_view(
                 what: impact.what.clone(),
                 lose_data: impact.lose_data.clone(),
                 lose_redundancy: impact.lose_redundancy.clone(),
+                lose_log: impact.lose_log.clone(),
+                lose_log_redundancy: impact.lose_log_redundancy.clone(),
             })
             .collect(),
         disks,
