@@ -13,8 +13,8 @@ use futures::future::{select, Either};
 use terrace_engine::layout::Layout;
 use terrace_engine::meta::{DiskIndex, DiskState, JobKind, JobState, SpaceRole, Usage};
 use terrace_engine::{
-    verify_space, EngineError, ImportOptions, JobAction, Pool, Space, SpaceConfig, SpaceHealth,
-    SpaceSize,
+    verify_space, EngineError, ImportOptions, JobAction, NewDisk, Pool, Space, SpaceConfig,
+    SpaceHealth, SpaceSize,
 };
 
 const DISK_BYTES: u64 = 4 << 20;
@@ -911,5 +911,114 @@ fn failure_impacts_name_the_write_back_logs_a_disk_holds() {
             impact(&status, "disk 5"),
             (none.clone(), none.clone(), p.clone(), none.clone())
         );
+    });
+}
+
+/// The disks holding the write-back logs of `metadata`'s spaces.
+fn log_disks(metadata: &terrace_engine::meta::PoolMetadata) -> Vec<usize> {
+    let mut disks: Vec<usize> = metadata
+        .spaces
+        .iter()
+        .filter(|s| matches!(s.role, SpaceRole::Log { .. }))
+        .flat_map(|s| s.extents.iter())
+        .flat_map(|e| {
+            e.slabs
+                .iter()
+                .flatten()
+                .map(|slab| usize::from(slab.disk.0))
+        })
+        .collect();
+    disks.sort_unstable();
+    disks.dedup();
+    disks
+}
+
+/// Journal disks added to a pool whose parity log sits on its capacity
+/// disks take the log over (a job), while it is written; a repair of a
+/// disk the job is moving a log slot off waits for it; the moved log
+/// recovers across a restart.
+#[test]
+fn journal_disks_added_later_take_over_the_logs() {
+    block_on(async {
+        let disks = Disks::new(6, 64 << 20);
+        let mut capacity = disks.new_disks();
+        capacity.truncate(4);
+        let pool = Pool::create(env(), small_config("tank"), capacity)
+            .await
+            .unwrap();
+        let mut config = SpaceConfig::new(
+            "p",
+            Layout::Parity { redundancy: 1 },
+            SpaceSize::Bytes(2 << 20),
+        );
+        config.cache_bytes = Some(32 << 20);
+        let space = pool.create_space(config).await.unwrap().space;
+        let mut model = fill(&space, 11).await;
+        let on_capacity = log_disks(&pool.metadata().await);
+        assert!(on_capacity.iter().all(|&d| d < 4), "{on_capacity:?}");
+        pool.set_settings(terrace_engine::meta::PoolSettings {
+            repair_rate_bytes_per_second: 4 << 20,
+            ..pool.metadata().await.settings
+        })
+        .await
+        .unwrap();
+        let journal: Vec<NewDisk> = disks.new_disks()[4..]
+            .iter()
+            .map(|disk| NewDisk::new(disk.device.clone()))
+            .map(|mut disk| {
+                disk.usage = Usage::Journal;
+                disk
+            })
+            .collect();
+        pool.add_disks(journal).await.unwrap();
+        let mut rng = Rng(12);
+        let job = with_jobs(&pool, async {
+            for _ in 0..40 {
+                let (offset, length) = random_range(&mut rng, space.size_bytes(), 8 << 10);
+                model.write_random(&space, &mut rng, offset, length).await;
+                sleep(5).await;
+            }
+            pool.job_statuses().await
+        })
+        .await;
+        let moving = job
+            .iter()
+            .find(|s| s.kind == JobKind::LogsToJournal)
+            .expect("a job moving the log");
+        assert_eq!(moving.state, JobState::Running, "{moving:?}");
+        pool.job_action(moving.id, JobAction::Pause).await.unwrap();
+        let source = on_capacity[0];
+        assert!(
+            matches!(
+                pool.start_repair(DiskIndex(source as u16)).await,
+                Err(EngineError::JobConflict { id }) if id == moving.id
+            ),
+            "a repair of disk {source} would move the slot the job moves"
+        );
+        pool.job_action(moving.id, JobAction::Resume).await.unwrap();
+        pool.set_settings(terrace_engine::meta::PoolSettings {
+            repair_rate_bytes_per_second: 0,
+            ..pool.metadata().await.settings
+        })
+        .await
+        .unwrap();
+        let settled = with_jobs(&pool, jobs_settle(&pool)).await;
+        assert_eq!(
+            settled
+                .iter()
+                .map(|s| (s.kind, s.state))
+                .collect::<Vec<_>>(),
+            vec![(JobKind::LogsToJournal, JobState::Done)]
+        );
+        assert_eq!(log_disks(&pool.metadata().await), vec![4, 5]);
+        check(&space, &model).await;
+        drop(space);
+        drop(pool);
+        let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
+            .await
+            .unwrap();
+        let space = pool.space("p").unwrap();
+        check(&space, &model).await;
+        assert_redundant(&space).await;
     });
 }

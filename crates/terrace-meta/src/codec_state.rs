@@ -64,6 +64,7 @@ fn encode_job(writer: &mut Writer, job: &JobRecord) {
         JobKind::Evacuate { disk } => (1, disk, disk),
         JobKind::Replace { old, new } => (2, old, new),
         JobKind::Resync { disk } => (3, disk, disk),
+        JobKind::LogsToJournal => (4, DiskIndex(0), DiskIndex(0)),
     };
     writer.u8(code);
     writer.u16(first.0);
@@ -200,6 +201,7 @@ fn decode_kind(reader: &mut Reader, known: &Known) -> Result<JobKind, DecodeErro
             new: second,
         }),
         3 => Ok(JobKind::Resync { disk: first }),
+        4 => Ok(JobKind::LogsToJournal),
         code => Err(DecodeError::BadCode {
             field: "job kind",
             code,

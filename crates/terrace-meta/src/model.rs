@@ -219,6 +219,10 @@ pub enum JobKind {
     Replace { old: DiskIndex, new: DiskIndex },
     /// Bring a returning disk up to date (regions written while it was away).
     Resync { disk: DiskIndex },
+    /// Move write-back logs off capacity disks onto journal disks (a log
+    /// placed or re-mirrored there before the pool had journal disks
+    /// enough).
+    LogsToJournal,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -129,6 +129,17 @@ fn metadata_round_trips() {
                 done: false,
             }],
         });
+        pool.jobs.push(JobRecord {
+            id: 5,
+            kind: JobKind::LogsToJournal,
+            state: JobState::Done,
+            reason: String::new(),
+            created_ns: 10,
+            finished_ns: 11,
+            bytes_total: 1 << 20,
+            bytes_done: 1 << 20,
+            moves: Vec::new(),
+        });
         pool.dirty.push(DirtyRecord {
             disk: DiskIndex(1),
             extents: vec![(SpaceId(1), 0), (SpaceId(1), 2)],

@@ -25,11 +25,13 @@
 mod plan;
 mod run;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
-use terrace_meta::{DiskIndex, DiskState, JobKind, JobRecord, JobState, PoolMetadata, SpaceId};
+use terrace_meta::{
+    DiskIndex, DiskState, JobKind, JobRecord, JobState, MoveRecord, PoolMetadata, SpaceId,
+};
 
 use crate::error::EngineError;
 use crate::pool::Pool;
@@ -177,13 +179,37 @@ impl JobRuntime {
     }
 }
 
+/// The disks a job of `kind` is about, whatever its moves.
 fn kind_disks(kind: JobKind) -> Vec<DiskIndex> {
     match kind {
         JobKind::Repair { disk } | JobKind::Evacuate { disk } | JobKind::Resync { disk } => {
             vec![disk]
         }
         JobKind::Replace { old, new } => vec![old, new],
+        JobKind::LogsToJournal => Vec::new(),
     }
+}
+
+/// The disks an active job involves: those of its kind, and those its
+/// moves still take slots off (a job moving logs names no disk of its
+/// own, but a repair or evacuation of a disk it is moving a slot off
+/// would move the same slot).
+pub(crate) fn job_disks(metadata: &PoolMetadata, job: &JobRecord) -> BTreeSet<DiskIndex> {
+    let mut disks: BTreeSet<DiskIndex> = kind_disks(job.kind).into_iter().collect();
+    disks.extend(move_sources(metadata, job.moves.iter().filter(|m| !m.done)));
+    disks
+}
+
+/// The disks that hold the slots `moves` fill elsewhere.
+fn move_sources<'a>(
+    metadata: &'a PoolMetadata,
+    moves: impl Iterator<Item = &'a MoveRecord> + 'a,
+) -> impl Iterator<Item = DiskIndex> + 'a {
+    moves.filter_map(|step| {
+        let space = metadata.space_by_id(step.space)?;
+        let slabs = space.extents.get(step.extent as usize)?.slabs.as_ref()?;
+        Some(slabs.get(usize::from(step.slot))?.disk)
+    })
 }
 
 impl Pool {
@@ -220,6 +246,16 @@ impl Pool {
     ) -> Result<JobRecord, EngineError> {
         check_job_disks(next, kind)?;
         let moves = plan::plan(next, kind, &self.shared.reserved_slabs())?;
+        if kind == JobKind::LogsToJournal {
+            // Its disks are known only now, from its moves.
+            let sources: BTreeSet<DiskIndex> = move_sources(next, moves.iter()).collect();
+            let busy = next.jobs.iter().filter(|job| job.is_active()).find(|job| {
+                job.kind == kind || job_disks(next, job).iter().any(|d| sources.contains(d))
+            });
+            if let Some(job) = busy {
+                return Err(EngineError::JobConflict { id: job.id });
+            }
+        }
         let id = next.next_job_id;
         next.next_job_id += 1;
         let nothing_to_move = moves.is_empty();
@@ -428,7 +464,7 @@ fn check_job_disks(metadata: &PoolMetadata, kind: JobKind) -> Result<(), EngineE
     }
     let emptied = match kind {
         JobKind::Evacuate { disk } | JobKind::Replace { old: disk, .. } => Some(disk),
-        JobKind::Repair { .. } | JobKind::Resync { .. } => None,
+        JobKind::Repair { .. } | JobKind::Resync { .. } | JobKind::LogsToJournal => None,
     };
     let busy = metadata
         .jobs
@@ -440,7 +476,7 @@ fn check_job_disks(metadata: &PoolMetadata, kind: JobKind) -> Result<(), EngineE
                 .iter()
                 .filter(|step| !step.done)
                 .any(|step| emptied == Some(step.target.disk));
-            filling || kind_disks(job.kind).iter().any(|d| disks.contains(d))
+            filling || job_disks(metadata, job).iter().any(|d| disks.contains(d))
         });
     match busy {
         Some(job) => Err(EngineError::JobConflict { id: job.id }),

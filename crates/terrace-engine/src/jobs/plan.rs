@@ -58,6 +58,23 @@ impl Pools {
         };
         self.0.iter_mut().skip(skip)
     }
+
+    /// Journal disks alone (a job moving logs onto them).
+    fn journal(&mut self) -> impl Iterator<Item = &mut Allocator> {
+        self.0.iter_mut().take(1)
+    }
+
+    /// Where a job of `kind` may put a slot of a space with `role`.
+    fn for_job(
+        &mut self,
+        kind: JobKind,
+        role: SpaceRole,
+    ) -> Box<dyn Iterator<Item = &mut Allocator> + '_> {
+        match kind {
+            JobKind::LogsToJournal => Box::new(self.journal()),
+            _ => Box::new(self.order(role)),
+        }
+    }
 }
 
 /// Where the other slots of one extent are, or are being moved to.
@@ -140,6 +157,7 @@ pub(crate) fn plan(
         JobKind::Repair { disk } | JobKind::Evacuate { disk } => (disk, None),
         JobKind::Replace { old, new } => (old, Some(new)),
         JobKind::Resync { disk } => return Ok(resync_moves(metadata, disk)),
+        JobKind::LogsToJournal => return Ok(log_moves(metadata, reserved)),
     };
     let mut moves = Vec::new();
     let mut level_pools: Vec<(terrace_meta::FaultDomain, Pools)> = Vec::new();
@@ -218,6 +236,83 @@ fn recoverable(
         .is_some()
 }
 
+/// Every slot of a write-back log that lives on an active capacity disk,
+/// onto a journal disk: for each log whose copies the pool's journal disks
+/// can hold on distinct disks, and only if all of that log's such slots
+/// find room (a log with one copy on SSDs and one on hard disks still
+/// writes at the hard disks' speed). Slots on failed or missing disks are a
+/// repair's.
+fn log_moves(metadata: &PoolMetadata, reserved: &BTreeSet<SlabRef>) -> Vec<MoveRecord> {
+    let journal_disks = metadata
+        .disks
+        .iter()
+        .filter(|disk| disk.state == DiskState::Active && disk.usage == Usage::Journal)
+        .count();
+    let mut level_pools: Vec<(terrace_meta::FaultDomain, Pools)> = Vec::new();
+    let mut moves = Vec::new();
+    for space in &metadata.spaces {
+        if !matches!(space.role, SpaceRole::Log { .. }) {
+            continue;
+        }
+        let Ok(geometry) = space.geometry(metadata.slab_bytes) else {
+            continue;
+        };
+        if journal_disks < geometry.slots_per_extent() as usize {
+            continue;
+        }
+        let position = match level_pools
+            .iter()
+            .position(|(level, _)| *level == space.fault_domain)
+        {
+            Some(position) => position,
+            None => {
+                level_pools.push((
+                    space.fault_domain,
+                    Pools::new(metadata, space.fault_domain, None, reserved),
+                ));
+                level_pools.len() - 1
+            }
+        };
+        let mut planned = Vec::new();
+        let placed = space.extents.iter().enumerate().all(|(extent, record)| {
+            let Some(slabs) = record.slabs.as_ref() else {
+                return true;
+            };
+            slabs.iter().enumerate().all(|(slot, slab)| {
+                let disk = &metadata.disks[usize::from(slab.disk.0)];
+                if disk.state != DiskState::Active || disk.usage == Usage::Journal {
+                    return true;
+                }
+                let places = ExtentPlaces::new(metadata, space.id, extent as u32, slabs, &planned);
+                let target = choose_target(
+                    metadata,
+                    &geometry,
+                    space.fault_domain,
+                    &places,
+                    slot,
+                    level_pools[position].1.journal(),
+                    None,
+                );
+                target.is_some_and(|target| {
+                    planned.push(MoveRecord {
+                        space: space.id,
+                        extent: extent as u32,
+                        slot: slot as u16,
+                        target,
+                        watermark_rows: 0,
+                        done: false,
+                    });
+                    true
+                })
+            })
+        });
+        if placed {
+            moves.extend(planned);
+        }
+    }
+    moves
+}
+
 /// A returning disk catches up in place on the extents written while it
 /// was away.
 fn resync_moves(metadata: &PoolMetadata, disk: DiskIndex) -> Vec<MoveRecord> {
@@ -280,7 +375,7 @@ pub(crate) fn retarget(
         space.fault_domain,
         &places,
         usize::from(step.slot),
-        pools.order(space.role),
+        pools.for_job(job.kind, space.role),
         Some(step.target.disk),
     )
     .ok_or(EngineError::NoRoomToRepair {

@@ -91,6 +91,7 @@ impl Pool {
         let claims = Claims::default();
         let policy = async {
             let mut attempted: BTreeSet<(DiskIndex, u64)> = BTreeSet::new();
+            let mut logs_attempted = None;
             let mut last_probe: Option<u64> = None;
             while self.running_jobs() {
                 let now = self.shared.env.now_ns();
@@ -99,6 +100,7 @@ impl Pool {
                     self.probe_disks().await;
                 }
                 self.start_policy_repairs(&mut attempted).await;
+                self.start_log_moves(&mut logs_attempted).await;
                 let _ = self.shared.clear_idle_intent().await;
                 self.shared.env.sleep(IDLE_POLL_NS).await;
             }
@@ -158,7 +160,7 @@ impl Pool {
             let has_job = metadata
                 .jobs
                 .iter()
-                .any(|job| job.is_active() && super::kind_disks(job.kind).contains(&index));
+                .any(|job| job.is_active() && super::job_disks(&metadata, job).contains(&index));
             if !lost
                 || has_job
                 || !holding.contains(&index)
@@ -172,6 +174,35 @@ impl Pool {
                         .await;
                 }
             }
+        }
+    }
+
+    /// Move write-back logs off capacity disks onto journal disks once the
+    /// pool has journal disks enough for them (added, or back in service
+    /// after the logs were re-mirrored away): a log on hard disks writes
+    /// at their speed. Only while no other job runs, so repairs come
+    /// first; tried once per placement state, and no job is recorded when
+    /// there is nothing to move.
+    async fn start_log_moves(&self, attempted: &mut Option<u64>) {
+        let metadata = self.metadata().await;
+        let key = placement_key(&metadata);
+        if *attempted == Some(key) || metadata.jobs.iter().any(|job| job.is_active()) {
+            return;
+        }
+        *attempted = Some(key);
+        let kind = JobKind::LogsToJournal;
+        let mut control = self.shared.control.lock().await;
+        let mut next = control.metadata.clone();
+        let reserved = self.shared.reserved_slabs();
+        if !matches!(super::plan::plan(&next, kind, &reserved), Ok(moves) if !moves.is_empty()) {
+            return;
+        }
+        let Ok(job) = self.record_job(&mut next, kind) else {
+            return;
+        };
+        if self.shared.commit(&mut control, next).await.is_ok() {
+            drop(control);
+            self.launch_job(&job).await;
         }
     }
 
@@ -539,7 +570,7 @@ impl Pool {
             job.bytes_done = job.bytes_total;
         }
         match kind {
-            JobKind::Repair { .. } => {}
+            JobKind::Repair { .. } | JobKind::LogsToJournal => {}
             JobKind::Evacuate { disk } | JobKind::Replace { old: disk, .. } => {
                 let record = &mut next.disks[usize::from(disk.0)];
                 record.state = DiskState::Removed;
@@ -573,7 +604,7 @@ impl Pool {
                 let disks = self.shared.disks();
                 disks[usize::from(disk.0)].set_condition(Condition::Online, "");
             }
-            JobKind::Repair { .. } => {}
+            JobKind::Repair { .. } | JobKind::LogsToJournal => {}
         }
     }
 

@@ -319,6 +319,10 @@ pub fn job_view(pool: &str, job: &JobStatus, disks: &[DiskView]) -> JobView {
             "resync",
             format!("catch {} up on what it missed", disk_name(disks, disk)),
         ),
+        JobKind::LogsToJournal => (
+            "logs-to-journal",
+            "move write-back logs off capacity disks onto journal disks".to_string(),
+        ),
     };
     JobView {
         pool: pool.to_string(),
