@@ -935,8 +935,8 @@ fn log_disks(metadata: &terrace_engine::meta::PoolMetadata) -> Vec<usize> {
 
 /// Journal disks added to a pool whose parity log sits on its capacity
 /// disks take the log over (a job), while it is written; a repair of a
-/// disk the job is moving a log slot off waits for it; the moved log
-/// recovers across a restart.
+/// disk the job is moving a log slot off waits for it; the log recovers
+/// from a crash halfway and from a restart after the move.
 #[test]
 fn journal_disks_added_later_take_over_the_logs() {
     block_on(async {
@@ -995,6 +995,19 @@ fn journal_disks_added_later_take_over_the_logs() {
             ),
             "a repair of disk {source} would move the slot the job moves"
         );
+        // More writes into the half-moved log, then a crash (no close):
+        // the log recovers from its slots, some at their new homes.
+        for _ in 0..20 {
+            let (offset, length) = random_range(&mut rng, space.size_bytes(), 8 << 10);
+            model.write_random(&space, &mut rng, offset, length).await;
+        }
+        drop(space);
+        drop(pool);
+        let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
+            .await
+            .unwrap();
+        let space = pool.space("p").unwrap();
+        check(&space, &model).await;
         pool.job_action(moving.id, JobAction::Resume).await.unwrap();
         pool.set_settings(terrace_engine::meta::PoolSettings {
             repair_rate_bytes_per_second: 0,
