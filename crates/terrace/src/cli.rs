@@ -136,7 +136,9 @@ pub enum JobCommand {
     },
     /// End a job for good; what it moved stays moved. A cancelled repair
     /// is done again by `terrace disk remove POOL DISK` (re-create the
-    /// disk's slabs elsewhere, then release it).
+    /// disk's slabs elsewhere, then release it); a cancelled move of logs
+    /// onto journal disks starts again at the next change of the pool's
+    /// disks or slabs, or when the daemon restarts.
     Cancel {
         id: u64,
         #[arg(long)]
