@@ -480,7 +480,7 @@ impl PoolShared {
                     let (Some(device), Some(label)) = (disk.device(), disk.label()) else {
                         return Err(String::from("no device"));
                     };
-                    write_slot(device.as_ref(), label, next.generation, encoded)
+                    write_slot(device.as_ref(), &label, next.generation, encoded)
                         .await
                         .map_err(|error| error.to_string())
                 }

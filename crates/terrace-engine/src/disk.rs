@@ -7,7 +7,7 @@
 //! acknowledged (see [`crate::pool`]).
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use terrace_io::latch::LatchedDevice;
 use terrace_io::{BlockDevice, Bytes, BytesMut, Env, IoResult};
@@ -38,8 +38,9 @@ impl Condition {
 
 pub struct Disk {
     pub index: DiskIndex,
-    device: Option<Arc<LatchedDevice>>,
-    label: Option<Label>,
+    /// Its device and the label found on it: none for a disk missing since
+    /// import, until it returns ([`Disk::attach`]).
+    attached: RwLock<Option<Attached>>,
     condition: AtomicU8,
     reason: Mutex<String>,
     /// The pool's count of failures observed, bumped when this disk fails,
@@ -49,6 +50,11 @@ pub struct Disk {
     /// Moving average of read and write service times, in microseconds
     /// (weight 1/16 per operation): how `pool status` spots a slow disk.
     latency_us: AtomicU64,
+}
+
+struct Attached {
+    device: Arc<LatchedDevice>,
+    label: Label,
 }
 
 /// What every disk of a pool shares.
@@ -70,8 +76,10 @@ impl Disk {
             env: context.env,
             latency_us: AtomicU64::new(0),
             index,
-            device: Some(Arc::new(LatchedDevice::new(device))),
-            label: Some(label),
+            attached: RwLock::new(Some(Attached {
+                device: Arc::new(LatchedDevice::new(device)),
+                label,
+            })),
             condition: AtomicU8::new(Condition::Online as u8),
             reason: Mutex::new(String::new()),
         }
@@ -83,8 +91,7 @@ impl Disk {
             env: context.env,
             latency_us: AtomicU64::new(0),
             index,
-            device: None,
-            label: None,
+            attached: RwLock::new(None),
             condition: AtomicU8::new(Condition::Missing as u8),
             reason: Mutex::new(reason.into()),
         }
@@ -105,16 +112,32 @@ impl Disk {
             .clone()
     }
 
-    pub fn label(&self) -> Option<&Label> {
-        self.label.as_ref()
+    fn attached(&self) -> std::sync::RwLockReadGuard<'_, Option<Attached>> {
+        self.attached.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn device_name(&self) -> Option<&str> {
-        self.device.as_ref().map(|device| device.name())
+    pub fn label(&self) -> Option<Label> {
+        self.attached().as_ref().map(|a| a.label.clone())
     }
 
-    pub fn device(&self) -> Option<&Arc<LatchedDevice>> {
-        self.device.as_ref()
+    pub fn device_name(&self) -> Option<String> {
+        self.attached()
+            .as_ref()
+            .map(|a| a.device.name().to_string())
+    }
+
+    pub fn device(&self) -> Option<Arc<LatchedDevice>> {
+        self.attached().as_ref().map(|a| a.device.clone())
+    }
+
+    /// Give a disk that was missing its device again (it returned while
+    /// the pool runs). Its condition is left as it is: the caller puts it
+    /// in service once what it missed is accounted for.
+    pub(crate) fn attach(&self, device: Arc<dyn BlockDevice>, label: Label) {
+        *self.attached.write().unwrap_or_else(|e| e.into_inner()) = Some(Attached {
+            device: Arc::new(LatchedDevice::new(device)),
+            label,
+        });
     }
 
     /// Take the disk out of service with a reason (first reason wins).
@@ -124,7 +147,7 @@ impl Disk {
             *self.reason.lock().unwrap_or_else(|e| e.into_inner()) = reason.into();
         }
         if condition == Condition::Failed {
-            if let Some(device) = &self.device {
+            if let Some(device) = self.device() {
                 device.fail(self.reason());
             }
         }
@@ -133,18 +156,23 @@ impl Disk {
         }
     }
 
+    /// An I/O error fails the disk. So does one that ends after the disk
+    /// was marked missing (its device vanished while the I/O ran): such a
+    /// write was started before the disk was missing, so nothing recorded
+    /// it as missed, and a disk that may lack it must never be taken back
+    /// as merely missing and caught up on the recorded extents only.
     fn on_error<T>(&self, result: IoResult<T>) -> Result<T, String> {
         result.map_err(|error| {
             let message = error.to_string();
-            if self.is_online() {
+            if matches!(self.condition(), Condition::Online | Condition::Missing) {
                 self.set_condition(Condition::Failed, message.clone());
             }
             message
         })
     }
 
-    fn online_device(&self) -> Result<&Arc<LatchedDevice>, String> {
-        match (&self.device, self.condition()) {
+    fn online_device(&self) -> Result<Arc<LatchedDevice>, String> {
+        match (self.device(), self.condition()) {
             (Some(device), Condition::Online) => Ok(device),
             _ => Err(format!("disk {} is {:?}", self.index.0, self.condition())),
         }
@@ -195,5 +223,80 @@ impl Disk {
     pub async fn flush(&self) -> Result<(), String> {
         let device = self.online_device()?;
         self.on_error(device.flush().await)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use futures::channel::oneshot;
+    use futures::FutureExt;
+    use terrace_io::memory::MemoryDevice;
+    use terrace_io::{BoxFuture, IoError};
+
+    use super::*;
+
+    /// Holds every write until the test lets it end, in error.
+    struct HeldWrites {
+        inner: Arc<dyn BlockDevice>,
+        release: Mutex<Option<oneshot::Receiver<()>>>,
+    }
+
+    impl BlockDevice for HeldWrites {
+        terrace_io::forward_device_answers!(inner: name, size_bytes, alignment);
+
+        fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
+            self.inner.read(offset, buf)
+        }
+
+        fn write(&self, _offset: u64, _data: Bytes, _fua: bool) -> BoxFuture<IoResult<()>> {
+            let release = self.release.lock().unwrap().take().unwrap();
+            let device = self.inner.name().to_string();
+            Box::pin(async move {
+                let _ = release.await;
+                Err(IoError::Lost { device })
+            })
+        }
+
+        fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BoxFuture<IoResult<()>> {
+            self.inner.write_zeroes(offset, length, fua)
+        }
+
+        fn flush(&self) -> BoxFuture<IoResult<()>> {
+            self.inner.flush()
+        }
+    }
+
+    /// A write started while the disk was online fails after the disk was
+    /// marked missing: the disk is failed, not missing.
+    #[test]
+    fn a_write_failing_after_the_disk_went_missing_fails_it() {
+        let (send, receive) = oneshot::channel();
+        let device = Arc::new(HeldWrites {
+            inner: Arc::new(MemoryDevice::new("held", 1 << 20)),
+            release: Mutex::new(Some(receive)),
+        });
+        let label = Label {
+            pool_id: terrace_meta::PoolId([1; 16]),
+            disk_id: terrace_meta::DiskId([2; 16]),
+            created_ns: 0,
+            device_bytes: 1 << 20,
+            metadata_slot_bytes: 0,
+            data_offset: 0,
+            slab_bytes: 0,
+            pool_name: "p".into(),
+        };
+        let context = DiskContext {
+            failures_observed: Arc::new(AtomicU64::new(0)),
+            env: Arc::new(terrace_io::env::SystemEnv::new()),
+        };
+        let disk = Disk::present(DiskIndex(0), device, label, context);
+        let mut write = disk.write(0, Bytes::from(vec![1u8; 4096]), false).boxed();
+        assert!((&mut write).now_or_never().is_none(), "the write is held");
+        disk.set_condition(Condition::Missing, "its file or device disappeared");
+        send.send(()).unwrap();
+        assert!(futures::executor::block_on(write).is_err());
+        assert_eq!(disk.condition(), Condition::Failed);
     }
 }

@@ -135,6 +135,12 @@ pub enum EngineError {
     NoCapacity { space: String, detail: String },
     #[error("disk {disk} changed state while space {space} was prepared; nothing was created, create it again")]
     ChangedWhilePreparing { space: String, disk: u16 },
+    #[error("{device} cannot rejoin pool {pool}: {why}")]
+    NotReturning {
+        device: String,
+        pool: String,
+        why: String,
+    },
     #[error("{0}")]
     Io(#[from] IoError),
 }

@@ -11,8 +11,9 @@ use futures::future::join_all;
 use terrace_io::BlockDevice;
 use terrace_meta::format::data_offset;
 use terrace_meta::store;
-use terrace_meta::{DiskIndex, DiskState, JobKind, JobRecord, PoolSettings, Usage};
+use terrace_meta::{DiskIndex, DiskState, JobKind, JobRecord, PoolSettings, RetireMissing, Usage};
 
+use crate::disk::Condition;
 use crate::error::EngineError;
 use crate::pool::{check_new_disks, write_labels, NewDisk, Pool, Shape};
 
@@ -57,7 +58,7 @@ impl Pool {
                 .shared
                 .disks()
                 .iter()
-                .any(|d| d.device_name() == Some(device));
+                .any(|d| d.device_name().as_deref() == Some(device));
             if known {
                 return Err(EngineError::DuplicateDisk {
                     device: device.to_string(),
@@ -125,6 +126,138 @@ impl Pool {
         };
         write_labels(&labels).await?;
         Ok((added, job))
+    }
+
+    /// The disk of this pool that `device` is, if its label says it is one
+    /// the pool has as missing (see [`Pool::bring_back`]).
+    pub async fn returning_disk(&self, device: &dyn BlockDevice) -> Option<DiskIndex> {
+        let store::Probe::Member { label, .. } = store::probe(device).await else {
+            return None;
+        };
+        let metadata = self.metadata().await;
+        let position = metadata
+            .disks
+            .iter()
+            .position(|disk| disk.id == label.disk_id)?;
+        (label.pool_id == metadata.pool_id && metadata.disks[position].state == DiskState::Missing)
+            .then_some(DiskIndex(position as u16))
+    }
+
+    /// Take a missing disk back into service while the pool runs (its
+    /// device is found again: plugged back in, or left out of an import).
+    /// It catches up on the extents written while it was away (a resync
+    /// job, as at import), and a repair the policy started for it is
+    /// cancelled unless the policy is `always`. Gives its index and the
+    /// resync's job id.
+    ///
+    /// Every write that left the disk out while it was missing recorded its
+    /// extent first, in a commit under the control lock. That lock is held
+    /// here from planning the resync until the disk is in service, so a
+    /// write either recorded its extent before (the resync covers it) or
+    /// finds the disk in service and writes to it.
+    pub async fn bring_back(
+        &self,
+        device: Arc<dyn BlockDevice>,
+    ) -> Result<(DiskIndex, u64), EngineError> {
+        self.shared.check_open()?;
+        self.shared.check_writable()?;
+        let refuse = |why: String| EngineError::NotReturning {
+            device: device.name().to_string(),
+            pool: self.shared.name.clone(),
+            why,
+        };
+        let label = match store::probe(device.as_ref()).await {
+            store::Probe::Member { label, .. } => label,
+            _ => return Err(refuse("it carries no terrace label".into())),
+        };
+        let mut control = self.shared.control.lock().await;
+        let metadata = &control.metadata;
+        if label.pool_id != metadata.pool_id {
+            return Err(refuse(format!("it belongs to pool {}", label.pool_name)));
+        }
+        let Some(position) = metadata.disks.iter().position(|d| d.id == label.disk_id) else {
+            return Err(refuse("its label names no disk of this pool".into()));
+        };
+        let index = DiskIndex(position as u16);
+        let disk = self.shared.disks()[position].clone();
+        let record = &metadata.disks[position];
+        if record.state != DiskState::Missing || disk.condition() != Condition::Missing {
+            let why = match (record.state, disk.condition()) {
+                (DiskState::Failed, _) | (_, Condition::Failed) => format!(
+                    "disk {} failed ({}); a failed disk is not taken back (replace it)",
+                    index.0,
+                    disk.reason()
+                ),
+                (DiskState::Removed, _) => format!("disk {} was removed from the pool", index.0),
+                (_, Condition::Online) => format!("disk {} is in service", index.0),
+                _ => format!(
+                    "disk {} is present but waits to be released ({})",
+                    index.0,
+                    disk.reason()
+                ),
+            };
+            return Err(refuse(why));
+        }
+        if self
+            .shared
+            .disks()
+            .iter()
+            .any(|d| d.index != index && d.device_name().as_deref() == Some(device.name()))
+        {
+            return Err(EngineError::DuplicateDisk {
+                device: device.name().to_string(),
+            });
+        }
+        let mut next = metadata.clone();
+        let repair = next
+            .jobs
+            .iter()
+            .position(|job| job.is_active() && job.kind == JobKind::Repair { disk: index });
+        let mut repair_running = None;
+        if let Some(position) = repair {
+            if next.settings.retire_missing == RetireMissing::Always {
+                return Err(refuse(format!(
+                    "its repair (job {}) goes on under retire-missing always, and the disk is \
+                     released when it ends",
+                    next.jobs[position].id
+                )));
+            }
+            let job = &mut next.jobs[position];
+            self.save_watermarks(job);
+            repair_running = Some(job.clone());
+            job.state = terrace_meta::JobState::Cancelled;
+            job.reason = format!("disk {} returned and catches up in place", index.0);
+            job.finished_ns = self.shared.env.wall_clock_ns();
+        }
+        let job = self.record_job(&mut next, JobKind::Resync { disk: index })?;
+        // The repair's targets dropped first (its moves and the resync's
+        // share their slots' watermarks), then the resync's slots valid
+        // below their watermarks only, then the disk in service, before
+        // the commit: it records the disk's state from its condition,
+        // which must not say missing any more.
+        if let Some(repair) = &repair_running {
+            self.uninstall_job(repair);
+        }
+        disk.attach(device, label);
+        self.install_job(&job);
+        disk.set_condition(Condition::Online, "");
+        if let Err(error) = self.shared.commit(&mut control, next).await {
+            disk.set_condition(
+                Condition::Missing,
+                "taken back, but the pool's metadata could not record it",
+            );
+            self.uninstall_job(&job);
+            if let Some(repair) = &repair_running {
+                self.install_job(repair);
+            }
+            return Err(error);
+        }
+        if job.moves.is_empty() {
+            // Nothing was written while it was away: in service as it is.
+            self.launch_job(&job).await;
+        }
+        drop(control);
+        Ok((index, job.id))
     }
 
     /// Change what the pool may use a disk for. A disk that holds slabs

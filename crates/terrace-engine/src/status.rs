@@ -286,7 +286,7 @@ impl Pool {
                 DiskStatus {
                     index: disk.index.0,
                     id: record.id.to_string(),
-                    device: disk.device_name().unwrap_or(&record.path_hint).to_string(),
+                    device: disk.device_name().unwrap_or(record.path_hint.clone()),
                     condition: disk.condition(),
                     state: record.state,
                     // A released disk's last run-time reason (it went

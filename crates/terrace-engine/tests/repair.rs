@@ -1035,3 +1035,113 @@ fn journal_disks_added_later_take_over_the_logs() {
         assert_redundant(&space).await;
     });
 }
+
+/// A disk that went missing while the pool runs is taken back while it
+/// runs: the repair the policy started is cancelled, writes made while it
+/// was away reach it through a resync of their extents, writes go on
+/// throughout, and its copies agree with the others at the end.
+#[test]
+fn a_missing_disk_is_taken_back_while_the_pool_runs() {
+    block_on(async {
+        let disks = Disks::new(5, 16 << 20);
+        let pool = create_pool(&disks).await;
+        let mut config =
+            SpaceConfig::new("m", Layout::Mirror { copies: 2 }, SpaceSize::Bytes(8 << 20));
+        config.columns = Some(2);
+        config.interleave_bytes = Some(4096);
+        let space = pool.create_space(config).await.unwrap().space;
+        let mut model = fill(&space, 21).await;
+        pool.set_settings(terrace_engine::meta::PoolSettings {
+            repair_rate_bytes_per_second: 1 << 20,
+            ..pool.metadata().await.settings
+        })
+        .await
+        .unwrap();
+        let away = disks_of(&pool.metadata().await, "m")[0];
+        pool.disk_gone(away, "pulled").await.unwrap();
+        // A write into an extent it holds, while it is away (the last: the
+        // repair below moves its first ones off it).
+        let metadata = pool.metadata().await;
+        let held = metadata
+            .space("m")
+            .unwrap()
+            .extents
+            .iter()
+            .rposition(|e| e.slabs.as_ref().unwrap().iter().any(|s| s.disk == away))
+            .unwrap() as u64;
+        let offset = held * space.geometry().extent_data_bytes();
+        let mut rng = Rng(22);
+        let data = rng.bytes(64 << 10);
+        space
+            .write(offset, bytes(data.clone()), false)
+            .await
+            .unwrap();
+        model.write(offset, &data);
+        with_jobs(&pool, sleep(300)).await;
+        let repair = pool.job_statuses().await;
+        assert!(
+            matches!(repair[..], [ref job] if job.kind == JobKind::Repair { disk: away }
+                && job.state == JobState::Running),
+            "{repair:?}"
+        );
+        let blank = Disks::new(1, 16 << 20);
+        assert!(matches!(
+            pool.bring_back(blank.devices[0].clone()).await,
+            Err(EngineError::NotReturning { .. })
+        ));
+        let (index, _) = pool
+            .bring_back(disks.devices[usize::from(away.0)].clone())
+            .await
+            .unwrap();
+        assert_eq!(index, away);
+        let refused = pool
+            .bring_back(disks.devices[usize::from(away.0)].clone())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("is in service"), "{refused}");
+        pool.set_settings(terrace_engine::meta::PoolSettings {
+            repair_rate_bytes_per_second: 0,
+            ..pool.metadata().await.settings
+        })
+        .await
+        .unwrap();
+        let settled = with_jobs(&pool, async {
+            for _ in 0..20 {
+                let (offset, length) = random_range(&mut rng, space.size_bytes(), 16 << 10);
+                model.write_random(&space, &mut rng, offset, length).await;
+            }
+            jobs_settle(&pool).await
+        })
+        .await;
+        let kinds: Vec<_> = settled.iter().map(|s| (s.kind, s.state)).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                (JobKind::Repair { disk: away }, JobState::Cancelled),
+                (JobKind::Resync { disk: away }, JobState::Done),
+            ]
+        );
+        assert_eq!(settled[1].moves_total, 1, "the slot written, in place");
+        let metadata = pool.metadata().await;
+        assert_eq!(metadata.disks[usize::from(away.0)].state, DiskState::Active);
+        assert!(metadata.dirty.is_empty());
+        check(&space, &model).await;
+        assert_redundant(&space).await;
+        // Gone again and back with nothing written meanwhile: in service
+        // at once, and recorded so.
+        pool.disk_gone(away, "pulled again").await.unwrap();
+        pool.bring_back(disks.devices[usize::from(away.0)].clone())
+            .await
+            .unwrap();
+        let record = &pool.metadata().await.disks[usize::from(away.0)];
+        assert_eq!(record.state, DiskState::Active, "{record:?}");
+        pool.close().await.unwrap();
+        let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
+            .await
+            .unwrap();
+        let space = pool.space("m").unwrap();
+        check(&space, &model).await;
+        assert_redundant(&space).await;
+    });
+}

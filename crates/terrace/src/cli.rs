@@ -150,7 +150,10 @@ pub enum JobCommand {
 pub enum DiskCommand {
     /// Candidate disks (block devices, or the given paths) and why one cannot be pooled.
     List { paths: Vec<String> },
-    /// Add disks to a pool.
+    /// Add disks to a pool. A disk of the pool that went missing (pulled
+    /// and plugged back, or left out of an import) is taken back instead:
+    /// it catches up on what was written while it was away, and keeps its
+    /// usage and place.
     Add {
         pool: String,
         #[arg(required = true)]

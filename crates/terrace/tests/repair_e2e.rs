@@ -10,7 +10,9 @@
 //!   stays paused across another kill, and it finishes with the data intact;
 //! - the repair target cannot be released while it is filled, vanishing is
 //!   survived by retargeting, a tolerated second failure mid-repair ends
-//!   healthy, and no job reports a failure that did not happen.
+//!   healthy, and no job reports a failure that did not happen;
+//! - a disk file moved away and back is taken back by `disk add` while fio
+//!   writes: its repair is cancelled and it catches up in place.
 
 mod common;
 
@@ -832,5 +834,62 @@ fn the_pool_state_line_names_missing_empty_disks_and_a_read_only_import() {
     assert_eq!(status["state"], "DATA-LOSS", "{status}");
     let reason = status["reason"].as_str().expect("reason");
     assert!(reason.contains("; read-only: "), "{status}");
+    daemon.stop();
+}
+
+/// A disk file moved away goes missing and its repair starts; moved back
+/// and given to `disk add`, it is taken back while fio writes: the repair
+/// is cancelled, the disk catches up in place on what it missed, and every
+/// copy agrees at the end, fio's data and the data from before alike.
+#[test]
+fn a_missing_disk_given_to_disk_add_is_taken_back_and_catches_up() {
+    if skip_without("the disk-comes-back test", &["fio", "nbdcopy"]) {
+        return;
+    }
+    let mut daemon = Daemon::start();
+    let files = daemon.disk_files("back", 5, DISK_BYTES);
+    daemon.create_pool("back", &files, SLAB);
+    set_pool(&daemon, "back", &["--repair-rate", "2M"]);
+    daemon.create_space(
+        "back",
+        "busy",
+        &["--layout", "mirror", "--columns", "2", "--cache", "0"],
+        "64M",
+    );
+    let source = write_source(&daemon, "busy", 41, 32 * MIB);
+    let victim = disks_of(&daemon, "busy")[0];
+    let away = files[victim].with_extension("away");
+    std::fs::rename(&files[victim], &away).expect("move a disk file away");
+    wait_until(&daemon, "the moved disk going missing", || {
+        let view = disk_view(&daemon, "back", victim);
+        (view["state"] != "MISSING").then(|| view.to_string())
+    });
+    let repair = repair_of(&daemon, victim);
+    let written = fio_round(&daemon, "busy", 1);
+    assert!(written.success(), "{}", written.describe());
+    std::fs::rename(&away, &files[victim]).expect("move it back");
+    let path = files[victim].to_str().expect("path");
+    daemon.cli_ok(&["disk", "add", "back", path]);
+    assert_eq!(disk_view(&daemon, "back", victim)["state"], "ONLINE");
+    let again = fio_round(&daemon, "busy", 2);
+    assert!(again.success(), "{}", again.describe());
+    wait_healthy(&daemon, "busy");
+    let cancelled = job(&daemon, repair["id"].as_u64().expect("job id"));
+    assert_eq!(cancelled["state"], "cancelled", "{cancelled}");
+    assert!(
+        cancelled["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("returned and catches up in place")),
+        "{cancelled}"
+    );
+    let resync = jobs(&daemon)
+        .into_iter()
+        .find(|job| job["kind"] == "resync")
+        .expect("a resync");
+    assert_eq!(resync["state"], "done", "{resync}");
+    assert!(resync["moves_total"].as_u64().unwrap_or(0) > 0, "{resync}");
+    assert_eq!(disks_of(&daemon, "busy")[0], victim, "it keeps its slabs");
+    assert_redundant(&daemon, "busy");
+    assert_reads_back(&daemon, "busy", &source, "after the disk came back");
     daemon.stop();
 }

@@ -385,7 +385,7 @@ impl Pool {
     }
 
     /// Copy the run-time watermarks into a job record before it is committed.
-    fn save_watermarks(&self, job: &mut JobRecord) {
+    pub(crate) fn save_watermarks(&self, job: &mut JobRecord) {
         for step in job.moves.iter_mut().filter(|step| !step.done) {
             if let Some(rows) =
                 self.shared

@@ -357,7 +357,8 @@ impl Pool {
                     )
                     .await;
                 // An error latched the disk failed already.
-                let suspect = result.is_ok() && label_problem(disk.label(), &block).is_some();
+                let suspect =
+                    result.is_ok() && label_problem(disk.label().as_ref(), &block).is_some();
                 suspect.then_some(disk)
             });
         let suspects: Vec<_> = join_all(probes).await.into_iter().flatten().collect();
@@ -385,7 +386,7 @@ impl Pool {
             if result.is_err() {
                 continue;
             }
-            if let Some(problem) = label_problem(disk.label(), &block) {
+            if let Some(problem) = label_problem(disk.label().as_ref(), &block) {
                 disk.set_condition(Condition::Failed, problem);
             }
         }

@@ -501,9 +501,36 @@ async fn disk_add(registry: &Registry, pool: &str, disks: Vec<DiskSpec>) -> Answ
     let _admin = registry.admin.lock().await;
     let entry = find_pool(registry, pool)?;
     let (disks, paths) = new_disks(registry, disks)?;
-    entry.pool.add_disks(disks).await.map_err(failure)?;
+    let mut returning = 0;
+    for disk in &disks {
+        if entry
+            .pool
+            .returning_disk(disk.device.as_ref())
+            .await
+            .is_some()
+        {
+            returning += 1;
+        }
+    }
+    if returning == 0 {
+        entry.pool.add_disks(disks).await.map_err(failure)?;
+    } else if returning < disks.len() {
+        return Err(usage(format!(
+            "{returning} of the {} disks given are this pool's own, missing disks coming back; \
+             add them and the new ones in two commands",
+            disks.len()
+        )));
+    } else {
+        for disk in disks {
+            entry.pool.bring_back(disk.device).await.map_err(failure)?;
+        }
+    }
     let mut all = entry.disks.clone();
-    all.extend(paths);
+    for path in paths {
+        if !all.iter().any(|known| known.path == path.path) {
+            all.push(path);
+        }
+    }
     registry.set_disks(pool, all).map_err(failure)?;
     value(pool_view(registry, &entry).await)
 }
