@@ -6,6 +6,7 @@
 mod common;
 
 use std::future::Future;
+use std::sync::Arc;
 
 use common::*;
 use futures::executor::block_on;
@@ -74,6 +75,38 @@ async fn assert_redundant(space: &Space) {
         "{}: rows without full redundancy",
         space.name()
     );
+}
+
+/// A pool of `disks`, those from `capacity` on journal disks.
+async fn journal_pool(disks: &Disks, capacity: usize) -> Pool {
+    let mut new_disks = disks.new_disks();
+    for disk in &mut new_disks[capacity..] {
+        disk.usage = Usage::Journal;
+    }
+    Pool::create(env(), small_config("tank"), new_disks)
+        .await
+        .unwrap()
+}
+
+/// Set the pool's repair and move bandwidth limit (0: none).
+async fn set_repair_rate(pool: &Pool, rate: u64) {
+    pool.set_settings(terrace_engine::meta::PoolSettings {
+        repair_rate_bytes_per_second: rate,
+        ..pool.metadata().await.settings
+    })
+    .await
+    .unwrap();
+}
+
+/// An 8 MiB 2-way mirror "m" over `columns`, in 4 KiB interleave units so
+/// that a move has many rows, filled from `seed`.
+async fn small_mirror(pool: &Pool, columns: u32, seed: u64) -> (Arc<Space>, Model) {
+    let mut config = SpaceConfig::new("m", Layout::Mirror { copies: 2 }, SpaceSize::Bytes(8 << 20));
+    config.columns = Some(columns);
+    config.interleave_bytes = Some(4096);
+    let space = pool.create_space(config).await.unwrap().space;
+    let model = fill(&space, seed).await;
+    (space, model)
 }
 
 fn disks_of(pool_metadata: &terrace_engine::meta::PoolMetadata, space: &str) -> Vec<DiskIndex> {
@@ -196,18 +229,8 @@ fn a_repair_resumes_from_its_watermark_after_a_restart() {
     block_on(async {
         let disks = Disks::new(5, 16 << 20);
         let pool = create_pool(&disks).await;
-        let mut config =
-            SpaceConfig::new("m", Layout::Mirror { copies: 2 }, SpaceSize::Bytes(8 << 20));
-        config.columns = Some(2);
-        config.interleave_bytes = Some(4096);
-        let space = pool.create_space(config).await.unwrap().space;
-        let model = fill(&space, 5).await;
-        pool.set_settings(terrace_engine::meta::PoolSettings {
-            repair_rate_bytes_per_second: 1 << 20,
-            ..pool.metadata().await.settings
-        })
-        .await
-        .unwrap();
+        let (space, model) = small_mirror(&pool, 2, 5).await;
+        set_repair_rate(&pool, 1 << 20).await;
         let lost = disks_of(&pool.metadata().await, "m")[0];
         disks.faults[usize::from(lost.0)].lose();
         // Run the repair for a while, then stop as a crash would: no close.
@@ -233,12 +256,7 @@ fn a_repair_resumes_from_its_watermark_after_a_restart() {
             resumed[0].bytes_done >= persisted,
             "resumes where it stopped, not from 0: {resumed:?}"
         );
-        pool.set_settings(terrace_engine::meta::PoolSettings {
-            repair_rate_bytes_per_second: 0,
-            ..pool.metadata().await.settings
-        })
-        .await
-        .unwrap();
+        set_repair_rate(&pool, 0).await;
         with_jobs(&pool, jobs_settle(&pool)).await;
         let space = pool.space("m").unwrap();
         check(&space, &model).await;
@@ -400,18 +418,8 @@ fn jobs_pause_resume_and_cancel_without_losing_writes() {
     block_on(async {
         let disks = Disks::new(4, 16 << 20);
         let pool = create_pool(&disks).await;
-        let mut config =
-            SpaceConfig::new("m", Layout::Mirror { copies: 2 }, SpaceSize::Bytes(8 << 20));
-        config.columns = Some(1);
-        config.interleave_bytes = Some(4096);
-        let space = pool.create_space(config).await.unwrap().space;
-        let mut model = fill(&space, 9).await;
-        pool.set_settings(terrace_engine::meta::PoolSettings {
-            repair_rate_bytes_per_second: 2 << 20,
-            ..pool.metadata().await.settings
-        })
-        .await
-        .unwrap();
+        let (space, mut model) = small_mirror(&pool, 1, 9).await;
+        set_repair_rate(&pool, 2 << 20).await;
         let victim = disks_of(&pool.metadata().await, "m")[0];
         let id = pool.start_evacuation(victim).await.unwrap();
         with_jobs(&pool, sleep(300)).await;
@@ -507,18 +515,8 @@ fn a_disk_back_before_its_repair_is_done_catches_up_in_place() {
     block_on(async {
         let disks = Disks::new(5, 16 << 20);
         let pool = create_pool(&disks).await;
-        let mut config =
-            SpaceConfig::new("m", Layout::Mirror { copies: 2 }, SpaceSize::Bytes(8 << 20));
-        config.columns = Some(2);
-        config.interleave_bytes = Some(4096);
-        let space = pool.create_space(config).await.unwrap().space;
-        let mut model = fill(&space, 7).await;
-        pool.set_settings(terrace_engine::meta::PoolSettings {
-            repair_rate_bytes_per_second: 1 << 20,
-            ..pool.metadata().await.settings
-        })
-        .await
-        .unwrap();
+        let (_, mut model) = small_mirror(&pool, 2, 7).await;
+        set_repair_rate(&pool, 1 << 20).await;
         let away = disks_of(&pool.metadata().await, "m")[0];
         pool.close().await.unwrap();
         let others: Vec<_> = (0..disks.devices.len())
@@ -575,13 +573,7 @@ fn a_disk_back_before_its_repair_is_done_catches_up_in_place() {
 fn a_lost_log_copy_is_re_mirrored_onto_another_journal_disk() {
     block_on(async {
         let disks = Disks::new(7, 64 << 20);
-        let mut new_disks = disks.new_disks();
-        for disk in &mut new_disks[4..] {
-            disk.usage = Usage::Journal;
-        }
-        let pool = Pool::create(env(), small_config("tank"), new_disks)
-            .await
-            .unwrap();
+        let pool = journal_pool(&disks, 4).await;
         let mut config = SpaceConfig::new(
             "p",
             Layout::Parity { redundancy: 1 },
@@ -590,23 +582,6 @@ fn a_lost_log_copy_is_re_mirrored_onto_another_journal_disk() {
         config.cache_bytes = Some(32 << 20);
         let space = pool.create_space(config).await.unwrap().space;
         let model = fill(&space, 3).await;
-        let log_disks = |metadata: &terrace_engine::meta::PoolMetadata| {
-            let mut disks: Vec<usize> = metadata
-                .spaces
-                .iter()
-                .filter(|s| matches!(s.role, SpaceRole::Log { .. }))
-                .flat_map(|s| s.extents.iter())
-                .flat_map(|e| {
-                    e.slabs
-                        .iter()
-                        .flatten()
-                        .map(|slab| usize::from(slab.disk.0))
-                })
-                .collect();
-            disks.sort_unstable();
-            disks.dedup();
-            disks
-        };
         let before = log_disks(&pool.metadata().await);
         assert_eq!(
             before,
@@ -649,12 +624,7 @@ fn a_failing_target_is_replaced_and_a_second_loss_beyond_tolerance_fails_the_job
         config.interleave_bytes = Some(4096);
         let space = pool.create_space(config).await.unwrap().space;
         let model = fill(&space, 12).await;
-        pool.set_settings(terrace_engine::meta::PoolSettings {
-            repair_rate_bytes_per_second: 4 << 20,
-            ..pool.metadata().await.settings
-        })
-        .await
-        .unwrap();
+        set_repair_rate(&pool, 4 << 20).await;
         let used = disks_of(&pool.metadata().await, "m");
         disks.faults[usize::from(used[0].0)].lose();
         with_jobs(&pool, async {
@@ -862,13 +832,7 @@ fn failure_impacts_are_listed_in_disk_order() {
 fn failure_impacts_name_the_write_back_logs_a_disk_holds() {
     block_on(async {
         let disks = Disks::new(6, 64 << 20);
-        let mut new_disks = disks.new_disks();
-        for disk in &mut new_disks[4..] {
-            disk.usage = Usage::Journal;
-        }
-        let pool = Pool::create(env(), small_config("tank"), new_disks)
-            .await
-            .unwrap();
+        let pool = journal_pool(&disks, 4).await;
         pool.set_settings(terrace_engine::meta::PoolSettings {
             retire_missing: terrace_engine::meta::RetireMissing::Never,
             ..pool.metadata().await.settings
@@ -956,12 +920,7 @@ fn journal_disks_added_later_take_over_the_logs() {
         let mut model = fill(&space, 11).await;
         let on_capacity = log_disks(&pool.metadata().await);
         assert!(on_capacity.iter().all(|&d| d < 4), "{on_capacity:?}");
-        pool.set_settings(terrace_engine::meta::PoolSettings {
-            repair_rate_bytes_per_second: 4 << 20,
-            ..pool.metadata().await.settings
-        })
-        .await
-        .unwrap();
+        set_repair_rate(&pool, 4 << 20).await;
         let journal: Vec<NewDisk> = disks.new_disks()[4..]
             .iter()
             .map(|disk| NewDisk::new(disk.device.clone()))
@@ -1009,12 +968,7 @@ fn journal_disks_added_later_take_over_the_logs() {
         let space = pool.space("p").unwrap();
         check(&space, &model).await;
         pool.job_action(moving.id, JobAction::Resume).await.unwrap();
-        pool.set_settings(terrace_engine::meta::PoolSettings {
-            repair_rate_bytes_per_second: 0,
-            ..pool.metadata().await.settings
-        })
-        .await
-        .unwrap();
+        set_repair_rate(&pool, 0).await;
         let settled = with_jobs(&pool, jobs_settle(&pool)).await;
         assert_eq!(
             settled
@@ -1045,18 +999,8 @@ fn a_missing_disk_is_taken_back_while_the_pool_runs() {
     block_on(async {
         let disks = Disks::new(5, 16 << 20);
         let pool = create_pool(&disks).await;
-        let mut config =
-            SpaceConfig::new("m", Layout::Mirror { copies: 2 }, SpaceSize::Bytes(8 << 20));
-        config.columns = Some(2);
-        config.interleave_bytes = Some(4096);
-        let space = pool.create_space(config).await.unwrap().space;
-        let mut model = fill(&space, 21).await;
-        pool.set_settings(terrace_engine::meta::PoolSettings {
-            repair_rate_bytes_per_second: 1 << 20,
-            ..pool.metadata().await.settings
-        })
-        .await
-        .unwrap();
+        let (space, mut model) = small_mirror(&pool, 2, 21).await;
+        set_repair_rate(&pool, 1 << 20).await;
         let away = disks_of(&pool.metadata().await, "m")[0];
         pool.disk_gone(away, "pulled").await.unwrap();
         // A write into an extent it holds, while it is away (the last: the
@@ -1100,12 +1044,7 @@ fn a_missing_disk_is_taken_back_while_the_pool_runs() {
             .unwrap_err()
             .to_string();
         assert!(refused.contains("is in service"), "{refused}");
-        pool.set_settings(terrace_engine::meta::PoolSettings {
-            repair_rate_bytes_per_second: 0,
-            ..pool.metadata().await.settings
-        })
-        .await
-        .unwrap();
+        set_repair_rate(&pool, 0).await;
         let settled = with_jobs(&pool, async {
             for _ in 0..20 {
                 let (offset, length) = random_range(&mut rng, space.size_bytes(), 16 << 10);

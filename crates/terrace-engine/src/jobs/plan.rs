@@ -77,6 +77,31 @@ impl Pools {
     }
 }
 
+/// One [`Pools`] per fault-domain level, shared by every space of a plan
+/// at that level, so that no slab is chosen twice.
+#[derive(Default)]
+struct LevelPools(Vec<(terrace_meta::FaultDomain, Pools)>);
+
+impl LevelPools {
+    fn get(
+        &mut self,
+        metadata: &PoolMetadata,
+        level: terrace_meta::FaultDomain,
+        only: Option<DiskIndex>,
+        reserved: &BTreeSet<SlabRef>,
+    ) -> &mut Pools {
+        let position = match self.0.iter().position(|(at, _)| *at == level) {
+            Some(position) => position,
+            None => {
+                self.0
+                    .push((level, Pools::new(metadata, level, only, reserved)));
+                self.0.len() - 1
+            }
+        };
+        &mut self.0[position].1
+    }
+}
+
 /// Where the other slots of one extent are, or are being moved to.
 struct ExtentPlaces<'a> {
     /// The extent's slabs as the metadata has them.
@@ -160,22 +185,9 @@ pub(crate) fn plan(
         JobKind::LogsToJournal => return Ok(log_moves(metadata, reserved)),
     };
     let mut moves = Vec::new();
-    let mut level_pools: Vec<(terrace_meta::FaultDomain, Pools)> = Vec::new();
+    let mut level_pools = LevelPools::default();
     for space in &metadata.spaces {
         let geometry = space.geometry(metadata.slab_bytes)?;
-        let position = match level_pools
-            .iter()
-            .position(|(level, _)| *level == space.fault_domain)
-        {
-            Some(position) => position,
-            None => {
-                level_pools.push((
-                    space.fault_domain,
-                    Pools::new(metadata, space.fault_domain, only, reserved),
-                ));
-                level_pools.len() - 1
-            }
-        };
         for (extent, record) in space.extents.iter().enumerate() {
             let Some(slabs) = record.slabs.as_ref() else {
                 continue;
@@ -191,7 +203,9 @@ pub(crate) fn plan(
                 if slab.disk != source {
                     continue;
                 }
-                let pools = level_pools[position].1.order(space.role);
+                let pools = level_pools
+                    .get(metadata, space.fault_domain, only, reserved)
+                    .order(space.role);
                 let places = ExtentPlaces::new(metadata, space.id, extent as u32, slabs, &moves);
                 let target = choose_target(
                     metadata,
@@ -248,7 +262,7 @@ fn log_moves(metadata: &PoolMetadata, reserved: &BTreeSet<SlabRef>) -> Vec<MoveR
         .iter()
         .filter(|disk| disk.state == DiskState::Active && disk.usage == Usage::Journal)
         .count();
-    let mut level_pools: Vec<(terrace_meta::FaultDomain, Pools)> = Vec::new();
+    let mut level_pools = LevelPools::default();
     let mut moves = Vec::new();
     for space in &metadata.spaces {
         if !matches!(space.role, SpaceRole::Log { .. }) {
@@ -260,19 +274,7 @@ fn log_moves(metadata: &PoolMetadata, reserved: &BTreeSet<SlabRef>) -> Vec<MoveR
         if journal_disks < geometry.slots_per_extent() as usize {
             continue;
         }
-        let position = match level_pools
-            .iter()
-            .position(|(level, _)| *level == space.fault_domain)
-        {
-            Some(position) => position,
-            None => {
-                level_pools.push((
-                    space.fault_domain,
-                    Pools::new(metadata, space.fault_domain, None, reserved),
-                ));
-                level_pools.len() - 1
-            }
-        };
+        let pools = level_pools.get(metadata, space.fault_domain, None, reserved);
         let mut planned = Vec::new();
         let placed = space.extents.iter().enumerate().all(|(extent, record)| {
             let Some(slabs) = record.slabs.as_ref() else {
@@ -290,7 +292,7 @@ fn log_moves(metadata: &PoolMetadata, reserved: &BTreeSet<SlabRef>) -> Vec<MoveR
                     space.fault_domain,
                     &places,
                     slot,
-                    level_pools[position].1.journal(),
+                    pools.journal(),
                     None,
                 );
                 target.is_some_and(|target| {
