@@ -81,7 +81,6 @@ pub(crate) async fn fill_rows(
     destination: &Location,
     rows: std::ops::Range<u64>,
 ) -> Result<u64, EngineError> {
-    let map = space.map();
     let geometry = space.geometry;
     let mark = destination
         .valid_below
@@ -91,6 +90,8 @@ pub(crate) async fn fill_rows(
     for row in rows.clone() {
         guards.push(space.locks.lock((extent, row)).await);
     }
+    // The slots' places as they are under the locks, not before them.
+    let map = space.map();
     let fills = rows.clone().map(|row| {
         let map = &map;
         async move {

@@ -203,7 +203,9 @@ async fn second_copies(io: &RowIo<'_>, slots: &[Option<BytesMut>]) -> Vec<(u32, 
     let mut fixes = Vec::new();
     for (slot, content) in slots.iter().enumerate() {
         let Some(content) = content else { continue };
-        for extra in io.targets[slot].writable(io.row).skip(1) {
+        let extras: Vec<crate::target::Location> =
+            io.with_targets(|targets| targets[slot].writable(io.row).skip(1).cloned().collect());
+        for extra in &extras {
             let (copy, result) = extra
                 .disk
                 .read(extra.base + offset, aligned_buffer(width))

@@ -52,9 +52,25 @@ impl RowIo<'_> {
         &self.space.geometry
     }
 
+    /// Run `f` on the extent's slots as the space has them now, not as
+    /// they were when the request began (`self.targets`). A move that
+    /// started meanwhile adds its target to a slot, and one that ended
+    /// takes the slot off its old slab: a write that went by the older
+    /// view left the target without the row when the move had filled it
+    /// before the row lock came to the write, and reads of the moved slot
+    /// returned the old data (found by the simulation once it ran the job
+    /// runner). Callers hold the row's lock, as moves do while they fill.
+    pub(crate) fn with_targets<R>(&self, f: impl FnOnce(&[Target]) -> R) -> R {
+        let map = self.space.map();
+        match map.extents.get(self.extent as usize) {
+            Some(targets) => f(targets),
+            None => f(self.targets),
+        }
+    }
+
     /// Whether this row of `slot` can be read (some location holds it).
     pub fn online(&self, slot: u32) -> bool {
-        self.targets[slot as usize].readable(self.row).is_some()
+        self.with_targets(|targets| targets[slot as usize].readable(self.row).is_some())
     }
 
     fn disk_offset(&self, location: &Location, column_offset: u64) -> u64 {
@@ -67,7 +83,9 @@ impl RowIo<'_> {
         column_offset: u64,
         buf: BytesMut,
     ) -> (BytesMut, Result<(), String>) {
-        let Some(location) = self.targets[slot as usize].readable(self.row) else {
+        let location =
+            self.with_targets(|targets| targets[slot as usize].readable(self.row).cloned());
+        let Some(location) = location else {
             return (
                 buf,
                 Err(format!(
@@ -76,12 +94,13 @@ impl RowIo<'_> {
                 )),
             );
         };
-        let offset = self.disk_offset(location, column_offset);
+        let offset = self.disk_offset(&location, column_offset);
         location.disk.read(offset, buf).await
     }
 
-    /// Write to every valid location of the slot; succeeds if one took it
-    /// (a location that fails has latched its disk failed).
+    /// Write to every valid location of the slot (as the space has them
+    /// now, see [`RowIo::with_targets`]); succeeds if one took it (a
+    /// location that fails has latched its disk failed).
     pub async fn write(
         &self,
         slot: u32,
@@ -89,14 +108,21 @@ impl RowIo<'_> {
         data: Bytes,
         fua: bool,
     ) -> Result<(), String> {
-        let mut locations = self.targets[slot as usize].writable(self.row);
-        if let (Some(only), None) = (locations.next(), locations.next()) {
+        let (first, more) = self.with_targets(|targets| {
+            let mut locations = targets[slot as usize].writable(self.row);
+            let first = locations.next().cloned();
+            // Empty, and so not allocated, unless the slot is moving.
+            let more: Vec<Location> = locations.cloned().collect();
+            (first, more)
+        });
+        if let (Some(only), true) = (&first, more.is_empty()) {
             // The usual case, a slot that is not moving: one location.
             let offset = self.disk_offset(only, column_offset);
             return only.disk.write(offset, data, fua).await;
         }
-        let writes: Vec<_> = self.targets[slot as usize]
-            .writable(self.row)
+        let writes: Vec<_> = first
+            .iter()
+            .chain(&more)
             .map(|location| {
                 let offset = self.disk_offset(location, column_offset);
                 location.disk.write(offset, data.clone(), fua)

@@ -91,7 +91,14 @@ async fn zero_rows(
     for row in first_row..first_row + rows {
         guards.push(space.locks.lock((extent, row)).await);
     }
-    let targets = &map.extents[extent as usize];
+    // The slots' places as they are under the locks (a move installed
+    // since the request began has a target here that must be zeroed too;
+    // see `RowIo::with_targets`).
+    let current = space.map();
+    let targets = current
+        .extents
+        .get(extent as usize)
+        .unwrap_or(&map.extents[extent as usize]);
     let offset_in_slab = geometry.slab_offset(first_row, 0);
     let length = rows * geometry.interleave_bytes();
     let zeroes = targets
@@ -153,13 +160,18 @@ async fn zero_pieces(io: &RowIo<'_>, span: &RowSpan, mode: Mode) -> Result<(), E
     let copies = geometry.layout().copies();
     let _guard = io.lock().await;
     for piece in geometry.split_columns(*span) {
-        let zeroes = (0..copies)
-            .map(|copy| geometry.slot(piece.data_column, copy))
-            .flat_map(|slot| io.targets[slot as usize].writable(io.row))
-            .map(|location| {
-                let offset = location.base + geometry.slab_offset(io.row, piece.column_offset);
-                location.disk.write_zeroes(offset, piece.length, mode.fua())
-            });
+        // The slots' places as they are now, under the lock (see
+        // `RowIo::with_targets`).
+        let locations: Vec<crate::target::Location> = io.with_targets(|targets| {
+            (0..copies)
+                .map(|copy| geometry.slot(piece.data_column, copy))
+                .flat_map(|slot| targets[slot as usize].writable(io.row).cloned())
+                .collect()
+        });
+        let zeroes = locations.iter().map(|location| {
+            let offset = location.base + geometry.slab_offset(io.row, piece.column_offset);
+            location.disk.write_zeroes(offset, piece.length, mode.fua())
+        });
         let reached = join_all(zeroes).await.iter().any(Result::is_ok);
         if !reached {
             return Err(io.unavailable(span, "no copy of this column could be zeroed"));

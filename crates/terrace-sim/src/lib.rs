@@ -7,6 +7,10 @@
 //! end, checkers compare every block with a reference model and check that
 //! mirror copies are equal and parity is consistent. A failing run reports
 //! its seed; `TERRACE_SIM_SEED=<seed>` replays exactly that run.
+//!
+//! Half the runs also run the pool's job runner beside the clients, as the
+//! daemon does: lost disks are repaired by the policy while clients write
+//! and the power is cut, and moves resume after each recovery.
 
 pub mod disks;
 pub mod executor;

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use terrace_engine::io::{BlockDevice, Bytes, Env};
 use terrace_engine::layout::Layout;
 use terrace_engine::meta::format::METADATA_SLOT_MIN_BYTES;
+use terrace_engine::meta::JobState;
 use terrace_engine::{
     verify_space, ImportOptions, NewDisk, Pool, PoolConfig, Space, SpaceConfig, SpaceSize,
 };
@@ -64,6 +65,10 @@ pub struct Plan {
     /// The pool's log memory, if it is small enough that the log keeps
     /// records only on its disks (destaging and reads read them back).
     pub log_memory: Option<u64>,
+    /// The pool's job runner runs beside the clients, as in the daemon:
+    /// lost disks are repaired by the policy under the clients' writes and
+    /// the power cuts, idle write intent is cleared, disks are probed.
+    pub jobs: bool,
 }
 
 /// Journal disks of runs with a log, and their slabs (a 2 MiB ring needs 32).
@@ -114,6 +119,7 @@ impl Plan {
             cheap_fua: random.chance(1, 2),
             allocates: random.chance(1, 2),
             log_memory: random.chance(1, 2).then(|| random.below(3) * (64 << 10)),
+            jobs: random.chance(1, 2),
         }
     }
 }
@@ -128,6 +134,10 @@ pub struct Report {
     pub losses: usize,
     pub writes: u64,
     pub reads: u64,
+    /// Repairs the job runner finished, and moves of any job it finished,
+    /// as the metadata remembers them at the end.
+    pub repairs: usize,
+    pub moves: usize,
 }
 
 type Shared<T> = Rc<RefCell<T>>;
@@ -183,7 +193,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
             .map_err(|e| format!("{:?}: phase {phase}: {e}", run.plan))?;
         destaged_bytes += journal.map_or(0, |j| j.status().destaged_bytes);
     }
-    finish(
+    let (repairs, moves) = finish(
         &run.sim,
         &run.random,
         pool,
@@ -200,6 +210,8 @@ pub fn run(seed: u64) -> Result<Report, String> {
         losses: run.lost.len(),
         writes: counters.writes,
         reads: counters.reads,
+        repairs,
+        moves,
     })
 }
 
@@ -249,20 +261,49 @@ impl Run {
             });
         }
         let mut executor = Executor::new(self.random.clone(), self.sim.world.clone());
+        let pool = Rc::new(pool);
+        let clients_left = Rc::new(std::cell::Cell::new(self.plan.clients));
         for client in 0..self.plan.clients {
             let (model, counters, random) = (
                 self.model.clone(),
                 self.counters.clone(),
                 self.random.clone(),
             );
-            executor.spawn(client_task(
+            let task = client_task(
                 space.clone(),
                 model,
                 counters,
                 random,
                 self.plan.clone(),
                 client,
-            ));
+            );
+            let left = clients_left.clone();
+            executor.spawn(async move {
+                task.await;
+                left.set(left.get() - 1);
+            });
+        }
+        if self.plan.jobs {
+            // The runner goes on until the clients are done and no job runs
+            // (or 10 s more of simulated time): it would run forever. A
+            // move cut there, or by the power, resumes in a later phase.
+            let (pool, left, env) = (pool.clone(), clients_left.clone(), self.sim.env.clone());
+            executor.spawn(async move {
+                let runner = std::pin::pin!(pool.run_jobs());
+                let settled = std::pin::pin!(async {
+                    while left.get() > 0 {
+                        env.sleep(1_000_000).await;
+                    }
+                    for _ in 0..100 {
+                        let statuses = pool.job_statuses().await;
+                        if statuses.iter().all(|s| s.state != JobState::Running) {
+                            break;
+                        }
+                        env.sleep(100_000_000).await;
+                    }
+                });
+                futures::future::select(runner, settled).await;
+            });
         }
         let budget = if crash_here {
             20 + self.random.borrow_mut().below(3000)
@@ -296,10 +337,11 @@ impl Run {
         if let Some(message) = self.counters.borrow().failure.clone() {
             return Err(message);
         }
+        drop(executor);
+        let pool = Rc::try_unwrap(pool).map_err(|_| "the pool is still shared")?;
         if !crash_here {
             return Ok((pool, space));
         }
-        drop(executor);
         drop(space);
         drop(pool);
         self.crashes += 1;
@@ -553,18 +595,34 @@ fn finish(
     space: Arc<Space>,
     model: &Shared<Model>,
     log_memory: Option<u64>,
-) -> Result<(), String> {
+) -> Result<(usize, usize), String> {
     let mut executor = Executor::new(random.clone(), sim.world.clone());
     let (env, devices, model) = (sim.env.clone(), sim.devices.clone(), model.clone());
     executor.block_on(async move {
         check_space(&space, &model, false).await?;
         drop(space);
+        let jobs = pool.metadata().await.jobs;
+        let repairs = jobs
+            .iter()
+            .filter(|job| {
+                matches!(job.kind, terrace_engine::meta::JobKind::Repair { .. })
+                    && job.state == JobState::Done
+            })
+            .count();
+        let moves = jobs
+            .iter()
+            .flat_map(|job| &job.moves)
+            .filter(|step| step.done)
+            .count();
         pool.close()
             .await
             .map_err(|e| format!("close failed: {e}"))?;
         let (pool, space) = import(env, devices, log_memory).await?;
         check_space(&space, &model, false).await?;
         drop(space);
-        pool.close().await.map_err(|e| format!("close failed: {e}"))
+        pool.close()
+            .await
+            .map_err(|e| format!("close failed: {e}"))?;
+        Ok((repairs, moves))
     })
 }

@@ -15,6 +15,8 @@ fn simulated_runs_keep_every_acknowledged_write() {
                 totals.losses += report.losses;
                 totals.writes += report.writes;
                 totals.reads += report.reads;
+                totals.repairs += report.repairs;
+                totals.moves += report.moves;
             }
             Err(message) => {
                 eprintln!("seed {seed} FAILED: {message}\n  replay: TERRACE_SIM_SEED={seed} cargo test -p terrace-sim");
@@ -23,12 +25,14 @@ fn simulated_runs_keep_every_acknowledged_write() {
         }
     }
     eprintln!(
-        "{} runs ({} with a write-back log, {} MiB destaged): {} power cuts, {} disks lost, {} writes, {} verified reads",
+        "{} runs ({} with a write-back log, {} MiB destaged): {} power cuts, {} disks lost, {} repairs done ({} moves), {} writes, {} verified reads",
         seeds.len(),
         totals.cached_runs,
         totals.destaged_bytes >> 20,
         totals.crashes,
         totals.losses,
+        totals.repairs,
+        totals.moves,
         totals.writes,
         totals.reads
     );
@@ -39,6 +43,10 @@ fn simulated_runs_keep_every_acknowledged_write() {
             "the suite must actually cut the power"
         );
         assert!(totals.losses > 0, "the suite must actually lose disks");
+        assert!(
+            totals.repairs > 0,
+            "the suite must actually repair lost disks under the clients"
+        );
         assert!(
             totals.cached_runs > seeds.len() / 4 && totals.destaged_bytes > 0,
             "the suite must actually run write-back logs through destaging"
