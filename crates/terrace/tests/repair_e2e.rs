@@ -869,6 +869,16 @@ fn a_missing_disk_given_to_disk_add_is_taken_back_and_catches_up() {
     assert!(written.success(), "{}", written.describe());
     std::fs::rename(&away, &files[victim]).expect("move it back");
     let path = files[victim].to_str().expect("path");
+    let with_usage = daemon.cli(&["disk", "add", "back", &format!("{path},usage=journal")]);
+    assert_eq!(with_usage.code(), Some(2), "{}", with_usage.describe());
+    assert!(
+        with_usage
+            .stderr
+            .contains("keeps the media, usage and place"),
+        "{}",
+        with_usage.describe()
+    );
+    assert_eq!(disk_view(&daemon, "back", victim)["state"], "MISSING");
     daemon.cli_ok(&["disk", "add", "back", path]);
     assert_eq!(disk_view(&daemon, "back", victim)["state"], "ONLINE");
     let again = fio_round(&daemon, "busy", 2);

@@ -500,6 +500,12 @@ async fn pool_export(registry: &Registry, name: &str, destroy: bool) -> Answer {
 async fn disk_add(registry: &Registry, pool: &str, disks: Vec<DiskSpec>) -> Answer {
     let _admin = registry.admin.lock().await;
     let entry = find_pool(registry, pool)?;
+    let attributes = disks.iter().any(|disk| {
+        disk.media.is_some()
+            || disk.usage.is_some()
+            || disk.enclosure.is_some()
+            || disk.node.is_some()
+    });
     let (disks, paths) = new_disks(registry, disks)?;
     let mut returning = 0;
     for disk in &disks {
@@ -520,6 +526,11 @@ async fn disk_add(registry: &Registry, pool: &str, disks: Vec<DiskSpec>) -> Answ
              add them and the new ones in two commands",
             disks.len()
         )));
+    } else if attributes {
+        return Err(usage(
+            "a disk coming back keeps the media, usage and place the pool has for it: add it \
+             without them, and change its usage afterwards with `terrace disk set`",
+        ));
     } else {
         for disk in disks {
             entry.pool.bring_back(disk.device).await.map_err(failure)?;
