@@ -42,11 +42,11 @@ pub fn log_copies(layout: Layout) -> u32 {
     }
 }
 
-fn is_journal_disk(disk: &DiskRecord) -> bool {
+pub(crate) fn is_journal_disk(disk: &DiskRecord) -> bool {
     disk.state == DiskState::Active && disk.usage == Usage::Journal
 }
 
-fn journal_disks(metadata: &PoolMetadata) -> usize {
+pub(crate) fn journal_disks(metadata: &PoolMetadata) -> usize {
     metadata.disks.iter().filter(|d| is_journal_disk(d)).count()
 }
 

@@ -223,11 +223,13 @@ impl Pool {
                 )));
             }
             let job = &mut next.jobs[position];
+            // Reinstalled as it ran if the commit fails.
             self.save_watermarks(job);
             repair_running = Some(job.clone());
-            job.state = terrace_meta::JobState::Cancelled;
-            job.reason = format!("disk {} returned and catches up in place", index.0);
-            job.finished_ns = self.shared.env.wall_clock_ns();
+            self.cancel_record(
+                job,
+                &format!("disk {} returned and catches up in place", index.0),
+            );
         }
         let job = self.record_job(&mut next, JobKind::Resync { disk: index })?;
         // The repair's targets dropped first (its moves and the resync's

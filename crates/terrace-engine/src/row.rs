@@ -61,9 +61,8 @@ impl RowIo<'_> {
     /// returned the old data (found by the simulation once it ran the job
     /// runner). Callers hold the row's lock, as moves do while they fill.
     pub(crate) fn with_targets<R>(&self, f: impl FnOnce(&[Target]) -> R) -> R {
-        let map = self.space.map();
-        match map.extents.get(self.extent as usize) {
-            Some(targets) => f(targets),
+        match self.space.current_extent(self.extent) {
+            Some(targets) => f(&targets),
             None => f(self.targets),
         }
     }

@@ -227,6 +227,14 @@ impl Space {
         });
     }
 
+    /// The slots of `extent` as the map has them now (none if the extent
+    /// is gone from it). See `RowIo::with_targets` for why requests look
+    /// again under a row lock.
+    pub(crate) fn current_extent(&self, extent: u64) -> Option<Arc<[Target]>> {
+        let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+        map.extents.get(extent as usize).cloned()
+    }
+
     /// Change where the slots of one extent live (moves starting or ending).
     pub(crate) fn update_extent(&self, extent: u64, change: impl FnOnce(&mut Vec<Target>)) {
         let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());

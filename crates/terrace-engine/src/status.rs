@@ -363,22 +363,26 @@ impl Pool {
                     lose_log_redundancy: Vec::new(),
                 };
                 for space in &spaces {
-                    match space.impact_of(&gone) {
-                        Some(true) => impact.lose_data.push(space.name().to_string()),
-                        Some(false) => impact.lose_redundancy.push(space.name().to_string()),
-                        None => {}
-                    }
+                    let (lost, bare) = (&mut impact.lose_data, &mut impact.lose_redundancy);
+                    file_impact(space.impact_of(&gone), space.name(), lost, bare);
                 }
                 for (owner, log) in &logs {
-                    match log.impact_of(&gone) {
-                        Some(true) => impact.lose_log.push(owner.clone()),
-                        Some(false) => impact.lose_log_redundancy.push(owner.clone()),
-                        None => {}
-                    }
+                    let (lost, bare) = (&mut impact.lose_log, &mut impact.lose_log_redundancy);
+                    file_impact(log.impact_of(&gone), owner, lost, bare);
                 }
                 impact
             })
             .collect()
+    }
+}
+
+/// Put `name` on the list [`Space::impact_of`]'s answer says: it would
+/// lose data (`lost`), or keep it with no redundancy left (`bare`).
+fn file_impact(impact: Option<bool>, name: &str, lost: &mut Vec<String>, bare: &mut Vec<String>) {
+    match impact {
+        Some(true) => lost.push(name.to_string()),
+        Some(false) => bare.push(name.to_string()),
+        None => {}
     }
 }
 

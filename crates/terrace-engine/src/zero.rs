@@ -94,11 +94,8 @@ async fn zero_rows(
     // The slots' places as they are under the locks (a move installed
     // since the request began has a target here that must be zeroed too;
     // see `RowIo::with_targets`).
-    let current = space.map();
-    let targets = current
-        .extents
-        .get(extent as usize)
-        .unwrap_or(&map.extents[extent as usize]);
+    let current = space.current_extent(extent);
+    let targets = current.as_deref().unwrap_or(&map.extents[extent as usize]);
     let offset_in_slab = geometry.slab_offset(first_row, 0);
     let length = rows * geometry.interleave_bytes();
     let zeroes = targets

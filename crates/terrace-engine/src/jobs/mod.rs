@@ -321,14 +321,14 @@ impl Pool {
                 })
             }
         };
-        job.state = state;
-        if state != JobState::Running {
-            // A paused job resumes, after a restart too, where it stopped.
-            self.save_watermarks(job);
-        }
         if state == JobState::Cancelled {
-            job.reason = cancelled_because.into();
-            job.finished_ns = self.shared.env.wall_clock_ns();
+            self.cancel_record(job, cancelled_because);
+        } else {
+            job.state = state;
+            if state == JobState::Paused {
+                // A paused job resumes, after a restart too, where it stopped.
+                self.save_watermarks(job);
+            }
         }
         let cancelled = (state == JobState::Cancelled).then(|| job.clone());
         self.shared.commit(&mut control, next).await?;
@@ -382,6 +382,15 @@ impl Pool {
                 .watermark(&(step.space, step.extent, step.slot))
                 .unwrap_or(step.watermark_rows)
         })
+    }
+
+    /// Mark a job record cancelled with `reason`, its progress kept (what
+    /// it moved stays moved); the caller commits it, then uninstalls it.
+    pub(crate) fn cancel_record(&self, job: &mut JobRecord, reason: &str) {
+        self.save_watermarks(job);
+        job.state = JobState::Cancelled;
+        job.reason = reason.into();
+        job.finished_ns = self.shared.env.wall_clock_ns();
     }
 
     /// Copy the run-time watermarks into a job record before it is committed.

@@ -19,8 +19,8 @@ use crate::error::EngineError;
 
 /// The disks that may receive a slot, by usage: journal disks, hot spares,
 /// capacity disks; slabs `reserved` for a change not yet committed left
-/// out. Which of them a space may use, and in what order, is
-/// [`Pools::order`].
+/// out. Which of them a job may use for a space, and in what order, is
+/// [`Pools::for_job`].
 struct Pools([Allocator; 3]);
 
 impl Pools {
@@ -46,34 +46,20 @@ impl Pools {
         ])
     }
 
-    /// A space's data goes to hot spares, then capacity disks, never to
-    /// journal disks. A write-back log goes to journal disks first, as it
-    /// was placed: re-mirrored onto capacity disks while another journal
-    /// disk had room, a log of a parity space on SSDs wrote at the speed
-    /// of hard disks from then on.
-    fn order(&mut self, role: SpaceRole) -> impl Iterator<Item = &mut Allocator> {
-        let skip = match role {
-            SpaceRole::Log { .. } => 0,
-            SpaceRole::Data => 1,
+    /// Where a job of `kind` may put a slot of a space with `role`, in
+    /// order. A space's data goes to hot spares, then capacity disks, never
+    /// to journal disks. A write-back log goes to journal disks first, as
+    /// it was placed: re-mirrored onto capacity disks while another journal
+    /// disk had room, a log of a parity space on SSDs wrote at the speed of
+    /// hard disks from then on. A job moving logs onto journal disks uses
+    /// them alone.
+    fn for_job(&mut self, kind: JobKind, role: SpaceRole) -> impl Iterator<Item = &mut Allocator> {
+        let (skip, take) = match (kind, role) {
+            (JobKind::LogsToJournal, _) => (0, 1),
+            (_, SpaceRole::Log { .. }) => (0, 3),
+            (_, SpaceRole::Data) => (1, 2),
         };
-        self.0.iter_mut().skip(skip)
-    }
-
-    /// Journal disks alone (a job moving logs onto them).
-    fn journal(&mut self) -> impl Iterator<Item = &mut Allocator> {
-        self.0.iter_mut().take(1)
-    }
-
-    /// Where a job of `kind` may put a slot of a space with `role`.
-    fn for_job(
-        &mut self,
-        kind: JobKind,
-        role: SpaceRole,
-    ) -> Box<dyn Iterator<Item = &mut Allocator> + '_> {
-        match kind {
-            JobKind::LogsToJournal => Box::new(self.journal()),
-            _ => Box::new(self.order(role)),
-        }
+        self.0.iter_mut().skip(skip).take(take)
     }
 }
 
@@ -205,7 +191,7 @@ pub(crate) fn plan(
                 }
                 let pools = level_pools
                     .get(metadata, space.fault_domain, only, reserved)
-                    .order(space.role);
+                    .for_job(kind, space.role);
                 let places = ExtentPlaces::new(metadata, space.id, extent as u32, slabs, &moves);
                 let target = choose_target(
                     metadata,
@@ -257,11 +243,7 @@ fn recoverable(
 /// writes at the hard disks' speed). Slots on failed or missing disks are a
 /// repair's.
 fn log_moves(metadata: &PoolMetadata, reserved: &BTreeSet<SlabRef>) -> Vec<MoveRecord> {
-    let journal_disks = metadata
-        .disks
-        .iter()
-        .filter(|disk| disk.state == DiskState::Active && disk.usage == Usage::Journal)
-        .count();
+    let journal_disks = crate::cache::journal_disks(metadata);
     let mut level_pools = LevelPools::default();
     let mut moves = Vec::new();
     for space in &metadata.spaces {
@@ -282,7 +264,7 @@ fn log_moves(metadata: &PoolMetadata, reserved: &BTreeSet<SlabRef>) -> Vec<MoveR
             };
             slabs.iter().enumerate().all(|(slot, slab)| {
                 let disk = &metadata.disks[usize::from(slab.disk.0)];
-                if disk.state != DiskState::Active || disk.usage == Usage::Journal {
+                if disk.state != DiskState::Active || crate::cache::is_journal_disk(disk) {
                     return true;
                 }
                 let places = ExtentPlaces::new(metadata, space.id, extent as u32, slabs, &planned);
@@ -292,7 +274,7 @@ fn log_moves(metadata: &PoolMetadata, reserved: &BTreeSet<SlabRef>) -> Vec<MoveR
                     space.fault_domain,
                     &places,
                     slot,
-                    pools.journal(),
+                    pools.for_job(JobKind::LogsToJournal, space.role),
                     None,
                 );
                 target.is_some_and(|target| {
