@@ -1321,6 +1321,147 @@ fn a_disk_lost_while_zeroing(the_held_disk: bool) {
     });
 }
 
+/// A direct write in flight pins its dirty-range record, first in the ring,
+/// so the tail cannot pass it. A writer that finds the log full meanwhile
+/// has nothing to destage and waits. The direct write ending must wake it:
+/// here no destage task runs, so nothing else would, and the writer would
+/// wait for ever.
+#[test]
+fn a_writer_waiting_behind_a_direct_write_goes_on_when_it_ends() {
+    use futures::executor::LocalPool;
+    use futures::task::LocalSpawnExt;
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    let gate = Arc::new(Gate::default());
+    let devices: Vec<Arc<dyn BlockDevice>> = memory_devices("pinned")
+        .into_iter()
+        .map(|inner| {
+            let gate = gate.clone();
+            Arc::new(MarkedHeld { inner, gate }) as Arc<dyn BlockDevice>
+        })
+        .collect();
+    let mut executor = LocalPool::new();
+    let spawner = executor.spawner();
+    let (pool, space) = executor.run_until(async {
+        let pool = journal_pool(&devices).await;
+        let layout = Layout::Mirror { copies: 2 };
+        let space = pool
+            .create_space(cached("pinned", layout, 4 << 20))
+            .await
+            .unwrap()
+            .space;
+        (pool, space)
+    });
+    let journal = space.journal().unwrap();
+    journal.set_gathering(false);
+    let row = space.natural_write_bytes();
+    let model = Rc::new(RefCell::new(Model::new(space.size_bytes())));
+    let mut direct = MARK.to_vec();
+    direct.resize(row as usize, 0x5a);
+    model.borrow_mut().write(0, &direct);
+
+    gate.arm();
+    let direct_done = Rc::new(RefCell::new(false));
+    let (done, writing) = (direct_done.clone(), space.clone());
+    spawner
+        .spawn_local(async move {
+            writing.write(0, bytes(direct), false).await.unwrap();
+            *done.borrow_mut() = true;
+        })
+        .unwrap();
+    executor.run_until_stalled();
+    assert!(
+        gate.holding() && !*direct_done.borrow(),
+        "the direct write is held"
+    );
+
+    // Small writes beside it, more than the ring holds.
+    let written = Rc::new(RefCell::new(0u64));
+    let (count, writing, writes) = (written.clone(), space.clone(), model.clone());
+    spawner
+        .spawn_local(async move {
+            let mut rng = Rng(41);
+            let blocks = writing.size_bytes() / BLOCK;
+            for _ in 0..CACHE / BLOCK {
+                let offset = (row / BLOCK + rng.below(blocks - row / BLOCK)) * BLOCK;
+                let data = rng.bytes(BLOCK as usize);
+                writing
+                    .write(offset, bytes(data.clone()), false)
+                    .await
+                    .unwrap();
+                writes.borrow_mut().write(offset, &data);
+                *count.borrow_mut() += 1;
+            }
+        })
+        .unwrap();
+    executor.run_until_stalled();
+    let full = journal.status();
+    assert!(
+        *written.borrow() < CACHE / BLOCK && full.used_bytes * 10 >= full.bytes * 9,
+        "the writer waits for room: {} writes, {full:?}",
+        written.borrow()
+    );
+
+    gate.release();
+    executor.run_until_stalled();
+    assert!(*direct_done.borrow(), "the direct write ended");
+    assert_eq!(journal.status().bypassed_bytes, row, "it bypassed the log");
+    assert_eq!(
+        *written.borrow(),
+        CACHE / BLOCK,
+        "the waiting writer went on: {:?}",
+        journal.status()
+    );
+    let model = Rc::try_unwrap(model)
+        .ok()
+        .expect("writers done")
+        .into_inner();
+    executor.run_until(async {
+        check_all(&space, &model).await;
+        journal.drain(&space).await.unwrap();
+        check_all(&space, &model).await;
+        pool.close().await.unwrap();
+    });
+}
+
+/// The start of the one write [`MarkedHeld`] holds.
+const MARK: [u8; 8] = *b"held!!!!";
+
+/// Holds the first write of data starting with [`MARK`] at its gate, until
+/// released.
+struct MarkedHeld {
+    inner: Arc<dyn BlockDevice>,
+    gate: Arc<Gate>,
+}
+
+impl BlockDevice for MarkedHeld {
+    terrace_io::forward_device_answers!(inner: name, size_bytes, alignment);
+
+    fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
+        self.inner.read(offset, buf)
+    }
+    fn write(&self, offset: u64, data: Bytes, fua: bool) -> BoxFuture<IoResult<()>> {
+        let Some(wait) = Some(())
+            .filter(|_| data.starts_with(&MARK))
+            .and_then(|_| self.gate.pass())
+        else {
+            return self.inner.write(offset, data, fua);
+        };
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let _ = wait.await;
+            inner.write(offset, data, fua).await
+        })
+    }
+    fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BoxFuture<IoResult<()>> {
+        self.inner.write_zeroes(offset, length, fua)
+    }
+    fn flush(&self) -> BoxFuture<IoResult<()>> {
+        self.inner.flush()
+    }
+}
+
 /// Holds the next request it is asked about (a read, or a write of a
 /// log's zeroes) that reaches any device sharing it, until released.
 #[derive(Default)]

@@ -1113,13 +1113,24 @@ impl Journal {
     }
 
     /// The direct write logged by [`Journal::begin_direct`] has finished
-    /// (well or not): its record may go once the disks are flushed.
+    /// (well or not): its record may go once the disks are flushed. Its
+    /// last pin gone, writers waiting for ring space try again: one of them
+    /// destages, and the tail may now pass the record. (A writer that found
+    /// the ring full while the record was pinned destaged nothing and
+    /// waits; without this nothing would wake it.)
     pub(crate) fn end_direct(&self, sequence: Option<u64>) {
         let Some(sequence) = sequence else {
             return;
         };
-        if let Some(record) = self.state().record_mut(sequence) {
-            record.pins = record.pins.saturating_sub(1);
+        let mut state = self.state();
+        let Some(record) = state.record_mut(sequence) else {
+            return;
+        };
+        record.pins = record.pins.saturating_sub(1);
+        if record.pins == 0 {
+            for sender in state.space_waiters.drain(..) {
+                let _ = sender.send(());
+            }
         }
     }
 
