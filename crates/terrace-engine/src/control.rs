@@ -57,6 +57,8 @@ pub struct PoolShared {
     /// they are zeroed outside the control lock): no allocation takes
     /// them (see [`PoolShared::reserve`]).
     reserved: std::sync::Mutex<BTreeSet<SlabRef>>,
+    /// Disks being taken out of service while writes run.
+    pub(crate) departures: crate::departures::Departures,
     /// Serialises the changes that plan outside the control lock and
     /// commit later (space creation, cache changes, resizes, deletion), so
     /// that names and space ids planned stay theirs until committed.
@@ -217,6 +219,7 @@ impl PoolShared {
             failures_persisted: AtomicU64::new(failures_observed.load(Ordering::Acquire)),
             job_runtime: crate::jobs::JobRuntime::default(),
             reserved: Default::default(),
+            departures: Default::default(),
             changes: Default::default(),
             preparing: Default::default(),
             failures_observed,

@@ -19,6 +19,7 @@
 mod admin;
 pub mod cache;
 mod control;
+mod departures;
 mod disk;
 mod error;
 mod jobs;

@@ -15,6 +15,7 @@ use terrace_meta::{DiskIndex, DiskState, JobKind, JobRecord, PoolSettings, Retir
 
 use crate::disk::Condition;
 use crate::error::EngineError;
+use crate::jobs::cancelled_by_return;
 use crate::pool::{check_new_disks, write_labels, NewDisk, Pool, Shape};
 
 impl Pool {
@@ -66,7 +67,12 @@ impl Pool {
             }
         }
         let slot_bytes = self.shared.metadata_slot_bytes;
-        check_new_disks(&disks, data_offset(slot_bytes) + metadata.slab_bytes).await?;
+        check_new_disks(
+            &disks,
+            data_offset(slot_bytes) + metadata.slab_bytes,
+            Some(metadata),
+        )
+        .await?;
         let shape = Shape {
             pool_id: metadata.pool_id,
             pool_name: metadata.name.clone(),
@@ -108,8 +114,15 @@ impl Pool {
                 .map(Some),
             None => Ok(None),
         };
+        // Labelled before the commit names them: a crash in between leaves
+        // labels that no metadata knows (such a disk may be added again;
+        // see `check_new_disks`), never metadata naming unlabelled disks,
+        // which an import could not find.
         let committed = match job {
-            Ok(job) => self.shared.commit(&mut control, next).await.map(|()| job),
+            Ok(job) => match write_labels(&labels).await {
+                Ok(()) => self.shared.commit(&mut control, next).await.map(|()| job),
+                Err(error) => Err(error),
+            },
             Err(error) => Err(error),
         };
         let job = match committed {
@@ -124,7 +137,6 @@ impl Pool {
                 return Err(error);
             }
         };
-        write_labels(&labels).await?;
         Ok((added, job))
     }
 
@@ -209,36 +221,31 @@ impl Pool {
             });
         }
         let mut next = metadata.clone();
-        let repair = next
-            .jobs
-            .iter()
-            .position(|job| job.is_active() && job.kind == JobKind::Repair { disk: index });
-        let mut repair_running = None;
-        if let Some(position) = repair {
-            if next.settings.retire_missing == RetireMissing::Always {
+        let mut cancelled = Vec::new();
+        for (position, because) in cancelled_by_return(&next, index) {
+            let job = &mut next.jobs[position];
+            if matches!(job.kind, JobKind::Repair { .. })
+                && next.settings.retire_missing == RetireMissing::Always
+            {
                 return Err(refuse(format!(
                     "its repair (job {}) goes on under retire-missing always, and the disk is \
                      released when it ends",
-                    next.jobs[position].id
+                    job.id
                 )));
             }
-            let job = &mut next.jobs[position];
             // Reinstalled as it ran if the commit fails.
             self.save_watermarks(job);
-            repair_running = Some(job.clone());
-            self.cancel_record(
-                job,
-                &format!("disk {} returned and catches up in place", index.0),
-            );
+            cancelled.push(job.clone());
+            self.cancel_record(job, &because);
         }
         let job = self.record_job(&mut next, JobKind::Resync { disk: index })?;
-        // The repair's targets dropped first (its moves and the resync's
-        // share their slots' watermarks), then the resync's slots valid
-        // below their watermarks only, then the disk in service, before
-        // the commit: it records the disk's state from its condition,
-        // which must not say missing any more.
-        if let Some(repair) = &repair_running {
-            self.uninstall_job(repair);
+        // The cancelled jobs' targets dropped first (their moves and the
+        // resync's share their slots' watermarks), then the resync's slots
+        // valid below their watermarks only, then the disk in service,
+        // before the commit: it records the disk's state from its
+        // condition, which must not say missing any more.
+        for job in &cancelled {
+            self.uninstall_job(job);
         }
         disk.attach(device, label);
         self.install_job(&job);
@@ -249,8 +256,8 @@ impl Pool {
                 "taken back, but the pool's metadata could not record it",
             );
             self.uninstall_job(&job);
-            if let Some(repair) = &repair_running {
-                self.install_job(repair);
+            for job in &cancelled {
+                self.install_job(job);
             }
             return Err(error);
         }
@@ -299,7 +306,12 @@ impl Pool {
             .get(usize::from(disk.0))
             .ok_or(EngineError::NoSuchDisk { disk: disk.0 })?;
         if runtime.is_online() {
-            runtime.set_condition(crate::disk::Condition::Missing, reason);
+            let mark = || {
+                if runtime.is_online() {
+                    runtime.set_condition(crate::disk::Condition::Missing, reason);
+                }
+            };
+            self.shared.departures.take_out(disk, mark).await;
         }
         self.shared.persist_failures().await
     }

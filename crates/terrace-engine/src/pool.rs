@@ -137,10 +137,14 @@ fn validate_config(config: &PoolConfig) -> Result<(), EngineError> {
     Ok(())
 }
 
-/// Refuse any disk that is not blank, readable and big enough.
+/// Refuse any disk that is not blank, readable and big enough. Joining
+/// `pool`, a disk labelled for it under an id its metadata does not know
+/// counts as blank: an add cut short (by a crash) labels its disks before
+/// the commit that would have named them.
 pub(crate) async fn check_new_disks(
     disks: &[NewDisk],
     minimum_bytes: u64,
+    pool: Option<&PoolMetadata>,
 ) -> Result<(), EngineError> {
     let mut names = BTreeSet::new();
     for disk in disks {
@@ -150,6 +154,11 @@ pub(crate) async fn check_new_disks(
         }
         match store::probe(disk.device.as_ref()).await {
             Probe::Blank => {}
+            Probe::Member { label, .. }
+                if pool.is_some_and(|pool| {
+                    label.pool_id == pool.pool_id
+                        && pool.disks.iter().all(|disk| disk.id != label.disk_id)
+                }) => {}
             Probe::Member { label, .. } => {
                 return Err(EngineError::DiskInOtherPool {
                     device,
@@ -263,7 +272,7 @@ impl Pool {
             return Err(EngineError::NoDisks);
         }
         let data_start = data_offset(config.metadata_slot_bytes);
-        check_new_disks(&disks, data_start + config.slab_bytes).await?;
+        check_new_disks(&disks, data_start + config.slab_bytes, None).await?;
         let now = env.wall_clock_ns();
         let pool_id = PoolId(random_id(env.as_ref()));
         let mut metadata = PoolMetadata {
@@ -551,6 +560,18 @@ async fn open(
         .into_iter()
         .map(|(device, label)| (label.disk_id, (device, label)))
         .collect();
+    // Disks catching up (a resync was recorded for them) were in service,
+    // their stale slots masked by the resync: so they are again, before
+    // recovery writes anything.
+    let catching_up: BTreeSet<DiskIndex> = metadata
+        .jobs
+        .iter()
+        .filter(|job| job.is_active())
+        .filter_map(|job| match job.kind {
+            terrace_meta::JobKind::Resync { disk } => Some(disk),
+            _ => None,
+        })
+        .collect();
     let disks: Vec<Arc<Disk>> = metadata
         .disks
         .iter()
@@ -562,7 +583,8 @@ async fn open(
                 failures_observed: failures.clone(),
                 env: env.clone(),
             };
-            Arc::new(runtime_disk(index, record, found, context))
+            let catching_up = catching_up.contains(&index);
+            Arc::new(runtime_disk(index, record, found, catching_up, context))
         })
         .collect();
     let was_clean = metadata.clean;
@@ -600,6 +622,13 @@ async fn open(
                 .insert(record.id, space),
         };
     }
+    // Jobs' moves before anything reads or writes the disks: a slot that
+    // a resync catches up is read only below its watermark, and a move's
+    // target is written below its watermark too (a log replaying there
+    // must reach it).
+    for job in metadata.jobs.iter().filter(|job| job.is_active()) {
+        pool.install_job(job);
+    }
     // Write-back logs first: what they hold is newer than the disks. A
     // space whose log accounts for everything it had in flight needs no
     // full resync after a crash.
@@ -608,9 +637,6 @@ async fn open(
         if pool.recover_cache(record).await? {
             accounted.insert(record.name.clone());
         }
-    }
-    for job in metadata.jobs.iter().filter(|job| job.is_active()) {
-        pool.install_job(job);
     }
     if !was_clean && pool.shared.read_only.is_none() {
         for space in pool.spaces() {
@@ -654,17 +680,11 @@ impl Pool {
     /// the repair would copy all of it elsewhere and retire a good disk (a
     /// disk left out of an import by mistake, or slow to appear at boot).
     /// Under `retire-missing always` the repair goes on and the disk waits,
-    /// unused, to be released.
+    /// unused, to be released. A log move taking a slot off the disk is
+    /// cancelled too, and starts again after. A disk that another job still
+    /// works on (a replacement or evacuation of it) stays out of service:
+    /// the import goes on without it.
     async fn welcome_back(&self, metadata: &PoolMetadata) -> Result<(), EngineError> {
-        let repairing: Vec<(DiskIndex, u64)> = metadata
-            .jobs
-            .iter()
-            .filter(|job| job.is_active())
-            .filter_map(|job| match job.kind {
-                terrace_meta::JobKind::Repair { disk } => Some((disk, job.id)),
-                _ => None,
-            })
-            .collect();
         let retiring = metadata.settings.retire_missing == terrace_meta::RetireMissing::Always;
         for disk in self.shared.disks() {
             let record = &metadata.disks[usize::from(disk.index.0)];
@@ -672,21 +692,36 @@ impl Pool {
             if !returning {
                 continue;
             }
-            if let Some(&(_, repair)) = repairing.iter().find(|(d, _)| *d == disk.index) {
-                if retiring {
-                    continue;
-                }
-                let because = format!("disk {} returned and catches up in place", disk.index.0);
-                self.change_job(repair, crate::jobs::JobAction::Cancel, &because)
+            // As it is now: a disk welcomed before may have cancelled a
+            // job that this one would cancel too.
+            let now = self.metadata().await;
+            let cancelled = crate::jobs::cancelled_by_return(&now, disk.index);
+            let repaired = |(position, _): &(usize, String)| {
+                matches!(
+                    now.jobs[*position].kind,
+                    terrace_meta::JobKind::Repair { .. }
+                )
+            };
+            if retiring && cancelled.iter().any(repaired) {
+                continue;
+            }
+            for (position, because) in &cancelled {
+                let id = now.jobs[*position].id;
+                self.change_job(id, crate::jobs::JobAction::Cancel, because)
                     .await?;
             }
             let kind = terrace_meta::JobKind::Resync { disk: disk.index };
-            let resyncing = metadata
+            let resyncing = now
                 .jobs
                 .iter()
                 .any(|job| job.is_active() && job.kind == kind);
             if !resyncing {
-                self.start_job(kind).await?;
+                match self.start_job(kind).await {
+                    Ok(_) => {}
+                    // Left as imported: present but stale, out of service.
+                    Err(EngineError::JobConflict { .. }) => continue,
+                    Err(error) => return Err(error),
+                }
             }
             disk.set_condition(Condition::Online, "");
         }
@@ -698,10 +733,14 @@ fn runtime_disk(
     index: DiskIndex,
     record: &DiskRecord,
     found: Option<(Arc<dyn BlockDevice>, Label)>,
+    catching_up: bool,
     failures: DiskContext,
 ) -> Disk {
     match (record.state, found) {
         (DiskState::Active, Some((device, label))) => Disk::present(index, device, label, failures),
+        (DiskState::Missing, Some((device, label))) if catching_up => {
+            Disk::present(index, device, label, failures)
+        }
         (DiskState::Active, None) => Disk::absent(index, "not found at import", failures),
         (DiskState::Removed, _) => Disk::absent(index, "removed from the pool", failures),
         (state, Some((device, label))) => {

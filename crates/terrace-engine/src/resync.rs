@@ -93,6 +93,17 @@ async fn walk_rows(
             request_offset: 0,
         };
         let io = space.row_io(&map, &span);
+        // A repair leaves out disks not in service; one that comes back
+        // (a disk returning at an import is welcomed only after recovery
+        // repaired) must catch up on the row too.
+        let _writing = match pass {
+            Pass::Repair => {
+                let row_bytes = space.geometry.row_data_bytes();
+                let offset = extent * space.geometry.extent_data_bytes() + row * row_bytes;
+                Some(space.track_missing(&map, offset, row_bytes).await?)
+            }
+            _ => None,
+        };
         let _guard = space.locks.lock((extent, row)).await;
         report.rows += 1;
         match check_row(&io, pass).await {

@@ -40,6 +40,7 @@ use terrace_meta::{DiskIndex, SpaceId};
 use crate::disk::{Condition, Disk};
 
 use crate::control::PoolShared;
+use crate::departures::Writing;
 use crate::error::EngineError;
 use crate::journal::Journal;
 use crate::payload::Payload;
@@ -442,7 +443,7 @@ impl Space {
             }
             return Ok(());
         };
-        self.track_missing(map, start, end - start).await?;
+        let _writing = self.track_missing(map, start, end - start).await?;
         let _intent = self.intent(start, end - start).await?;
         let _guard = self.locks.lock((span.extent, span.row)).await;
         let io = RowIo {
@@ -457,22 +458,34 @@ impl Space {
         write_span(&io, &span, &Payload::from(merged.freeze()), false).await
     }
 
-    /// Before writing extents with a missing disk, record them dirty for it.
-    async fn track_missing(
+    /// Before writing extents with a missing disk, record them dirty for
+    /// it; a disk leaving, or present but out of service, counts as
+    /// missing. The guard returned is held
+    /// until the write is done: a disk is marked missing only once every
+    /// write that looked at it before it was leaving has finished (see
+    /// [`crate::departures`]).
+    pub(crate) async fn track_missing(
         &self,
         map: &SpaceMap,
         offset: u64,
         length: u64,
-    ) -> Result<(), EngineError> {
+    ) -> Result<Writing<'_>, EngineError> {
+        let (writing, leaving) = self.pool.departures.enter();
         if length == 0 {
-            return Ok(());
+            return Ok(writing);
         }
         let extent_bytes = self.geometry.extent_data_bytes();
         for extent in offset / extent_bytes..=(offset + length - 1) / extent_bytes {
             let missing: Vec<DiskIndex> = map.extents[extent as usize]
                 .iter()
                 .map(|target| &target.home().disk)
-                .filter(|disk| disk.condition() == Condition::Missing)
+                .filter(|disk| match disk.condition() {
+                    // Standby: present but stale (a disk returning at an
+                    // import is welcomed back only after recovery wrote).
+                    Condition::Missing | Condition::Standby => true,
+                    Condition::Online => leaving.contains(&disk.index),
+                    Condition::Failed => false,
+                })
                 .map(|disk| disk.index)
                 .collect();
             if !missing.is_empty() {
@@ -480,7 +493,7 @@ impl Space {
                 Box::pin(self.pool.note_dirty(self.id, extent as u32, &missing)).await?;
             }
         }
-        Ok(())
+        Ok(writing)
     }
 
     async fn write_checked(
@@ -490,7 +503,7 @@ impl Space {
         data: &Payload,
         fua: bool,
     ) -> Result<(), EngineError> {
-        self.track_missing(map, offset, data.len() as u64).await?;
+        let _writing = self.track_missing(map, offset, data.len() as u64).await?;
         let _intent = self.intent(offset, data.len() as u64).await?;
         let rows = self.geometry.split_rows(offset, data.len() as u64);
         all_ok(rows.map(|span| self.write_row(map, span, data, fua))).await
@@ -630,7 +643,7 @@ impl Space {
         length: u64,
         mode: zero::Mode,
     ) -> Result<(), EngineError> {
-        self.track_missing(map, offset, length).await?;
+        let _writing = self.track_missing(map, offset, length).await?;
         let _intent = self.intent(offset, length).await?;
         let end = offset + length;
         let body_start = offset.next_multiple_of(BLOCK_BYTES).min(end);

@@ -1425,6 +1425,122 @@ fn a_writer_waiting_behind_a_direct_write_goes_on_when_it_ends() {
     });
 }
 
+/// A disk taken out of service while a write that already looked at the
+/// disks (it was in service then: nothing to record for it) waits for its
+/// row: the disk is marked missing only once that write has finished, so
+/// the write reaches it. Marked at once, the write left it out unrecorded,
+/// and the disk, taken back, caught up on nothing and kept the old row.
+#[test]
+fn a_disk_goes_missing_only_after_the_writes_that_looked_at_it() {
+    use futures::executor::LocalPool;
+    use futures::task::LocalSpawnExt;
+    use std::cell::Cell;
+    use std::rc::Rc;
+
+    let gate = Arc::new(Gate::default());
+    let disks = Disks::new(4, 16 << 20);
+    let devices: Vec<Arc<dyn BlockDevice>> = disks
+        .devices
+        .iter()
+        .map(|inner| {
+            let (inner, gate) = (inner.clone(), gate.clone());
+            Arc::new(MarkedHeld { inner, gate }) as Arc<dyn BlockDevice>
+        })
+        .collect();
+    let mut executor = LocalPool::new();
+    let spawner = executor.spawner();
+    let (pool, space) = executor.run_until(async {
+        let new_disks = devices.iter().map(|d| NewDisk::new(d.clone())).collect();
+        let pool = Pool::create(env(), small_config("tank"), new_disks)
+            .await
+            .unwrap();
+        let mut config =
+            SpaceConfig::new("m", Layout::Mirror { copies: 2 }, SpaceSize::Bytes(1 << 20));
+        config.columns = Some(1);
+        config.interleave_bytes = Some(64 << 10);
+        let space = pool.create_space(config).await.unwrap().space;
+        space
+            .write(0, bytes(vec![1; 64 << 10]), true)
+            .await
+            .unwrap();
+        (Rc::new(pool), space)
+    });
+    let away = pool_disk_of_row_zero(&executor.run_until(pool.metadata()));
+
+    // A partial-block write holds the row's lock while its write is held.
+    gate.arm();
+    let mut partial = MARK.to_vec();
+    partial.resize(100, 2);
+    let done = Rc::new(Cell::new(0));
+    let (writing, finished) = (space.clone(), done.clone());
+    spawner
+        .spawn_local(async move {
+            writing.write(0, bytes(partial), false).await.unwrap();
+            finished.set(finished.get() + 1);
+        })
+        .unwrap();
+    executor.run_until_stalled();
+    assert!(gate.holding(), "the partial write holds the row");
+    // A whole-block write of the row looks at the disks, then waits.
+    let (writing, finished) = (space.clone(), done.clone());
+    spawner
+        .spawn_local(async move {
+            writing
+                .write(8192, bytes(vec![3; 4096]), false)
+                .await
+                .unwrap();
+            finished.set(finished.get() + 1);
+        })
+        .unwrap();
+    executor.run_until_stalled();
+    let (leaving, gone) = (pool.clone(), Rc::new(Cell::new(false)));
+    let marked = gone.clone();
+    spawner
+        .spawn_local(async move {
+            leaving.disk_gone(away, "pulled").await.unwrap();
+            marked.set(true);
+        })
+        .unwrap();
+    executor.run_until_stalled();
+    assert!(!gone.get(), "marked missing only after the waiting write");
+    gate.release();
+    executor.run_until_stalled();
+    assert!(gone.get() && done.get() == 2);
+
+    executor.run_until(async {
+        pool.bring_back(disks.devices[usize::from(away.0)].clone())
+            .await
+            .unwrap();
+        let runner = Box::pin(pool.run_jobs());
+        let settle = Box::pin(async {
+            while pool
+                .job_statuses()
+                .await
+                .iter()
+                .any(|job| job.state == terrace_engine::meta::JobState::Running)
+            {
+                env().sleep(5_000_000).await;
+            }
+        });
+        futures::future::select(runner, settle).await;
+        let report = verify_space(&space).await.unwrap();
+        assert_eq!(report.mismatched_rows, vec![], "the disk kept the old row");
+        let read = space.read(8192, 4096).await.unwrap();
+        assert!(read.iter().all(|&byte| byte == 3));
+    });
+}
+
+/// The disk holding the first copy of row 0 of space "m".
+fn pool_disk_of_row_zero(
+    metadata: &terrace_engine::meta::PoolMetadata,
+) -> terrace_engine::meta::DiskIndex {
+    metadata.space("m").unwrap().extents[0]
+        .slabs
+        .as_ref()
+        .unwrap()[0]
+        .disk
+}
+
 /// The start of the one write [`MarkedHeld`] holds.
 const MARK: [u8; 8] = *b"held!!!!";
 

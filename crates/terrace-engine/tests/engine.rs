@@ -237,6 +237,64 @@ fn a_disk_failing_mid_write_is_recorded_before_the_write_completes() {
     });
 }
 
+/// An add cut short by a crash: the new disk was labelled, but the commit
+/// that would have named it never reached the pool's disks. The pool
+/// imports without it, and the disk can be added again (its label names
+/// this pool but no disk the pool knows); a member's label is still
+/// refused.
+#[test]
+fn a_disk_labelled_by_an_add_cut_short_can_be_added_again() {
+    block_on(async {
+        let disks = Disks::new(3, DISK_BYTES);
+        let pool = create_pool(&disks).await;
+        pool.close().await.unwrap();
+        let members: Vec<Vec<u8>> = disks.memory.iter().map(|m| m.snapshot()).collect();
+        let extra = Disks::new(1, DISK_BYTES);
+        let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
+            .await
+            .unwrap();
+        pool.add_disks(extra.new_disks()).await.unwrap();
+        pool.close().await.unwrap();
+        // Undo the commit: the members as before it, the new disk blank
+        // but for its label.
+        for (memory, before) in disks.memory.iter().zip(&members) {
+            memory.write_sync(0, before);
+        }
+        let label = extra.memory[0].read_sync(0, 4096);
+        extra.memory[0].write_sync(0, &vec![0; DISK_BYTES as usize]);
+        extra.memory[0].write_sync(0, &label);
+        let mut all = disks.devices.clone();
+        all.push(extra.devices[0].clone());
+        let pool = Pool::import(env(), all.clone(), ImportOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(
+            pool.status().await.disks.len(),
+            3,
+            "the leftover is no member"
+        );
+        let member = terrace_engine::NewDisk::new(disks.devices[0].clone());
+        let error = pool.add_disks(vec![member]).await.unwrap_err();
+        assert!(
+            matches!(error, EngineError::DuplicateDisk { .. }),
+            "{error}"
+        );
+        let added = pool.add_disks(extra.new_disks()).await.unwrap();
+        assert_eq!(added, vec![terrace_engine::meta::DiskIndex(3)]);
+        pool.close().await.unwrap();
+        let pool = Pool::import(env(), all, ImportOptions::default())
+            .await
+            .unwrap();
+        let status = pool.status().await;
+        assert_eq!(status.disks.len(), 4);
+        assert!(status
+            .disks
+            .iter()
+            .all(|d| d.condition == terrace_engine::Condition::Online));
+        pool.close().await.unwrap();
+    });
+}
+
 #[test]
 fn refused_disks_are_left_untouched() {
     block_on(async {

@@ -1084,3 +1084,174 @@ fn a_missing_disk_is_taken_back_while_the_pool_runs() {
         assert_redundant(&space).await;
     });
 }
+
+/// A disk replaced while it was missing and present again at the next
+/// import: the import goes on (the replacement's job works on the disk, so
+/// it cannot catch up), the disk stays out of service, the replacement
+/// finishes and releases it.
+#[test]
+fn a_disk_replaced_while_missing_and_back_at_an_import_stays_out() {
+    block_on(async {
+        let disks = Disks::new(5, 16 << 20);
+        let mut members = disks.new_disks();
+        let spare = members.pop().unwrap();
+        let pool = Pool::create(env(), small_config("tank"), members)
+            .await
+            .unwrap();
+        let (space, mut model) = small_mirror(&pool, 2, 31).await;
+        let away = disks_of(&pool.metadata().await, "m")[0];
+        pool.disk_gone(away, "pulled").await.unwrap();
+        let data = Rng(32).bytes(64 << 10);
+        space.write(0, bytes(data.clone()), false).await.unwrap();
+        model.write(0, &data);
+        let (new, job) = pool.replace_disk(away, spare).await.unwrap();
+        drop(space);
+        pool.close().await.unwrap();
+        let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
+            .await
+            .unwrap();
+        let disk = |status: &terrace_engine::PoolStatus, index: DiskIndex| {
+            let disk = &status.disks[usize::from(index.0)];
+            (disk.condition, disk.reason.clone())
+        };
+        let (condition, reason) = disk(&pool.status().await, away);
+        assert_eq!(condition, terrace_engine::Condition::Standby, "{reason}");
+        assert!(reason.contains("present but stale"), "{reason}");
+        let statuses = pool.job_statuses().await;
+        assert!(
+            matches!(statuses[..], [ref s] if s.id == job && s.state == JobState::Running),
+            "the replacement goes on, and no resync starts: {statuses:?}"
+        );
+        let space = pool.space("m").unwrap();
+        check(&space, &model).await;
+        let settled = with_jobs(&pool, jobs_settle(&pool)).await;
+        let kinds: Vec<_> = settled.iter().map(|s| (s.kind, s.state)).collect();
+        assert_eq!(
+            kinds,
+            vec![(JobKind::Replace { old: away, new }, JobState::Done)]
+        );
+        let metadata = pool.metadata().await;
+        assert_eq!(
+            metadata.disks[usize::from(away.0)].state,
+            DiskState::Removed
+        );
+        check(&space, &model).await;
+        assert_redundant(&space).await;
+    });
+}
+
+/// A pool whose parity log is moving onto journal disks added later (the
+/// move paused), and the capacity disk it takes a log slot off, gone and
+/// written around since.
+async fn log_move_under_way(disks: &Disks) -> (Pool, Model, DiskIndex, u64) {
+    let mut capacity = disks.new_disks();
+    capacity.truncate(4);
+    let pool = Pool::create(env(), small_config("tank"), capacity)
+        .await
+        .unwrap();
+    let mut config = SpaceConfig::new(
+        "p",
+        Layout::Parity { redundancy: 1 },
+        SpaceSize::Bytes(2 << 20),
+    );
+    // A small log: few moves in the job records the metadata keeps.
+    config.cache_bytes = Some(4 << 20);
+    let space = pool.create_space(config).await.unwrap().space;
+    let mut model = fill(&space, 33).await;
+    set_repair_rate(&pool, 4 << 20).await;
+    let journal: Vec<NewDisk> = disks.new_disks()[4..]
+        .iter()
+        .map(|disk| {
+            let mut disk = NewDisk::new(disk.device.clone());
+            disk.usage = Usage::Journal;
+            disk
+        })
+        .collect();
+    pool.add_disks(journal).await.unwrap();
+    let statuses = with_jobs(&pool, async {
+        sleep(50).await;
+        pool.job_statuses().await
+    })
+    .await;
+    let moving = statuses
+        .iter()
+        .find(|s| s.kind == JobKind::LogsToJournal && s.state == JobState::Running)
+        .unwrap_or_else(|| panic!("a log move runs: {statuses:?}"))
+        .id;
+    pool.job_action(moving, JobAction::Pause).await.unwrap();
+    let metadata = pool.metadata().await;
+    let job = metadata.jobs.iter().find(|job| job.id == moving).unwrap();
+    let step = job.moves.iter().find(|step| !step.done).unwrap();
+    let log = metadata.spaces.iter().find(|s| s.id == step.space).unwrap();
+    let source =
+        log.extents[step.extent as usize].slabs.as_ref().unwrap()[usize::from(step.slot)].disk;
+    pool.disk_gone(source, "pulled").await.unwrap();
+    let mut rng = Rng(34);
+    for _ in 0..20 {
+        let (offset, length) = random_range(&mut rng, space.size_bytes(), 8 << 10);
+        model.write_random(&space, &mut rng, offset, length).await;
+    }
+    (pool, model, source, moving)
+}
+
+/// A disk that a log move takes a slot off comes back: the move is
+/// cancelled for it (the disk's catch-up and the move would share the
+/// slot), at an import and while the pool runs alike, and starts again
+/// once the disk has caught up; the log ends on the journal disks.
+#[test]
+fn a_returning_disk_cancels_a_log_move_off_it_which_starts_again_after() {
+    for live in [false, true] {
+        block_on(async {
+            let disks = Disks::new(6, 64 << 20);
+            let (pool, model, source, moving) = log_move_under_way(&disks).await;
+            let pool = if live {
+                pool.bring_back(disks.devices[usize::from(source.0)].clone())
+                    .await
+                    .unwrap();
+                pool
+            } else {
+                drop(pool);
+                Pool::import(env(), disks.devices.clone(), ImportOptions::default())
+                    .await
+                    .unwrap()
+            };
+            let statuses = pool.job_statuses().await;
+            let cancelled = statuses.iter().find(|s| s.id == moving).unwrap();
+            assert_eq!(cancelled.state, JobState::Cancelled, "{statuses:?}");
+            assert!(
+                cancelled
+                    .reason
+                    .contains(&format!("disk {} returned and catches up first", source.0)),
+                "{}",
+                cancelled.reason
+            );
+            set_repair_rate(&pool, 0).await;
+            let settled = with_jobs(&pool, async {
+                // The move starts again once the pool's disks change.
+                for _ in 0..100 {
+                    let settled = jobs_settle(&pool).await;
+                    if settled.len() >= 3 {
+                        return settled;
+                    }
+                    sleep(5).await;
+                }
+                panic!("the log move did not start again");
+            })
+            .await;
+            let kinds: Vec<_> = settled.iter().map(|s| (s.kind, s.state)).collect();
+            assert_eq!(
+                kinds,
+                vec![
+                    (JobKind::LogsToJournal, JobState::Cancelled),
+                    (JobKind::Resync { disk: source }, JobState::Done),
+                    (JobKind::LogsToJournal, JobState::Done),
+                ],
+                "live: {live}"
+            );
+            assert_eq!(log_disks(&pool.metadata().await), vec![4, 5]);
+            let space = pool.space("p").unwrap();
+            check(&space, &model).await;
+            assert_redundant(&space).await;
+        });
+    }
+}

@@ -458,6 +458,39 @@ impl Pool {
     }
 }
 
+/// The active jobs a missing disk coming back cancels, by position in
+/// `metadata.jobs`, each with the reason it keeps: the policy's repair of
+/// the disk (what it still holds needs only the extents written while it
+/// was away; under `retire-missing always` the caller lets the repair go
+/// on instead), and log moves taking a slot off it (its catch-up and such
+/// a move would share the slot's watermark; the runner starts the move
+/// again once the pool's disks have changed).
+pub(crate) fn cancelled_by_return(
+    metadata: &PoolMetadata,
+    disk: DiskIndex,
+) -> Vec<(usize, String)> {
+    metadata
+        .jobs
+        .iter()
+        .enumerate()
+        .filter(|(_, job)| job.is_active())
+        .filter_map(|(position, job)| match job.kind {
+            JobKind::Repair { disk: repaired } if repaired == disk => Some((
+                position,
+                format!("disk {} returned and catches up in place", disk.0),
+            )),
+            JobKind::LogsToJournal if job_disks(metadata, job).contains(&disk) => Some((
+                position,
+                format!(
+                    "disk {} returned and catches up first; the log move starts again after",
+                    disk.0
+                ),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
 /// One active job per disk: two jobs moving the same slabs would race. And
 /// a disk that an active job is filling cannot be emptied and released: the
 /// job would go on writing to a disk that left the pool.

@@ -503,7 +503,14 @@ impl Pool {
         }
         let mut control = self.shared.control.lock().await;
         let mut next = control.metadata.clone();
-        let Some(position) = next.jobs.iter().position(|job| job.id == job_id) else {
+        // Looked at under the lock: a job cancelled (or paused) since its
+        // last row was copied has had its targets dropped, and writes
+        // since then left the target out.
+        let Some(position) = next
+            .jobs
+            .iter()
+            .position(|job| job.id == job_id && job.state == JobState::Running)
+        else {
             return;
         };
         let step = next.jobs[position].moves[index].clone();
