@@ -10,7 +10,11 @@
 //!
 //! Half the runs also run the pool's job runner beside the clients, as the
 //! daemon does: lost disks are repaired by the policy while clients write
-//! and the power is cut, and moves resume after each recovery.
+//! and the power is cut, and moves resume after each recovery. In half the
+//! runs that lose disks, a lost disk vanishes (the pool marks it missing
+//! while writes run) and may come back, taken back while clients write or
+//! found again at the import after a power cut; in a third of the runs
+//! with a write-back log, the journal disks join while clients write.
 
 pub mod disks;
 pub mod executor;

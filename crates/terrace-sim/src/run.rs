@@ -19,12 +19,14 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::Arc;
 
+use terrace_engine::io::fault::FaultControls;
 use terrace_engine::io::{BlockDevice, Bytes, Env};
 use terrace_engine::layout::Layout;
 use terrace_engine::meta::format::METADATA_SLOT_MIN_BYTES;
-use terrace_engine::meta::JobState;
+use terrace_engine::meta::{store, DiskIndex, JobState};
 use terrace_engine::{
-    verify_space, ImportOptions, NewDisk, Pool, PoolConfig, Space, SpaceConfig, SpaceSize,
+    verify_space, EngineError, ImportOptions, NewDisk, Pool, PoolConfig, Space, SpaceConfig,
+    SpaceSize,
 };
 
 use crate::disks::{SimDisks, SLAB_BYTES};
@@ -69,6 +71,16 @@ pub struct Plan {
     /// lost disks are repaired by the policy under the clients' writes and
     /// the power cuts, idle write intent is cleared, disks are probed.
     pub jobs: bool,
+    /// Lost disks vanish instead of failing: the daemon notices a device
+    /// gone and the pool has the disk missing, its writes recorded as
+    /// missed. A vanished disk may come back: taken back while the clients
+    /// write (`Pool::bring_back`), or found again at the import after a
+    /// power cut.
+    pub returns: bool,
+    /// The pool starts without its journal disks, the log on capacity
+    /// disks, and they are added while the clients write in this phase.
+    /// With the job runner, the log then moves onto them.
+    pub journals_later: Option<usize>,
 }
 
 /// Journal disks of runs with a log, and their slabs (a 2 MiB ring needs 32).
@@ -76,7 +88,9 @@ const JOURNAL_DISKS: usize = 3;
 const JOURNAL_SLABS: u64 = 36;
 
 impl Plan {
-    pub fn draw(random: &mut Random) -> Plan {
+    /// The plan of a run. Its later additions are drawn from `extras`, so
+    /// that runs without them keep the trajectories they always had.
+    pub fn draw(random: &mut Random, extras: &mut Random) -> Plan {
         let layouts = [
             Layout::Simple,
             Layout::Mirror { copies: 2 },
@@ -100,7 +114,7 @@ impl Plan {
             None
         };
         let phases = 1 + random.below(3) as usize;
-        Plan {
+        let mut plan = Plan {
             layout,
             disks,
             slabs_per_disk: 12 + random.below(8),
@@ -120,7 +134,18 @@ impl Plan {
             allocates: random.chance(1, 2),
             log_memory: random.chance(1, 2).then(|| random.below(3) * (64 << 10)),
             jobs: random.chance(1, 2),
+            returns: false,
+            journals_later: None,
+        };
+        plan.returns = plan.losses > 0 && extras.chance(1, 2);
+        // The log on capacity disks first: it must fit there beside the
+        // data (a 1 MiB ring is 16 slabs a copy).
+        let roomy = plan.disks as u64 * plan.slabs_per_disk >= 120;
+        if plan.cache_bytes.is_some() && roomy && extras.chance(1, 3) {
+            plan.cache_bytes = Some(1 << 20);
+            plan.journals_later = Some(extras.below(phases as u64) as usize);
         }
+        plan
     }
 }
 
@@ -138,6 +163,12 @@ pub struct Report {
     /// as the metadata remembers them at the end.
     pub repairs: usize,
     pub moves: usize,
+    /// Vanished disks taken back while the clients wrote, and found again
+    /// at an import.
+    pub returns: usize,
+    pub returns_at_import: usize,
+    /// Runs whose journal disks were added while the clients wrote.
+    pub journals_added: usize,
 }
 
 type Shared<T> = Rc<RefCell<T>>;
@@ -150,13 +181,16 @@ struct Run {
     model: Shared<Model>,
     counters: Shared<Counters>,
     lost: Vec<usize>,
+    /// Lost disks that vanished and have not come back.
+    vanished: Vec<usize>,
+    returns_at_import: usize,
     crashes: usize,
 }
 
 /// Run one seed; `Err` carries what went wrong (the caller prints the seed).
 pub fn run(seed: u64) -> Result<Report, String> {
     let mut random = Random::new(seed);
-    let plan = Plan::draw(&mut random);
+    let plan = Plan::draw(&mut random, &mut Random::new(seed ^ 0x5eed_e47a_5eed_e47a));
     let random = Rc::new(RefCell::new(random));
     let journals = if plan.cache_bytes.is_some() {
         JOURNAL_DISKS
@@ -179,6 +213,8 @@ pub fn run(seed: u64) -> Result<Report, String> {
         model: Rc::new(RefCell::new(Model::new(space.size_bytes() / BLOCK_BYTES))),
         counters: Rc::new(RefCell::new(Counters::default())),
         lost: Vec::new(),
+        vanished: Vec::new(),
+        returns_at_import: 0,
         crashes: 0,
         plan,
         random,
@@ -212,6 +248,9 @@ pub fn run(seed: u64) -> Result<Report, String> {
         reads: counters.reads,
         repairs,
         moves,
+        returns: counters.returns,
+        returns_at_import: run.returns_at_import,
+        journals_added: usize::from(counters.journals_added),
     })
 }
 
@@ -283,6 +322,19 @@ impl Run {
                 left.set(left.get() - 1);
             });
         }
+        let journals_due = self
+            .plan
+            .journals_later
+            .is_some_and(|first| phase >= first && !self.counters.borrow().journals_added);
+        if journals_due {
+            let steps = self.random.borrow_mut().below(200);
+            executor.spawn(add_journals(
+                pool.clone(),
+                self.sim.devices[self.plan.disks..].to_vec(),
+                self.counters.clone(),
+                steps,
+            ));
+        }
         if self.plan.jobs {
             // The runner goes on until the clients are done and no job runs
             // (or 10 s more of simulated time): it would run forever. A
@@ -319,13 +371,32 @@ impl Run {
                 && self.lost.len() < self.plan.losses
                 && self.random.borrow_mut().chance(1, 20)
             {
-                let disk = pick_unlost(
-                    &mut self.random.borrow_mut(),
-                    self.sim.devices.len(),
-                    &self.lost,
-                );
-                self.sim.faults[disk].lose();
+                // Journal disks added later are never lost: whether they
+                // are in the pool yet is for the add to say.
+                let members = if self.plan.journals_later.is_some() {
+                    self.plan.disks
+                } else {
+                    self.sim.devices.len()
+                };
+                let disk = pick_unlost(&mut self.random.borrow_mut(), members, &self.lost);
+                if self.plan.returns {
+                    executor.spawn(vanish(pool.clone(), disk, self.sim.faults[disk].clone()));
+                    self.vanished.push(disk);
+                } else {
+                    self.sim.faults[disk].lose();
+                }
                 self.lost.push(disk);
+            }
+            if !self.vanished.is_empty() && self.random.borrow_mut().chance(1, 20) {
+                let pick = self.random.borrow_mut().below(self.vanished.len() as u64);
+                let disk = self.vanished.remove(pick as usize);
+                executor.spawn(come_back(
+                    pool.clone(),
+                    disk,
+                    self.sim.devices[disk].clone(),
+                    self.sim.faults[disk].clone(),
+                    self.counters.clone(),
+                ));
             }
             if stop != Stop::Budget || spent >= budget {
                 break stop;
@@ -346,9 +417,113 @@ impl Run {
         drop(pool);
         self.crashes += 1;
         self.sim.power_cut(&mut self.random.borrow_mut())?;
+        // A vanished disk may be back when the pool is imported again.
+        let vanished = std::mem::take(&mut self.vanished);
+        for disk in vanished {
+            if self.random.borrow_mut().chance(1, 2) {
+                self.sim.faults[disk].restore();
+                self.returns_at_import += 1;
+            } else {
+                self.vanished.push(disk);
+            }
+        }
         recover(&self.sim, &self.random, &self.model, self.plan.log_memory)
             .map_err(|e| format!("after power cut {}: {e}", self.crashes))
     }
+}
+
+/// The daemon notices `disk`'s device gone: the pool has it missing (and
+/// records what its writes miss from then on); then the device is gone.
+async fn vanish(pool: Rc<Pool>, disk: usize, fault: FaultControls) {
+    let _ = pool
+        .disk_gone(DiskIndex(disk as u16), "simulated: its device vanished")
+        .await;
+    fault.lose();
+}
+
+/// `disk`'s device is back and handed to the pool, which takes it back if
+/// it is still missing. A disk that failed meanwhile (a write in flight
+/// when it vanished) is refused, as is one not yet marked missing (its
+/// vanishing still to run): it stays lost.
+async fn come_back(
+    pool: Rc<Pool>,
+    disk: usize,
+    device: Arc<dyn BlockDevice>,
+    fault: FaultControls,
+    counters: Shared<Counters>,
+) {
+    fault.restore();
+    match pool.bring_back(device).await {
+        Ok((index, _)) if usize::from(index.0) == disk => counters.borrow_mut().returns += 1,
+        Ok((index, _)) => {
+            let message = format!("disk {disk} was taken back as disk {}", index.0);
+            counters.borrow_mut().failure.get_or_insert(message);
+        }
+        Err(EngineError::NotReturning { .. }) => {}
+        Err(error) => {
+            let message = format!("taking disk {disk} back failed: {error}");
+            counters.borrow_mut().failure.get_or_insert(message);
+        }
+    }
+}
+
+/// After `steps` polls (the clients writing meanwhile), add `devices` to the
+/// pool as journal disks. A power cut after the add's commit left them in
+/// the pool: adding them again is refused, and they count as added.
+async fn add_journals(
+    pool: Rc<Pool>,
+    devices: Vec<Arc<dyn BlockDevice>>,
+    counters: Shared<Counters>,
+    steps: u64,
+) {
+    for _ in 0..steps {
+        yield_now().await;
+    }
+    let disks = || {
+        devices
+            .iter()
+            .map(|device| {
+                let mut disk = NewDisk::new(device.clone());
+                disk.usage = terrace_engine::meta::Usage::Journal;
+                disk
+            })
+            .collect()
+    };
+    let mut added = pool.add_disks(disks()).await;
+    if let Err(EngineError::DamagedLabel { .. }) = added {
+        // A power cut tore a label the add was writing: it is refused, as
+        // any damaged label is, and the administrator wipes it first.
+        for device in &devices {
+            if let store::Probe::Damaged(_) = store::probe(device.as_ref()).await {
+                let _ = store::erase_label(device.as_ref()).await;
+            }
+        }
+        added = pool.add_disks(disks()).await;
+    }
+    match added {
+        Ok(_) | Err(EngineError::DuplicateDisk { .. } | EngineError::DiskInOtherPool { .. }) => {
+            counters.borrow_mut().journals_added = true
+        }
+        Err(error) => {
+            let message = format!("adding the journal disks failed: {error}");
+            counters.borrow_mut().failure.get_or_insert(message);
+        }
+    }
+}
+
+/// Pending once (waking itself): other ready tasks may run first.
+async fn yield_now() {
+    let mut yielded = false;
+    std::future::poll_fn(|context| {
+        if yielded {
+            std::task::Poll::Ready(())
+        } else {
+            yielded = true;
+            context.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    })
+    .await
 }
 
 fn pick_unlost(random: &mut Random, disks: usize, lost: &[usize]) -> usize {
@@ -371,6 +546,10 @@ fn setup(
         .devices
         .iter()
         .enumerate()
+        .take(match plan.journals_later {
+            Some(_) => plan.disks,
+            None => sim.devices.len(),
+        })
         .map(|(index, d)| {
             let mut disk = NewDisk::new(d.clone());
             if index >= plan.disks {
@@ -408,6 +587,8 @@ fn setup(
 struct Counters {
     writes: u64,
     reads: u64,
+    returns: usize,
+    journals_added: bool,
     failure: Option<String>,
 }
 

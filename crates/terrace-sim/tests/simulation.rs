@@ -17,6 +17,9 @@ fn simulated_runs_keep_every_acknowledged_write() {
                 totals.reads += report.reads;
                 totals.repairs += report.repairs;
                 totals.moves += report.moves;
+                totals.returns += report.returns;
+                totals.returns_at_import += report.returns_at_import;
+                totals.journals_added += report.journals_added;
             }
             Err(message) => {
                 eprintln!("seed {seed} FAILED: {message}\n  replay: TERRACE_SIM_SEED={seed} cargo test -p terrace-sim");
@@ -25,14 +28,17 @@ fn simulated_runs_keep_every_acknowledged_write() {
         }
     }
     eprintln!(
-        "{} runs ({} with a write-back log, {} MiB destaged): {} power cuts, {} disks lost, {} repairs done ({} moves), {} writes, {} verified reads",
+        "{} runs ({} with a write-back log, {} MiB destaged): {} power cuts, {} disks lost ({} taken back live, {} back at an import), {} repairs done ({} moves), journal disks added to {} runs, {} writes, {} verified reads",
         seeds.len(),
         totals.cached_runs,
         totals.destaged_bytes >> 20,
         totals.crashes,
         totals.losses,
+        totals.returns,
+        totals.returns_at_import,
         totals.repairs,
         totals.moves,
+        totals.journals_added,
         totals.writes,
         totals.reads
     );
@@ -46,6 +52,14 @@ fn simulated_runs_keep_every_acknowledged_write() {
         assert!(
             totals.repairs > 0,
             "the suite must actually repair lost disks under the clients"
+        );
+        assert!(
+            totals.returns > 0 && totals.returns_at_import > 0,
+            "the suite must actually bring vanished disks back"
+        );
+        assert!(
+            totals.journals_added > 0,
+            "the suite must actually add journal disks under the clients"
         );
         assert!(
             totals.cached_runs > seeds.len() / 4 && totals.destaged_bytes > 0,
