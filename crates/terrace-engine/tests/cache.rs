@@ -210,6 +210,14 @@ async fn write_together(
     }
 }
 
+/// Everything reads back as `model` says, from the log and once the log is
+/// all home.
+async fn check_through_drain(space: &terrace_engine::Space, model: &Model) {
+    check_all(space, model).await;
+    space.journal().unwrap().drain(space).await.unwrap();
+    check_all(space, model).await;
+}
+
 async fn check_all(space: &terrace_engine::Space, model: &Model) {
     let size = space.size_bytes();
     let step = 256 << 10;
@@ -873,9 +881,7 @@ fn a_full_log_frees_a_round_at_a_time() {
             "the waiting writer destaged one round, not the log: {before:?} then {after:?}"
         );
         assert!(waits >= 4, "{waits} rounds: {:?}", journal.status());
-        check_all(&space, &model).await;
-        journal.drain(&space).await.unwrap();
-        check_all(&space, &model).await;
+        check_through_drain(&space, &model).await;
         pool.close().await.unwrap();
     });
 }
@@ -978,9 +984,7 @@ fn a_destage_round_of_a_stream_writes_whole_rows() {
             "one round, not the log: {status:?}"
         );
         assert_eq!(reads(), before, "the round read from the capacity disks");
-        check_all(&space, &model).await;
-        journal.drain(&space).await.unwrap();
-        check_all(&space, &model).await;
+        check_through_drain(&space, &model).await;
         assert_consistent(&space, 41).await;
         pool.close().await.unwrap();
     });
@@ -1418,9 +1422,7 @@ fn a_writer_waiting_behind_a_direct_write_goes_on_when_it_ends() {
         .expect("writers done")
         .into_inner();
     executor.run_until(async {
-        check_all(&space, &model).await;
-        journal.drain(&space).await.unwrap();
-        check_all(&space, &model).await;
+        check_through_drain(&space, &model).await;
         pool.close().await.unwrap();
     });
 }
@@ -1541,6 +1543,24 @@ fn pool_disk_of_row_zero(
         .disk
 }
 
+/// `inner`'s write, once `wait` (if any) is released.
+fn write_after(
+    wait: Option<futures::channel::oneshot::Receiver<()>>,
+    inner: &Arc<dyn BlockDevice>,
+    offset: u64,
+    data: Bytes,
+    fua: bool,
+) -> BoxFuture<IoResult<()>> {
+    let Some(wait) = wait else {
+        return inner.write(offset, data, fua);
+    };
+    let inner = inner.clone();
+    Box::pin(async move {
+        let _ = wait.await;
+        inner.write(offset, data, fua).await
+    })
+}
+
 /// The start of the one write [`MarkedHeld`] holds.
 const MARK: [u8; 8] = *b"held!!!!";
 
@@ -1558,17 +1578,10 @@ impl BlockDevice for MarkedHeld {
         self.inner.read(offset, buf)
     }
     fn write(&self, offset: u64, data: Bytes, fua: bool) -> BoxFuture<IoResult<()>> {
-        let Some(wait) = Some(())
+        let wait = Some(())
             .filter(|_| data.starts_with(&MARK))
-            .and_then(|_| self.gate.pass())
-        else {
-            return self.inner.write(offset, data, fua);
-        };
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            let _ = wait.await;
-            inner.write(offset, data, fua).await
-        })
+            .and_then(|_| self.gate.pass());
+        write_after(wait, &self.inner, offset, data, fua)
     }
     fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BoxFuture<IoResult<()>> {
         self.inner.write_zeroes(offset, length, fua)
@@ -1733,19 +1746,12 @@ impl BlockDevice for Counting {
         if zeroes {
             self.zeroed_slabs.fetch_add(1, Ordering::Relaxed);
         }
-        let Some(wait) = self
+        let wait = self
             .zero_gate
             .as_ref()
             .filter(|_| zeroes)
-            .and_then(|gate| gate.pass())
-        else {
-            return self.inner.write(offset, data, fua);
-        };
-        let inner = self.inner.clone();
-        Box::pin(async move {
-            let _ = wait.await;
-            inner.write(offset, data, fua).await
-        })
+            .and_then(|gate| gate.pass());
+        write_after(wait, &self.inner, offset, data, fua)
     }
     fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BoxFuture<IoResult<()>> {
         let Some(wait) = self.zero_gate.as_ref().and_then(|gate| gate.pass()) else {

@@ -897,6 +897,44 @@ fn log_disks(metadata: &terrace_engine::meta::PoolMetadata) -> Vec<usize> {
     disks
 }
 
+/// A pool of the first four of `disks`, with a 2 MiB parity space "p"
+/// filled from `seed` whose write-back log of `cache_bytes` sits on those
+/// capacity disks; moves limited to 4 MiB/s.
+async fn parity_log_on_capacity(
+    disks: &Disks,
+    cache_bytes: u64,
+    seed: u64,
+) -> (Pool, Arc<Space>, Model) {
+    let mut capacity = disks.new_disks();
+    capacity.truncate(4);
+    let pool = Pool::create(env(), small_config("tank"), capacity)
+        .await
+        .unwrap();
+    let mut config = SpaceConfig::new(
+        "p",
+        Layout::Parity { redundancy: 1 },
+        SpaceSize::Bytes(2 << 20),
+    );
+    config.cache_bytes = Some(cache_bytes);
+    let space = pool.create_space(config).await.unwrap().space;
+    let model = fill(&space, seed).await;
+    set_repair_rate(&pool, 4 << 20).await;
+    (pool, space, model)
+}
+
+/// Add the disks of `disks` past the fourth to `pool` as journal disks.
+async fn add_journal_disks(pool: &Pool, disks: &Disks) {
+    let journal: Vec<NewDisk> = disks.new_disks()[4..]
+        .iter()
+        .map(|disk| {
+            let mut disk = NewDisk::new(disk.device.clone());
+            disk.usage = Usage::Journal;
+            disk
+        })
+        .collect();
+    pool.add_disks(journal).await.unwrap();
+}
+
 /// Journal disks added to a pool whose parity log sits on its capacity
 /// disks take the log over (a job), while it is written; a repair of a
 /// disk the job is moving a log slot off waits for it; the log recovers
@@ -905,31 +943,10 @@ fn log_disks(metadata: &terrace_engine::meta::PoolMetadata) -> Vec<usize> {
 fn journal_disks_added_later_take_over_the_logs() {
     block_on(async {
         let disks = Disks::new(6, 64 << 20);
-        let mut capacity = disks.new_disks();
-        capacity.truncate(4);
-        let pool = Pool::create(env(), small_config("tank"), capacity)
-            .await
-            .unwrap();
-        let mut config = SpaceConfig::new(
-            "p",
-            Layout::Parity { redundancy: 1 },
-            SpaceSize::Bytes(2 << 20),
-        );
-        config.cache_bytes = Some(32 << 20);
-        let space = pool.create_space(config).await.unwrap().space;
-        let mut model = fill(&space, 11).await;
+        let (pool, space, mut model) = parity_log_on_capacity(&disks, 32 << 20, 11).await;
         let on_capacity = log_disks(&pool.metadata().await);
         assert!(on_capacity.iter().all(|&d| d < 4), "{on_capacity:?}");
-        set_repair_rate(&pool, 4 << 20).await;
-        let journal: Vec<NewDisk> = disks.new_disks()[4..]
-            .iter()
-            .map(|disk| NewDisk::new(disk.device.clone()))
-            .map(|mut disk| {
-                disk.usage = Usage::Journal;
-                disk
-            })
-            .collect();
-        pool.add_disks(journal).await.unwrap();
+        add_journal_disks(&pool, &disks).await;
         let mut rng = Rng(12);
         let job = with_jobs(&pool, async {
             for _ in 0..40 {
@@ -1144,30 +1161,9 @@ fn a_disk_replaced_while_missing_and_back_at_an_import_stays_out() {
 /// move paused), and the capacity disk it takes a log slot off, gone and
 /// written around since.
 async fn log_move_under_way(disks: &Disks) -> (Pool, Model, DiskIndex, u64) {
-    let mut capacity = disks.new_disks();
-    capacity.truncate(4);
-    let pool = Pool::create(env(), small_config("tank"), capacity)
-        .await
-        .unwrap();
-    let mut config = SpaceConfig::new(
-        "p",
-        Layout::Parity { redundancy: 1 },
-        SpaceSize::Bytes(2 << 20),
-    );
     // A small log: few moves in the job records the metadata keeps.
-    config.cache_bytes = Some(4 << 20);
-    let space = pool.create_space(config).await.unwrap().space;
-    let mut model = fill(&space, 33).await;
-    set_repair_rate(&pool, 4 << 20).await;
-    let journal: Vec<NewDisk> = disks.new_disks()[4..]
-        .iter()
-        .map(|disk| {
-            let mut disk = NewDisk::new(disk.device.clone());
-            disk.usage = Usage::Journal;
-            disk
-        })
-        .collect();
-    pool.add_disks(journal).await.unwrap();
+    let (pool, space, mut model) = parity_log_on_capacity(disks, 4 << 20, 33).await;
+    add_journal_disks(&pool, disks).await;
     let statuses = with_jobs(&pool, async {
         sleep(50).await;
         pool.job_statuses().await
