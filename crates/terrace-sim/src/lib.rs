@@ -26,7 +26,8 @@ pub mod world;
 pub use run::{run, Plan, Report};
 
 /// Seeds to run: `TERRACE_SIM_SEED` (one), else `TERRACE_SIM_SEEDS` (a
-/// count, from 1), else `default_count`.
+/// count, from 1, or a range `first..last`, both included, to go on where
+/// a run stopped), else `default_count`.
 pub fn seeds(default_count: u64) -> Vec<u64> {
     if let Some(seed) = std::env::var("TERRACE_SIM_SEED")
         .ok()
@@ -34,9 +35,12 @@ pub fn seeds(default_count: u64) -> Vec<u64> {
     {
         return vec![seed];
     }
-    let count = std::env::var("TERRACE_SIM_SEEDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default_count);
+    let asked = std::env::var("TERRACE_SIM_SEEDS").unwrap_or_default();
+    if let Some((first, last)) = asked.split_once("..") {
+        if let (Ok(first), Ok(last)) = (first.parse::<u64>(), last.parse::<u64>()) {
+            return (first..=last).collect();
+        }
+    }
+    let count = asked.parse().unwrap_or(default_count);
     (1..=count).collect()
 }
