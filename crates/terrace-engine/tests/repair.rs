@@ -1157,6 +1157,49 @@ fn a_disk_replaced_while_missing_and_back_at_an_import_stays_out() {
     });
 }
 
+/// A log move whose record does not fit the pool's metadata (small slabs,
+/// a large log, a slot holding a finished move's record already) fails
+/// where `job list` shows it, with the reason, instead of never starting.
+#[test]
+fn a_log_move_that_cannot_be_recorded_fails_with_its_reason() {
+    block_on(async {
+        let disks = Disks::new(6, 64 << 20);
+        let (pool, _space, _model) = parity_log_on_capacity(&disks, 32 << 20, 35).await;
+        add_journal_disks(&pool, &disks).await;
+        let statuses = with_jobs(&pool, async {
+            sleep(50).await;
+            pool.job_statuses().await
+        })
+        .await;
+        let moving = statuses
+            .iter()
+            .find(|s| s.kind == JobKind::LogsToJournal && s.state == JobState::Running)
+            .unwrap_or_else(|| panic!("a log move runs: {statuses:?}"))
+            .id;
+        // Cancelled, it keeps its 1,024 moves in the metadata; another
+        // such record no longer fits the 64 KiB slot.
+        pool.job_action(moving, JobAction::Cancel).await.unwrap();
+        let statuses = with_jobs(&pool, async {
+            for _ in 0..100 {
+                let statuses = pool.job_statuses().await;
+                if statuses.len() > 1 {
+                    return statuses;
+                }
+                sleep(5).await;
+            }
+            panic!("no second log move: {:?}", pool.job_statuses().await);
+        })
+        .await;
+        let second = &statuses[1];
+        assert_eq!(
+            (second.kind, second.state),
+            (JobKind::LogsToJournal, JobState::Failed),
+            "{statuses:?}"
+        );
+        assert!(second.reason.contains("does not fit"), "{}", second.reason);
+    });
+}
+
 /// A pool whose parity log is moving onto journal disks added later (the
 /// move paused), and the capacity disk it takes a log slot off, gone and
 /// written around since.

@@ -200,9 +200,17 @@ impl Pool {
         if job.moves.is_empty() {
             return;
         }
-        if self.shared.commit(&mut control, next).await.is_ok() {
-            drop(control);
-            self.launch_job(&job).await;
+        match self.shared.commit(&mut control, next).await {
+            Ok(()) => {
+                drop(control);
+                self.launch_job(&job).await;
+            }
+            // Shown in `job list`, not dropped (its record may not fit the
+            // metadata slot): tried again when the placement changes.
+            Err(error) => {
+                drop(control);
+                self.record_failed_job(kind, error.to_string()).await;
+            }
         }
     }
 
