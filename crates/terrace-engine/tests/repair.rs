@@ -1157,6 +1157,22 @@ fn a_disk_replaced_while_missing_and_back_at_an_import_stays_out() {
     });
 }
 
+/// Add the journal disks of `disks` to `pool` and let the job runner start
+/// moving the log onto them; the log move's job id.
+async fn log_move_started(pool: &Pool, disks: &Disks) -> u64 {
+    add_journal_disks(pool, disks).await;
+    let statuses = with_jobs(pool, async {
+        sleep(50).await;
+        pool.job_statuses().await
+    })
+    .await;
+    statuses
+        .iter()
+        .find(|s| s.kind == JobKind::LogsToJournal && s.state == JobState::Running)
+        .unwrap_or_else(|| panic!("a log move runs: {statuses:?}"))
+        .id
+}
+
 /// A log move whose record does not fit the pool's metadata (small slabs,
 /// a large log, a slot holding a finished move's record already) fails
 /// where `job list` shows it, with the reason, instead of never starting.
@@ -1165,17 +1181,7 @@ fn a_log_move_that_cannot_be_recorded_fails_with_its_reason() {
     block_on(async {
         let disks = Disks::new(6, 64 << 20);
         let (pool, _space, _model) = parity_log_on_capacity(&disks, 32 << 20, 35).await;
-        add_journal_disks(&pool, &disks).await;
-        let statuses = with_jobs(&pool, async {
-            sleep(50).await;
-            pool.job_statuses().await
-        })
-        .await;
-        let moving = statuses
-            .iter()
-            .find(|s| s.kind == JobKind::LogsToJournal && s.state == JobState::Running)
-            .unwrap_or_else(|| panic!("a log move runs: {statuses:?}"))
-            .id;
+        let moving = log_move_started(&pool, &disks).await;
         // Cancelled, it keeps its 1,024 moves in the metadata; another
         // such record no longer fits the 64 KiB slot.
         pool.job_action(moving, JobAction::Cancel).await.unwrap();
@@ -1206,17 +1212,7 @@ fn a_log_move_that_cannot_be_recorded_fails_with_its_reason() {
 async fn log_move_under_way(disks: &Disks) -> (Pool, Model, DiskIndex, u64) {
     // A small log: few moves in the job records the metadata keeps.
     let (pool, space, mut model) = parity_log_on_capacity(disks, 4 << 20, 33).await;
-    add_journal_disks(&pool, disks).await;
-    let statuses = with_jobs(&pool, async {
-        sleep(50).await;
-        pool.job_statuses().await
-    })
-    .await;
-    let moving = statuses
-        .iter()
-        .find(|s| s.kind == JobKind::LogsToJournal && s.state == JobState::Running)
-        .unwrap_or_else(|| panic!("a log move runs: {statuses:?}"))
-        .id;
+    let moving = log_move_started(&pool, disks).await;
     pool.job_action(moving, JobAction::Pause).await.unwrap();
     let metadata = pool.metadata().await;
     let job = metadata.jobs.iter().find(|job| job.id == moving).unwrap();
