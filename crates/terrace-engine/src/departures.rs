@@ -94,14 +94,8 @@ impl Drop for Writing<'_> {
             }
         }
         let oldest = state.writers.keys().next().copied().unwrap_or(u64::MAX);
-        let mut index = 0;
-        while index < state.waiters.len() {
-            if state.waiters[index].0 < oldest {
-                let (_, sender) = state.waiters.swap_remove(index);
-                let _ = sender.send(());
-            } else {
-                index += 1;
-            }
+        for (_, sender) in state.waiters.extract_if(.., |(limit, _)| *limit < oldest) {
+            let _ = sender.send(());
         }
     }
 }

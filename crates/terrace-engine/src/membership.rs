@@ -11,11 +11,11 @@ use futures::future::join_all;
 use terrace_io::BlockDevice;
 use terrace_meta::format::data_offset;
 use terrace_meta::store;
-use terrace_meta::{DiskIndex, DiskState, JobKind, JobRecord, PoolSettings, RetireMissing, Usage};
+use terrace_meta::{DiskIndex, DiskState, JobKind, JobRecord, PoolSettings, Usage};
 
 use crate::disk::Condition;
 use crate::error::EngineError;
-use crate::jobs::cancelled_by_return;
+use crate::jobs::{cancelled_by_return, repair_kept_for};
 use crate::pool::{check_new_disks, write_labels, NewDisk, Pool, Shape};
 
 impl Pool {
@@ -220,19 +220,16 @@ impl Pool {
                 device: device.name().to_string(),
             });
         }
+        if let Some(repair) = repair_kept_for(metadata, index) {
+            return Err(refuse(format!(
+                "its repair (job {repair}) goes on under retire-missing always, and the disk is \
+                 released when it ends"
+            )));
+        }
         let mut next = metadata.clone();
         let mut cancelled = Vec::new();
         for (position, because) in cancelled_by_return(&next, index) {
             let job = &mut next.jobs[position];
-            if matches!(job.kind, JobKind::Repair { .. })
-                && next.settings.retire_missing == RetireMissing::Always
-            {
-                return Err(refuse(format!(
-                    "its repair (job {}) goes on under retire-missing always, and the disk is \
-                     released when it ends",
-                    job.id
-                )));
-            }
             // Reinstalled as it ran if the commit fails.
             self.save_watermarks(job);
             cancelled.push(job.clone());

@@ -685,7 +685,6 @@ impl Pool {
     /// works on (a replacement or evacuation of it) stays out of service:
     /// the import goes on without it.
     async fn welcome_back(&self, metadata: &PoolMetadata) -> Result<(), EngineError> {
-        let retiring = metadata.settings.retire_missing == terrace_meta::RetireMissing::Always;
         for disk in self.shared.disks() {
             let record = &metadata.disks[usize::from(disk.index.0)];
             let returning = record.state == DiskState::Missing && disk.device().is_some();
@@ -695,17 +694,10 @@ impl Pool {
             // As it is now: a disk welcomed before may have cancelled a
             // job that this one would cancel too.
             let now = self.metadata().await;
-            let cancelled = crate::jobs::cancelled_by_return(&now, disk.index);
-            let repaired = |(position, _): &(usize, String)| {
-                matches!(
-                    now.jobs[*position].kind,
-                    terrace_meta::JobKind::Repair { .. }
-                )
-            };
-            if retiring && cancelled.iter().any(repaired) {
+            if crate::jobs::repair_kept_for(&now, disk.index).is_some() {
                 continue;
             }
-            for (position, because) in &cancelled {
+            for (position, because) in &crate::jobs::cancelled_by_return(&now, disk.index) {
                 let id = now.jobs[*position].id;
                 self.change_job(id, crate::jobs::JobAction::Cancel, because)
                     .await?;

@@ -1513,18 +1513,7 @@ fn a_disk_goes_missing_only_after_the_writes_that_looked_at_it() {
         pool.bring_back(disks.devices[usize::from(away.0)].clone())
             .await
             .unwrap();
-        let runner = Box::pin(pool.run_jobs());
-        let settle = Box::pin(async {
-            while pool
-                .job_statuses()
-                .await
-                .iter()
-                .any(|job| job.state == terrace_engine::meta::JobState::Running)
-            {
-                env().sleep(5_000_000).await;
-            }
-        });
-        futures::future::select(runner, settle).await;
+        with_jobs(&pool, jobs_settle(&pool)).await;
         let report = verify_space(&space).await.unwrap();
         assert_eq!(report.mismatched_rows, vec![], "the disk kept the old row");
         let read = space.read(8192, 4096).await.unwrap();

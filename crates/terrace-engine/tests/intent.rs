@@ -5,11 +5,8 @@
 
 mod common;
 
-use std::future::Future;
-
 use common::*;
 use futures::executor::block_on;
-use futures::future::{select, Either};
 use terrace_engine::layout::Layout;
 use terrace_engine::meta::format::{data_offset, METADATA_SLOT_MIN_BYTES};
 use terrace_engine::meta::Usage;
@@ -18,13 +15,6 @@ use terrace_engine::{verify_space, ImportOptions, Pool, Space, SpaceConfig, Spac
 const DISK_BYTES: u64 = 8 << 20;
 /// 16 extents of one 64 KiB slab per copy.
 const SPACE_BYTES: u64 = 16 * SLAB;
-
-async fn with_jobs<T>(pool: &Pool, work: impl Future<Output = T>) -> T {
-    match select(Box::pin(pool.run_jobs()), Box::pin(work)).await {
-        Either::Left(_) => panic!("the job runner stopped on its own"),
-        Either::Right((value, _)) => value,
-    }
-}
 
 /// A space of [`SPACE_BYTES`] over `columns` columns, interleaved by 4 KiB.
 fn small_space(name: &str, layout: Layout, columns: u32) -> SpaceConfig {

@@ -5,12 +5,10 @@
 
 mod common;
 
-use std::future::Future;
 use std::sync::Arc;
 
 use common::*;
 use futures::executor::block_on;
-use futures::future::{select, Either};
 use terrace_engine::layout::Layout;
 use terrace_engine::meta::{DiskIndex, DiskState, JobKind, JobState, SpaceRole, Usage};
 use terrace_engine::{
@@ -19,35 +17,6 @@ use terrace_engine::{
 };
 
 const DISK_BYTES: u64 = 4 << 20;
-
-/// Run `work` while the pool's job runner runs beside it.
-async fn with_jobs<T>(pool: &Pool, work: impl Future<Output = T>) -> T {
-    let runner = Box::pin(pool.run_jobs());
-    match select(runner, Box::pin(work)).await {
-        Either::Left(_) => panic!("the job runner stopped on its own"),
-        Either::Right((value, _)) => value,
-    }
-}
-
-async fn sleep(milliseconds: u64) {
-    env().sleep(milliseconds * 1_000_000).await;
-}
-
-/// Wait until no job is active; returns the final statuses.
-async fn jobs_settle(pool: &Pool) -> Vec<terrace_engine::JobStatus> {
-    for _ in 0..3000 {
-        let statuses = pool.job_statuses().await;
-        if !statuses.is_empty()
-            && statuses
-                .iter()
-                .all(|s| !matches!(s.state, JobState::Running | JobState::Paused))
-        {
-            return statuses;
-        }
-        sleep(5).await;
-    }
-    panic!("jobs did not finish: {:?}", pool.job_statuses().await);
-}
 
 async fn fill(space: &Space, seed: u64) -> Model {
     let mut model = Model::new(space.size_bytes());

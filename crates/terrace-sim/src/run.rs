@@ -88,6 +88,15 @@ const JOURNAL_DISKS: usize = 3;
 const JOURNAL_SLABS: u64 = 36;
 
 impl Plan {
+    /// How many of `devices` disks the pool starts with: all, unless the
+    /// journal disks (the last) join later. Only those may be lost.
+    fn members_at_start(&self, devices: usize) -> usize {
+        match self.journals_later {
+            Some(_) => self.disks,
+            None => devices,
+        }
+    }
+
     /// The plan of a run. Its later additions are drawn from `extras`, so
     /// that runs without them keep the trajectories they always had.
     pub fn draw(random: &mut Random, extras: &mut Random) -> Plan {
@@ -373,11 +382,7 @@ impl Run {
             {
                 // Journal disks added later are never lost: whether they
                 // are in the pool yet is for the add to say.
-                let members = if self.plan.journals_later.is_some() {
-                    self.plan.disks
-                } else {
-                    self.sim.devices.len()
-                };
+                let members = self.plan.members_at_start(self.sim.devices.len());
                 let disk = pick_unlost(&mut self.random.borrow_mut(), members, &self.lost);
                 if self.plan.returns {
                     executor.spawn(vanish(pool.clone(), disk, self.sim.faults[disk].clone()));
@@ -546,10 +551,7 @@ fn setup(
         .devices
         .iter()
         .enumerate()
-        .take(match plan.journals_later {
-            Some(_) => plan.disks,
-            None => sim.devices.len(),
-        })
+        .take(plan.members_at_start(sim.devices.len()))
         .map(|(index, d)| {
             let mut disk = NewDisk::new(d.clone());
             if index >= plan.disks {

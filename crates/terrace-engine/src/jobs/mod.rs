@@ -461,8 +461,8 @@ impl Pool {
 /// The active jobs a missing disk coming back cancels, by position in
 /// `metadata.jobs`, each with the reason it keeps: the policy's repair of
 /// the disk (what it still holds needs only the extents written while it
-/// was away; under `retire-missing always` the caller lets the repair go
-/// on instead), and log moves taking a slot off it (its catch-up and such
+/// was away; see [`repair_kept_for`] for when it goes on instead), and
+/// log moves taking a slot off it (its catch-up and such
 /// a move would share the slot's watermark; the runner starts the move
 /// again once the pool's disks have changed).
 pub(crate) fn cancelled_by_return(
@@ -489,6 +489,19 @@ pub(crate) fn cancelled_by_return(
             _ => None,
         })
         .collect()
+}
+
+/// The policy's repair of `disk` that goes on although the disk came back
+/// (`retire-missing always`): the disk waits, unused, to be released.
+pub(crate) fn repair_kept_for(metadata: &PoolMetadata, disk: DiskIndex) -> Option<u64> {
+    if metadata.settings.retire_missing != terrace_meta::RetireMissing::Always {
+        return None;
+    }
+    metadata
+        .jobs
+        .iter()
+        .find(|job| job.is_active() && job.kind == JobKind::Repair { disk })
+        .map(|job| job.id)
 }
 
 /// One active job per disk: two jobs moving the same slabs would race. And

@@ -164,3 +164,33 @@ pub fn random_range(rng: &mut Rng, size: u64, max: u64) -> (u64, u64) {
 pub fn bytes(data: Vec<u8>) -> Bytes {
     Bytes::from(data)
 }
+
+/// Run `work` while the pool's job runner runs beside it.
+pub async fn with_jobs<T>(pool: &Pool, work: impl std::future::Future<Output = T>) -> T {
+    let runner = Box::pin(pool.run_jobs());
+    match futures::future::select(runner, Box::pin(work)).await {
+        futures::future::Either::Left(_) => panic!("the job runner stopped on its own"),
+        futures::future::Either::Right((value, _)) => value,
+    }
+}
+
+pub async fn sleep(milliseconds: u64) {
+    env().sleep(milliseconds * 1_000_000).await;
+}
+
+/// Wait until no job is active; returns the final statuses.
+pub async fn jobs_settle(pool: &Pool) -> Vec<terrace_engine::JobStatus> {
+    use terrace_engine::meta::JobState;
+    for _ in 0..3000 {
+        let statuses = pool.job_statuses().await;
+        if !statuses.is_empty()
+            && statuses
+                .iter()
+                .all(|s| !matches!(s.state, JobState::Running | JobState::Paused))
+        {
+            return statuses;
+        }
+        sleep(5).await;
+    }
+    panic!("jobs did not finish: {:?}", pool.job_statuses().await);
+}
