@@ -422,6 +422,15 @@ impl PoolShared {
         self.disks.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
+    /// After close: every disk lets go of its device, so another process
+    /// (or a later import) may claim it at once, whoever still holds the
+    /// pool.
+    pub(crate) fn release_devices(&self) {
+        for disk in self.disks() {
+            disk.detach();
+        }
+    }
+
     pub(crate) fn check_open(&self) -> Result<(), EngineError> {
         if self.closed.load(Ordering::Acquire) {
             return Err(EngineError::Closed {
@@ -465,6 +474,9 @@ impl PoolShared {
         control: &mut Control,
         mut next: PoolMetadata,
     ) -> Result<(), EngineError> {
+        // A request that began before the pool closed must not record what
+        // it saw after (its disks let go of their devices at close).
+        self.check_open()?;
         self.check_writable()?;
         loop {
             self.absorb_conditions(&mut next);

@@ -140,6 +140,15 @@ impl Disk {
         });
     }
 
+    /// Let go of the device (the pool is closed): the last handle dropped
+    /// releases the process's claim on it, so another process may open it.
+    pub(crate) fn detach(&self) {
+        self.attached
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+    }
+
     /// Take the disk out of service with a reason (first reason wins).
     pub fn set_condition(&self, condition: Condition, reason: impl Into<String>) {
         let previous = self.condition.swap(condition as u8, Ordering::AcqRel);

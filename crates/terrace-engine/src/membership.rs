@@ -350,6 +350,8 @@ impl Pool {
         {
             result?;
         }
+        drop(devices);
+        self.shared.release_devices();
         Ok(())
     }
 }

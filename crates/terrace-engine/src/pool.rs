@@ -453,6 +453,7 @@ impl Pool {
             .unwrap_or_else(|e| e.into_inner())
             .clear();
         self.logs.write().unwrap_or_else(|e| e.into_inner()).clear();
+        self.shared.release_devices();
         result
     }
 

@@ -25,6 +25,7 @@
 //! for unaligned memory under O_DIRECT, loops over short transfers, FUA as
 //! `RWF_DSYNC`, zeroing by `fallocate` with a plain-write fallback.
 
+mod claim;
 mod queue;
 mod sys;
 mod threads;
@@ -102,6 +103,11 @@ pub struct FileOptions {
     pub engine: Engine,
     /// Open O_RDONLY; writes fail with EROFS.
     pub read_only: bool,
+    /// Claim the device for this process (see `claim.rs`): the open fails
+    /// with [`io::ErrorKind::ResourceBusy`] while another process holds
+    /// it, and other processes' claims fail while this one is open. For
+    /// a pool's disks.
+    pub exclusive: bool,
 }
 
 /// A regular file or block device. Dropping it waits for the operations
@@ -111,6 +117,8 @@ pub struct FileDevice {
     engine: Engine,
     logical_block_size: u64,
     threads: Vec<JoinHandle<()>>,
+    /// Held while the device is open, if it was opened exclusive.
+    _claim: Option<claim::Claim>,
 }
 
 /// The part of a device its futures share (they outlive `&self`).
@@ -147,6 +155,11 @@ impl FileDevice {
         let name = path.display().to_string();
         let fail = |source: io::Error| IoError::os(&name, Operation::Open, 0, 0, source);
         let (file, direct) = open_file(path, &options).map_err(fail)?;
+        let held = options
+            .exclusive
+            .then(|| claim::claim(path, &file))
+            .transpose()
+            .map_err(fail)?;
         let metadata = file.metadata().map_err(fail)?;
         let file_type = metadata.file_type();
         let block_device = file_type.is_block_device();
@@ -207,6 +220,7 @@ impl FileDevice {
             engine,
             logical_block_size,
             threads,
+            _claim: held,
         })
     }
 

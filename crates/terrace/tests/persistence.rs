@@ -224,6 +224,57 @@ fn exported_pools_stay_out_until_imported() {
     daemon.stop();
 }
 
+/// A pool's disks are held by the daemon that has the pool open: another
+/// daemon can neither import the pool (named or not), nor start with it,
+/// nor make a new pool of one of its disks, and the holder goes on
+/// serving. Once exported, the pool imports elsewhere.
+#[test]
+fn a_second_daemon_cannot_take_a_pool_another_holds() {
+    let mut first = Daemon::start();
+    let disks = first.disk_files("held", 3, GIB);
+    first.create_pool("held", &disks, "16M");
+    first.create_space("held", "data", &["--layout", "mirror"], "32M");
+    let folder = first.root.join("disks").display().to_string();
+
+    let mut second = Daemon::start();
+    let disk = disks[0].display().to_string();
+    for args in [
+        vec!["pool", "import", "--name", "held", folder.as_str()],
+        vec!["pool", "import", folder.as_str()],
+        vec!["pool", "create", "other", disk.as_str()],
+    ] {
+        let refused = second.cli(&args);
+        assert!(
+            !refused.success() && refused.stderr.contains("in use"),
+            "{args:?} was not refused as in use\n{}",
+            refused.describe()
+        );
+    }
+    assert_eq!(second.cli_json(&["pool", "list"]), serde_json::json!([]));
+    assert_eq!(first.pool_status("held")["state"], "ONLINE");
+
+    // Saved by the first, taken by the second while the first is down:
+    // the first, started again, finds it held and leaves it alone, and
+    // imports it at the next start once the second has let go.
+    first.stop();
+    let pool = second.cli_json(&["pool", "import", "--name", "held", &folder]);
+    assert_eq!(pool["state"], "ONLINE", "{pool}");
+    first.restart();
+    assert_eq!(first.cli_json(&["pool", "list"]), serde_json::json!([]));
+    assert!(
+        first.log_text().contains("not imported: pool held") && first.log_text().contains("in use"),
+        "{}",
+        first.log_tail()
+    );
+    assert_eq!(second.pool_status("held")["state"], "ONLINE");
+    second.cli_ok(&["pool", "export", "held"]);
+    first.stop();
+    first.restart();
+    assert_eq!(first.pool_status("held")["state"], "ONLINE");
+    second.stop();
+    first.stop();
+}
+
 #[test]
 fn a_grown_space_keeps_its_data_and_serves_the_new_size() {
     let mut daemon = Daemon::start();

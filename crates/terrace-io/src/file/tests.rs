@@ -1,3 +1,4 @@
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -719,4 +720,85 @@ fn block_devices_report_ioctl_sizes_and_zero_ranges() {
     assert!(back[..100].iter().all(|&b| b == 0xAA));
     assert!(back[100..1100].iter().all(|&b| b == 0));
     assert!(back[1100..].iter().all(|&b| b == 0xAA));
+}
+
+const EXCLUSIVE: FileOptions = FileOptions {
+    direct: DirectIo::Auto,
+    engine: Engine::Auto,
+    read_only: false,
+    exclusive: true,
+};
+
+fn busy(result: IoResult<FileDevice>) -> bool {
+    matches!(result, Err(IoError::Os { source, .. }) if source.kind() == io::ErrorKind::ResourceBusy)
+}
+
+/// Whether another holder (an open file description of its own, as
+/// another process has) can lock the file now; the lock is let go at once.
+fn lockable_by_another(path: &Path) -> bool {
+    let other = File::open(path).unwrap();
+    // SAFETY: flock on a descriptor owned here.
+    unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+}
+
+/// An exclusive open claims a file for this process: another holder's lock
+/// is refused while any handle of this process is open, a second open in
+/// this process shares the claim, the last handle dropped lets go, and a
+/// file another holder has locked is refused by whatever path it is named.
+#[test]
+fn exclusive_opens_claim_a_file_for_this_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = sparse_file(dir.path(), MIB);
+    let first = FileDevice::open(&path, EXCLUSIVE).unwrap();
+    let second = FileDevice::open(&path, EXCLUSIVE).unwrap();
+    assert!(!lockable_by_another(&path));
+    drop(first);
+    assert!(
+        !lockable_by_another(&path),
+        "the second handle still holds it"
+    );
+    drop(second);
+    assert!(lockable_by_another(&path), "the last handle let go");
+
+    let other = File::open(&path).unwrap();
+    // SAFETY: flock on a descriptor owned here.
+    assert_eq!(
+        unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+        0
+    );
+    assert!(busy(FileDevice::open(&path, EXCLUSIVE)));
+    let link = dir.path().join("same-inode.img");
+    std::fs::hard_link(&path, &link).unwrap();
+    assert!(busy(FileDevice::open(&link, EXCLUSIVE)));
+    FileDevice::open(&path, FileOptions::default()).expect("a plain open is not refused");
+    drop(other);
+    FileDevice::open(&link, EXCLUSIVE).expect("free again once the other let go");
+}
+
+/// A block device is claimed with the kernel's own exclusive open: another
+/// exclusive opener is refused while the device is held, and the device is
+/// refused while another holds it.
+#[test]
+fn exclusive_opens_claim_a_block_device() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let backing = sparse_file(dir.path(), MIB);
+    let Some(loop_device) = LoopDevice::attach(&backing) else {
+        eprintln!("skipped: needs root and losetup with a free loop device");
+        return;
+    };
+    let open_excl = || {
+        OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_EXCL)
+            .open(&loop_device.path)
+    };
+    let device = FileDevice::open(&loop_device.path, EXCLUSIVE).unwrap();
+    let again = FileDevice::open(&loop_device.path, EXCLUSIVE).expect("shared in this process");
+    assert_eq!(open_excl().unwrap_err().raw_os_error(), Some(libc::EBUSY));
+    drop((device, again));
+    let other = open_excl().expect("let go with the last handle");
+    assert!(busy(FileDevice::open(&loop_device.path, EXCLUSIVE)));
+    drop(other);
+    FileDevice::open(&loop_device.path, EXCLUSIVE).expect("free again");
 }

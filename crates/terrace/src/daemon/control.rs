@@ -14,7 +14,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 
 use super::catalog::export_name_in;
-use super::registry::{expand_disks, open_device, DiskPath, PoolEntry, Registry};
+use super::registry::{expand_disks, open_device, open_for_import, DiskPath, PoolEntry, Registry};
 use super::{candidates, views, Daemon};
 use crate::api::{
     DaemonView, DiskSpec, ErrorKind, ImportableView, PoolView, Request, Response, SpaceCreate,
@@ -436,18 +436,22 @@ async fn pool_import(
             model: spec.model,
         })
         .collect();
-    let opened: Vec<(DiskPath, Arc<dyn BlockDevice>)> = expand_disks(&requested)
-        .into_iter()
-        .filter_map(|disk| {
-            open_device(&disk, &registry.env)
-                .ok()
-                .map(|device| (disk, device))
-        })
-        .collect();
+    let claimed = open_for_import(&expand_disks(&requested), &registry.env).await;
+    let (opened, busy) = (claimed.opened, claimed.busy);
     let devices: Vec<Arc<dyn BlockDevice>> =
         opened.iter().map(|(_, device)| device.clone()).collect();
     let mut found = importable(&terrace_engine::scan(&devices).await);
     found.retain(|(view, _)| registry.get(&view.name).is_none());
+    // A pool whose disks another process holds is refused, named or not:
+    // that process may be serving it.
+    let wanted_busy = busy.iter().find(|disk| match (&name, &disk.pool) {
+        (Some(wanted), Some((id, pool))) => pool == wanted || id.starts_with(wanted.as_str()),
+        (None, _) => found.is_empty(),
+        (Some(_), None) => false,
+    });
+    if let Some(disk) = wanted_busy {
+        return Err(failure(disk.refusal()));
+    }
     let chosen = match &name {
         Some(wanted) => found
             .iter()
@@ -464,6 +468,9 @@ async fn pool_import(
             name.unwrap_or_default()
         )));
     };
+    if let Some(disk) = busy.iter().find(|disk| disk.holds(&chosen.id)) {
+        return Err(failure(disk.refusal()));
+    }
     let options = ImportOptions {
         pool: Some(chosen.id.clone()),
         force,

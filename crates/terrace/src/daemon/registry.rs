@@ -13,7 +13,7 @@ use std::sync::{Arc, RwLock};
 use serde::{Deserialize, Serialize};
 use terrace_engine::io::file::{FileDevice, FileOptions};
 use terrace_engine::io::model::{DriveModel, ModelDevice};
-use terrace_engine::io::{BlockDevice, Env};
+use terrace_engine::io::{BlockDevice, Env, IoError};
 use terrace_engine::{ImportOptions, Pool};
 
 /// Where a disk is, and the drive model it is made to behave like.
@@ -56,21 +56,108 @@ pub struct Registry {
     log_memory: u64,
 }
 
-/// Open a device or file for pool use, behaving like its drive model if
-/// it has one.
+/// Open a device or file for pool use, claimed for this process (another
+/// daemon, or a benchmark importing the pool itself, cannot open it
+/// meanwhile), behaving like its drive model if it has one.
 pub fn open_device(disk: &DiskPath, env: &Arc<dyn Env>) -> Result<Arc<dyn BlockDevice>, String> {
-    let device: Arc<dyn BlockDevice> =
-        Arc::new(FileDevice::open(&disk.path, FileOptions::default()).map_err(|e| e.to_string())?);
+    open_claimed(disk, env).map_err(|failure| failure.message)
+}
+
+/// Why a disk did not open: `busy` if another process holds it.
+pub struct OpenFailure {
+    pub busy: bool,
+    pub message: String,
+}
+
+fn open_claimed(disk: &DiskPath, env: &Arc<dyn Env>) -> Result<Arc<dyn BlockDevice>, OpenFailure> {
+    let options = FileOptions {
+        exclusive: true,
+        ..FileOptions::default()
+    };
+    let device: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&disk.path, options).map_err(
+        |error| OpenFailure {
+            busy: matches!(&error, IoError::Os { source, .. }
+                if source.kind() == std::io::ErrorKind::ResourceBusy),
+            message: error.to_string(),
+        },
+    )?);
     match &disk.model {
         None => Ok(device),
         Some(spec) => {
-            let model =
-                DriveModel::parse(spec).map_err(|e| format!("drive model {spec:?}: {e}"))?;
+            let model = DriveModel::parse(spec).map_err(|e| OpenFailure {
+                busy: false,
+                message: format!("drive model {spec:?}: {e}"),
+            })?;
             let phase = spindle_phase(&disk.path);
             Ok(Arc::new(
                 ModelDevice::new(device, model, env.clone()).with_phase(phase),
             ))
         }
+    }
+}
+
+/// A disk another process holds, and the pool its label names.
+pub struct Busy {
+    pub message: String,
+    /// (id, name) of the pool on it, read without claiming it.
+    pub pool: Option<(String, String)>,
+}
+
+impl Busy {
+    pub fn refusal(&self) -> String {
+        format!(
+            "{}; another terrace daemon or benchmark is using pool {}: stop it (or export \
+             the pool there) and import again",
+            self.message,
+            self.pool.as_ref().map_or("?", |(_, name)| name.as_str())
+        )
+    }
+
+    pub fn holds(&self, pool_id: &str) -> bool {
+        self.pool.as_ref().is_some_and(|(id, _)| id == pool_id)
+    }
+}
+
+/// The disks an import looks through, opened and claimed. One that is
+/// absent or unreadable is passed over (the import counts it missing); one
+/// that another process holds is listed in `busy`, since that process may
+/// be serving its pool: importing the pool here too would write over its
+/// commits.
+pub struct ForImport {
+    pub opened: Vec<(DiskPath, Arc<dyn BlockDevice>)>,
+    pub busy: Vec<Busy>,
+}
+
+pub async fn open_for_import(disks: &[DiskPath], env: &Arc<dyn Env>) -> ForImport {
+    let mut found = ForImport {
+        opened: Vec::new(),
+        busy: Vec::new(),
+    };
+    for disk in disks {
+        match open_claimed(disk, env) {
+            Ok(device) => found.opened.push((disk.clone(), device)),
+            Err(failure) if failure.busy => found.busy.push(Busy {
+                message: failure.message,
+                pool: pool_on(&disk.path).await,
+            }),
+            Err(_) => {}
+        }
+    }
+    found
+}
+
+/// The pool a device's label names, read without claiming the device.
+async fn pool_on(path: &str) -> Option<(String, String)> {
+    let options = FileOptions {
+        read_only: true,
+        ..FileOptions::default()
+    };
+    let device: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(path, options).ok()?);
+    match terrace_engine::scan(&[device]).await.pop()?.kind {
+        terrace_engine::DeviceKind::Member {
+            pool_id, pool_name, ..
+        } => Some((pool_id, pool_name)),
+        _ => None,
     }
 }
 
@@ -249,11 +336,18 @@ impl Registry {
         };
         let mut problems = Vec::new();
         for saved in state.pools {
-            let devices: Vec<Arc<dyn BlockDevice>> = saved
-                .disks
-                .iter()
-                .filter_map(|disk| open_device(disk, &self.env).ok())
-                .collect();
+            let found = open_for_import(&saved.disks, &self.env).await;
+            let devices = match found.busy.first() {
+                None => found.opened.into_iter().map(|(_, device)| device).collect(),
+                Some(busy) => {
+                    problems.push(format!("pool {}: {}", saved.name, busy.refusal()));
+                    self.unavailable
+                        .write()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(saved);
+                    continue;
+                }
+            };
             let options = ImportOptions {
                 pool: Some(saved.name.clone()),
                 ..ImportOptions::default()
