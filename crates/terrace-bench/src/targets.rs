@@ -62,7 +62,9 @@ impl TargetSpec {
             return Err(format!(
                 "target {text:?}: only nbd:// and nbd+unix:// URIs are supported"
             ));
-        } else if location.contains(',') {
+        } else if location.contains(',') && !location.starts_with("engine:") {
+            // (`engine:SPACE@DISK,DISK` names a pool's disks; the terrace
+            // command opens it.)
             let paths: Vec<PathBuf> = location.split(',').map(PathBuf::from).collect();
             if paths.iter().any(|path| path.as_os_str().is_empty()) {
                 return Err(format!(

@@ -10,6 +10,7 @@
 //!             [LABEL=]PATH                      file or block device
 //!             [LABEL=]PATH,PATH,...             files striped (the raw limit)
 //!             [LABEL=]space:NAME[@POOL]         a space of the running daemon
+//!             [LABEL=]engine:NAME@DISK,...      a space of a pool imported here (local.rs)
 //!   terrace bench paper [OPTIONS]          paper.rs
 //!   terrace bench merge REPORT.json...     median of repeated points
 //! ```
@@ -20,6 +21,7 @@
 //! queue.
 
 mod findings;
+mod local;
 mod paper;
 
 use std::path::{Path, PathBuf};
@@ -38,7 +40,7 @@ use crate::cli::call;
 use crate::units::parse_size;
 use crate::CliError;
 
-/// Targets: `[LABEL=]URI|PATH|PATH,PATH...|space:NAME[@POOL]`.
+/// Targets: `[LABEL=]URI|PATH|PATH,PATH...|space:NAME[@POOL]|engine:NAME@DISK,...`.
 #[derive(Args, Debug)]
 #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct BenchArgs {
@@ -46,8 +48,11 @@ pub struct BenchArgs {
     command: Option<BenchCommand>,
     /// What to measure: nbd://HOST:PORT/NAME, nbd+unix:///NAME?socket=PATH,
     /// a file or block device, PATH,PATH,... (files striped in 256 KiB units:
-    /// the raw limit of a set of drives), or space:NAME[@POOL] (a space of
-    /// the running daemon); each optionally labelled LABEL=...
+    /// the raw limit of a set of drives), space:NAME[@POOL] (a space of
+    /// the running daemon), or engine:NAME@DISK,DISK,... (a space of the
+    /// pool on those disks or folders, imported by this command: the
+    /// engine without the NBD transport; the pool must not be open in a
+    /// daemon); each optionally labelled LABEL=...
     #[arg(value_name = "TARGET", required = true)]
     targets: Vec<String>,
     #[command(flatten)]
@@ -223,27 +228,42 @@ pub fn run(mut args: BenchArgs, control: &Path, json_stdout: bool) -> Result<(),
         .collect::<Result<Vec<_>, _>>()?;
     let runtime = generator_runtime()?;
     runtime.block_on(async {
-        let mut targets = Vec::new();
-        for spec in &specs {
-            targets.push(open_target(spec, control, args.connections as usize).await?);
+        let mut local = local::LocalPools::default();
+        let result = async {
+            let mut targets = Vec::new();
+            for spec in &specs {
+                targets
+                    .push(open_target(spec, control, args.connections as usize, &mut local).await?);
+            }
+            if args.sweep.prefill == PrefillWhen::Only {
+                return prefill_only(&targets, &config).await;
+            }
+            let report = terrace_bench::sweep(&targets, &config)
+                .await
+                .map_err(cli_error)?;
+            write_outputs(&report, &args.output)
         }
-        if args.sweep.prefill == PrefillWhen::Only {
-            return prefill_only(&targets, &config).await;
-        }
-        let report = terrace_bench::sweep(&targets, &config)
-            .await
-            .map_err(cli_error)?;
-        write_outputs(&report, &args.output)
+        .await;
+        let closed = local.close().await;
+        result.and(closed)
     })
 }
 
 /// Connect to or open one target; a `space:` target is looked up in the
-/// daemon first. Errors name the target and say what to do.
-pub async fn open_target(
+/// daemon first, an `engine:` target's pool imported into `local`. Errors
+/// name the target and say what to do.
+async fn open_target(
     spec: &TargetSpec,
     control: &Path,
     connections: usize,
+    local: &mut local::LocalPools,
 ) -> Result<Box<dyn Target>, CliError> {
+    if let Location::Path(path) = &spec.location {
+        if let Some(text) = path.to_str().and_then(|p| p.strip_prefix(local::PREFIX)) {
+            let (space, disks) = local::parse(text).map_err(CliError::Usage)?;
+            return local.open(&spec.label, &space, &disks).await;
+        }
+    }
     let spec = match &spec.location {
         Location::Path(path) => match path.to_str().and_then(|p| p.strip_prefix("space:")) {
             Some(space) => TargetSpec {

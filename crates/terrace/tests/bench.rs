@@ -1,5 +1,6 @@
 //! `terrace bench` from the command line: outputs (table, JSON to a file or
 //! standard output, SVG), `space:` targets resolved through the daemon,
+//! `engine:` targets imported by the command itself,
 //! `bench merge`, and errors that name the target and say what to do.
 //! Runs are a fraction of a second per point; nothing asserts a rate.
 
@@ -8,7 +9,8 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{run, run_ok, sparse_file, Daemon, MIB, TERRACE};
+use common::nbd::Connection;
+use common::{random_bytes, run, run_ok, sparse_file, Daemon, MIB, TERRACE};
 use serde_json::Value;
 
 /// `terrace bench` with short points.
@@ -288,6 +290,87 @@ fn a_space_of_the_daemon_is_measured_by_name() {
         "{}",
         answer.describe()
     );
+}
+
+/// An `engine:` target imports the pool on the named disks (or folder) in
+/// the command itself: refused while a daemon holds the pool, measured
+/// once it is exported, with every write reaching the space, and the pool
+/// closed so that the daemon imports it again whole.
+#[test]
+fn a_space_of_a_pool_on_its_disks_is_measured_in_process() {
+    let daemon = Daemon::start();
+    let disks = daemon.disk_files("local", 2, 256 * MIB);
+    daemon.create_pool("tank", &disks, "16M");
+    daemon.create_space("tank", "vm", &["--layout", "mirror"], "32M");
+    daemon.create_space("tank", "other", &["--layout", "simple"], "16M");
+    // Data beyond the benchmark's working set, to find again after it.
+    let kept = random_bytes(11, 1024 * 1024);
+    let mut connection = Connection::open(&daemon.nbd_socket, "vm");
+    connection.write(16 * MIB, &kept, 0).expect("write");
+    connection.flush().expect("flush");
+    connection.disconnect();
+
+    let folder = daemon.root.join("disks").display().to_string();
+    let target = format!("engine:vm@{folder}");
+    let held = run(&mut bench(&["-p", "restore", "--depths", "1", &target]));
+    assert!(
+        held.code() == Some(1)
+            && held.stderr.contains("in use")
+            && held.stderr.contains("export the pool"),
+        "{}",
+        held.describe()
+    );
+
+    daemon.cli_ok(&["pool", "export", "tank"]);
+    let listed = disks
+        .iter()
+        .map(|disk| disk.display().to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let missing = run(&mut bench(&[
+        "--depths",
+        "1",
+        &format!("engine:nothing@{listed}"),
+    ]));
+    assert!(
+        missing.code() == Some(1) && missing.stderr.contains("other, vm"),
+        "{}",
+        missing.describe()
+    );
+    let json = daemon.root.join("local.json");
+    let answer = run(&mut bench(&[
+        "-p",
+        "file-server",
+        "--depths",
+        "1,8",
+        "--size",
+        "8M",
+        "--json-file",
+        json.to_str().unwrap(),
+        &target,
+        &format!("listed=engine:other@{listed}"),
+    ]));
+    assert!(answer.success(), "{}", answer.describe());
+    let report = read_json(&json);
+    let targets: Vec<&str> = report["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(targets, [target.as_str(), "listed"]);
+    for point in report["points"].as_array().unwrap() {
+        assert!(point["write_ios"].as_u64().unwrap() > 0, "{point}");
+    }
+
+    let pool = daemon.cli_json(&["pool", "import", "--name", "tank", &folder]);
+    assert_eq!(pool["state"], "ONLINE", "{pool}");
+    let mut connection = Connection::open(&daemon.nbd_socket, "vm");
+    assert!(
+        connection.read(16 * MIB, kept.len() as u32).expect("read") == kept,
+        "data beyond the working set changed"
+    );
+    connection.disconnect();
 }
 
 #[test]

@@ -85,6 +85,12 @@ fn window_bytes(geometry: &Geometry) -> u64 {
 }
 
 impl SpaceBackend {
+    /// A backend with a read-ahead of its own (outside the catalog).
+    pub fn for_space(space: Arc<Space>) -> SpaceBackend {
+        let readahead = readahead_for(&space);
+        SpaceBackend::new(space, readahead)
+    }
+
     pub fn new(space: Arc<Space>, readahead: Arc<ReadAhead>) -> SpaceBackend {
         SpaceBackend {
             description: describe(&space),

@@ -252,7 +252,7 @@ impl Registry {
             .unwrap_or_else(|e| e.into_inner())
             .insert(name, entry);
         self.share_log_memory();
-        start_background(&pool);
+        start_pool_tasks(&pool);
         self.save()
     }
 
@@ -367,7 +367,7 @@ impl Registry {
                             },
                         );
                     self.share_log_memory();
-                    start_background(&pool);
+                    start_pool_tasks(&pool);
                 }
                 Err(error) => {
                     problems.push(format!("pool {}: {error}", saved.name));
@@ -386,9 +386,10 @@ impl Registry {
 /// there: a pulled disk with no I/O is noticed within this.
 const WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// A pool's background work: its job runner, and a watcher that marks
-/// disks whose file or device vanished missing. Both end with the pool.
-fn start_background(pool: &Arc<Pool>) {
+/// A pool's background work: its job runner, its write-back caches'
+/// destaging, and a watcher that marks disks whose file or device vanished
+/// missing. All end with the pool.
+pub fn start_pool_tasks(pool: &Arc<Pool>) {
     let runner = pool.clone();
     tokio::spawn(async move { runner.run_jobs().await });
     let destager = pool.clone();
