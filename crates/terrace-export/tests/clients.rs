@@ -319,7 +319,16 @@ async fn fio_random_read_write_with_verification(mode: Mode) {
     if !have_tool("fio").await {
         return;
     }
-    let (server, disk, _) = serve(16 * MIB, mode).await;
+    // Every operation takes a little while, as a disk's would, so that
+    // requests the server runs at once overlap whatever the scheduling.
+    let disk = Arc::new(MemoryBackend::build(
+        16 * MIB,
+        false,
+        |_, _| Duration::from_micros(300),
+        |_| None,
+    ));
+    let catalog = MemoryCatalog::new(vec![("disk", disk.clone())]);
+    let server = TestServer::start(catalog, mode.options()).await;
     let uri = format!("--uri={}", server.uri("disk"));
     let args = [
         "--name=nbd-randrw",
