@@ -478,6 +478,11 @@ impl PoolShared {
         // it saw after (its disks let go of their devices at close).
         self.check_open()?;
         self.check_writable()?;
+        // No finished job's list of moves is kept (see `JobRecord::moves`);
+        // callers that still need one took it before committing.
+        for job in &mut next.jobs {
+            job.fold_moves();
+        }
         loop {
             self.absorb_conditions(&mut next);
             next.generation = control.metadata.generation.max(next.generation) + 1;

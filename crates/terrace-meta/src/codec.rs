@@ -66,6 +66,8 @@ pub enum DecodeError {
     BadMove { space: u64 },
     #[error("{trailing} unexpected bytes after the metadata")]
     Trailing { trailing: usize },
+    #[error("job {job}: {done} of {total} folded moves done")]
+    FoldedMoves { job: u64, done: u32, total: u32 },
 }
 
 /// Disks per pool: indices are 16-bit in slab references.
@@ -350,7 +352,15 @@ fn encode_space(writer: &mut Writer, space: &SpaceRecord, slab_bytes: u64) {
     }
 }
 
+/// Decode a payload of the newest slot version.
 pub fn decode(bytes: &[u8]) -> Result<PoolMetadata, DecodeError> {
+    decode_version(bytes, crate::format::SLOT_VERSION)
+}
+
+/// Decode a payload written under slot format `version` (one this build
+/// reads: [`crate::format::SLOT_VERSION_OLDEST`] to
+/// [`crate::format::SLOT_VERSION`]).
+pub fn decode_version(bytes: &[u8], version: u32) -> Result<PoolMetadata, DecodeError> {
     let mut reader = Reader::new(bytes);
     let pool_id = PoolId(reader.array("pool id")?);
     let generation = reader.u64("generation")?;
@@ -378,7 +388,7 @@ pub fn decode(bytes: &[u8]) -> Result<PoolMetadata, DecodeError> {
         slab_bytes,
     };
     let (settings, next_job_id, jobs, dirty, intent) =
-        crate::codec_state::decode(&mut reader, &known, &mut used)?;
+        crate::codec_state::decode(&mut reader, &known, &mut used, version)?;
     if reader.remaining() != 0 {
         return Err(DecodeError::Trailing {
             trailing: reader.remaining(),

@@ -91,6 +91,8 @@ fn encode_job(writer: &mut Writer, job: &JobRecord) {
         writer.u64(step.watermark_rows);
         writer.u8(u8::from(step.done));
     }
+    writer.u32(job.folded_moves);
+    writer.u32(job.folded_moves_done);
 }
 
 /// What the decoder checks references against.
@@ -112,6 +114,7 @@ pub(crate) fn decode(
     reader: &mut Reader,
     known: &Known,
     used: &mut BTreeSet<SlabRef>,
+    version: u32,
 ) -> Result<State, DecodeError> {
     let retire_missing = match reader.u8("retire missing")? {
         0 => RetireMissing::Never,
@@ -144,7 +147,7 @@ pub(crate) fn decode(
     let job_count = reader.count_of("jobs", job_count, JOB_MIN_BYTES)?;
     let mut jobs = Vec::with_capacity(job_count);
     for _ in 0..job_count {
-        jobs.push(decode_job(reader, known, used)?);
+        jobs.push(decode_job(reader, known, used, version)?);
     }
     let dirty_count = usize::from(reader.u16("dirty count")?);
     let dirty_count = reader.count_of("dirty records", dirty_count, 6)?;
@@ -213,6 +216,7 @@ fn decode_job(
     reader: &mut Reader,
     known: &Known,
     used: &mut BTreeSet<SlabRef>,
+    version: u32,
 ) -> Result<JobRecord, DecodeError> {
     let id = reader.u64("job id")?;
     let kind = decode_kind(reader, known)?;
@@ -239,6 +243,8 @@ fn decode_job(
         bytes_total: reader.u64("job bytes total")?,
         bytes_done: reader.u64("job bytes done")?,
         moves: Vec::new(),
+        folded_moves: 0,
+        folded_moves_done: 0,
     };
     let count = reader.u32("move count")? as usize;
     let count = reader.count_of("moves", count, MOVE_BYTES)?;
@@ -250,6 +256,17 @@ fn decode_job(
             return Err(DecodeError::SlabReused { slab: step.target });
         }
         job.moves.push(step);
+    }
+    if version >= 2 {
+        job.folded_moves = reader.u32("folded moves")?;
+        job.folded_moves_done = reader.u32("folded moves done")?;
+        if job.folded_moves_done > job.folded_moves {
+            return Err(DecodeError::FoldedMoves {
+                job: job.id,
+                done: job.folded_moves_done,
+                total: job.folded_moves,
+            });
+        }
     }
     Ok(job)
 }

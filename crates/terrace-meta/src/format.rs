@@ -20,8 +20,15 @@ use crate::ids::{DiskId, PoolId};
 pub const LABEL_MAGIC: [u8; 8] = *b"TRRCLABL";
 /// Metadata slot magic.
 pub const SLOT_MAGIC: [u8; 8] = *b"TRRCMETA";
-/// Bumped on any incompatible change of the label, slot header or payload.
+/// The label's version: bumped on any incompatible change of the label.
 pub const FORMAT_VERSION: u32 = 1;
+/// The metadata slot's version, written by every commit: bumped on any
+/// change of the slot header or payload. 2: a finished job's moves are
+/// kept as two counts.
+pub const SLOT_VERSION: u32 = 2;
+/// The oldest slot version this build still reads (its pools import, and
+/// their next commit writes the current version).
+pub const SLOT_VERSION_OLDEST: u32 = 1;
 /// One 4 KiB block: the smallest unit a 4Kn drive writes atomically-ish and
 /// the O_DIRECT granularity.
 pub const LABEL_BYTES: usize = 4096;
@@ -216,6 +223,8 @@ fn truncated_utf8(text: &str, limit: usize) -> &[u8] {
 /// The header in front of a metadata payload in a slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SlotHeader {
+    /// The slot format the payload was written under.
+    pub version: u32,
     pub pool_id: PoolId,
     pub generation: u64,
     pub payload_bytes: u64,
@@ -254,7 +263,7 @@ impl SlotHeader {
     pub fn encode(&self) -> [u8; SLOT_HEADER_BYTES] {
         let mut writer = Writer::default();
         writer.raw(&SLOT_MAGIC);
-        writer.u32(FORMAT_VERSION);
+        writer.u32(self.version);
         writer.u32(SLOT_HEADER_BYTES as u32);
         writer.raw(&self.pool_id.0);
         writer.u64(self.generation);
@@ -282,12 +291,15 @@ impl SlotHeader {
             u64::from_le_bytes(bytes)
         };
         let version = field(8..12) as u32;
-        if version != FORMAT_VERSION || field(12..16) != SLOT_HEADER_BYTES as u64 {
+        if !(SLOT_VERSION_OLDEST..=SLOT_VERSION).contains(&version)
+            || field(12..16) != SLOT_HEADER_BYTES as u64
+        {
             return Err(SlotError::UnknownVersion { version });
         }
         let mut pool_id = [0u8; 16];
         pool_id.copy_from_slice(&block[16..32]);
         let header = SlotHeader {
+            version,
             pool_id: PoolId(pool_id),
             generation: field(32..40),
             payload_bytes: field(40..48),

@@ -257,12 +257,36 @@ pub struct JobRecord {
     pub finished_ns: u64,
     pub bytes_total: u64,
     pub bytes_done: u64,
+    /// An active job's moves. A finished job keeps only their counts
+    /// (`folded_*`): its list would make the metadata grow with the pool's
+    /// history, a whole disk's slabs per job.
     pub moves: Vec<MoveRecord>,
+    pub folded_moves: u32,
+    pub folded_moves_done: u32,
 }
 
 impl JobRecord {
     pub fn is_active(&self) -> bool {
         matches!(self.state, JobState::Running | JobState::Paused)
+    }
+
+    pub fn moves_total(&self) -> usize {
+        self.moves.len() + self.folded_moves as usize
+    }
+
+    pub fn moves_done(&self) -> usize {
+        self.moves.iter().filter(|step| step.done).count() + self.folded_moves_done as usize
+    }
+
+    /// A finished job's moves become counts (see [`JobRecord::moves`]).
+    pub fn fold_moves(&mut self) {
+        if self.is_active() || self.moves.is_empty() {
+            return;
+        }
+        let done = self.moves.iter().filter(|step| step.done).count();
+        self.folded_moves = self.folded_moves.saturating_add(self.moves.len() as u32);
+        self.folded_moves_done = self.folded_moves_done.saturating_add(done as u32);
+        self.moves.clear();
     }
 }
 

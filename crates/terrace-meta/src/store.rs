@@ -14,6 +14,7 @@ use terrace_io::{aligned_buffer, BlockDevice, Bytes, IoError, DIRECT_IO_ALIGNMEN
 use crate::codec;
 use crate::format::{
     slot_offset, Label, LabelError, SlotError, SlotHeader, LABEL_BYTES, SLOT_HEADER_BYTES,
+    SLOT_VERSION,
 };
 use crate::model::PoolMetadata;
 
@@ -96,6 +97,7 @@ pub async fn erase_label(device: &dyn BlockDevice) -> Result<(), IoError> {
 pub fn encode_slot(metadata: &PoolMetadata, slot_bytes: u64) -> Result<Bytes, SlotError> {
     let payload = codec::encode(metadata);
     let header = SlotHeader {
+        version: SLOT_VERSION,
         pool_id: metadata.pool_id,
         generation: metadata.generation,
         payload_bytes: payload.len() as u64,
@@ -157,7 +159,8 @@ async fn read_slot(
     if crc32c::crc32c(payload) != header.payload_checksum {
         return Err(SlotError::PayloadChecksum);
     }
-    let metadata = codec::decode(payload).map_err(|source| SlotError::Payload { source })?;
+    let metadata = codec::decode_version(payload, header.version)
+        .map_err(|source| SlotError::Payload { source })?;
     if metadata.generation != header.generation {
         return Err(SlotError::GenerationMismatch {
             header: header.generation,

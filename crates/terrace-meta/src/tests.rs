@@ -7,7 +7,11 @@ use terrace_io::memory::MemoryDevice;
 use terrace_io::BlockDevice;
 use terrace_layout::{Geometry, Layout};
 
-use crate::format::{data_offset, slot_offset, SlotHeader, LABEL_BYTES, METADATA_SLOT_MIN_BYTES};
+use crate::codec::DecodeError;
+use crate::format::{
+    data_offset, slot_offset, SlotError, SlotHeader, LABEL_BYTES, METADATA_SLOT_MIN_BYTES,
+    SLOT_VERSION,
+};
 use crate::quorum::{select, Candidate};
 use crate::store::{encode_slot, probe, write_label, write_slot, Probe};
 use crate::*;
@@ -128,6 +132,8 @@ fn metadata_round_trips() {
                 watermark_rows: 3,
                 done: false,
             }],
+            folded_moves: 0,
+            folded_moves_done: 0,
         });
         pool.jobs.push(JobRecord {
             id: 5,
@@ -139,6 +145,8 @@ fn metadata_round_trips() {
             bytes_total: 1 << 20,
             bytes_done: 1 << 20,
             moves: Vec::new(),
+            folded_moves: 12,
+            folded_moves_done: 11,
         });
         pool.dirty.push(DirtyRecord {
             disk: DiskIndex(1),
@@ -228,6 +236,7 @@ fn label_golden_and_round_trip() {
 #[test]
 fn slot_header_detects_damage() {
     let header = SlotHeader {
+        version: SLOT_VERSION,
         pool_id: PoolId([3; 16]),
         generation: 42,
         payload_bytes: 100,
@@ -247,6 +256,62 @@ fn slot_header_detects_damage() {
     assert!(matches!(
         SlotHeader::decode(&huge.encode(), SLOT),
         Err(SlotError::Oversized { .. })
+    ));
+}
+
+/// Slot format 1 kept every move of a finished job and no counts; its
+/// payloads still decode (the counts zero), and a slot header of version 1
+/// is read, one of a version this build does not know is refused.
+#[test]
+fn slots_of_format_one_still_read() {
+    let mut pool = metadata(1, 2);
+    pool.jobs.push(JobRecord {
+        id: 1,
+        kind: JobKind::LogsToJournal,
+        state: JobState::Done,
+        reason: String::new(),
+        created_ns: 1,
+        finished_ns: 2,
+        bytes_total: 0,
+        bytes_done: 0,
+        moves: Vec::new(),
+        folded_moves: 0,
+        folded_moves_done: 0,
+    });
+    let current = codec::encode(&pool);
+    // The job is the last record before the dirty and intent counts; format
+    // 1 had no folded counts (8 bytes) in front of them.
+    let end = current.len();
+    let mut old = current[..end - 16].to_vec();
+    old.extend_from_slice(&current[end - 8..]);
+    assert_eq!(codec::decode_version(&old, 1).unwrap(), pool);
+    assert!(codec::decode_version(&old, SLOT_VERSION).is_err());
+    let mut folded = pool.clone();
+    folded.jobs[0].folded_moves = 3;
+    folded.jobs[0].folded_moves_done = 4;
+    assert!(matches!(
+        codec::decode(&codec::encode(&folded)),
+        Err(DecodeError::FoldedMoves {
+            job: 1,
+            done: 4,
+            total: 3
+        })
+    ));
+
+    let header = |version| {
+        SlotHeader {
+            version,
+            pool_id: PoolId([3; 16]),
+            generation: 42,
+            payload_bytes: 100,
+            payload_checksum: 0,
+        }
+        .encode()
+    };
+    assert_eq!(SlotHeader::decode(&header(1), SLOT).unwrap().version, 1);
+    assert!(matches!(
+        SlotHeader::decode(&header(SLOT_VERSION + 1), SLOT),
+        Err(SlotError::UnknownVersion { version }) if version == SLOT_VERSION + 1
     ));
 }
 

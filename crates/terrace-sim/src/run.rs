@@ -23,7 +23,7 @@ use terrace_engine::io::fault::FaultControls;
 use terrace_engine::io::{BlockDevice, Bytes, Env};
 use terrace_engine::layout::Layout;
 use terrace_engine::meta::format::METADATA_SLOT_MIN_BYTES;
-use terrace_engine::meta::{store, DiskIndex, JobState};
+use terrace_engine::meta::{store, DiskIndex, JobRecord, JobState};
 use terrace_engine::{
     verify_space, EngineError, ImportOptions, NewDisk, Pool, PoolConfig, Space, SpaceConfig,
     SpaceSize,
@@ -792,11 +792,7 @@ fn finish(
                     && job.state == JobState::Done
             })
             .count();
-        let moves = jobs
-            .iter()
-            .flat_map(|job| &job.moves)
-            .filter(|step| step.done)
-            .count();
+        let moves = jobs.iter().map(JobRecord::moves_done).sum();
         pool.close()
             .await
             .map_err(|e| format!("close failed: {e}"))?;

@@ -269,6 +269,8 @@ impl Pool {
             bytes_total: moves.len() as u64 * next.slab_bytes,
             bytes_done: 0,
             moves,
+            folded_moves: 0,
+            folded_moves_done: 0,
         };
         next.jobs.push(job.clone());
         if nothing_to_move {
@@ -362,8 +364,8 @@ impl Pool {
                     reason: job.reason.clone(),
                     bytes_total: job.bytes_total,
                     bytes_done,
-                    moves_total: job.moves.len(),
-                    moves_done: job.moves.iter().filter(|m| m.done).count(),
+                    moves_total: job.moves_total(),
+                    moves_done: job.moves_done(),
                     rate_bytes_per_second: rate,
                     eta_seconds: (running && rate > 0).then(|| left / rate),
                 }

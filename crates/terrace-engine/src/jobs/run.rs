@@ -228,6 +228,8 @@ impl Pool {
             bytes_total: 0,
             bytes_done: 0,
             moves: Vec::new(),
+            folded_moves: 0,
+            folded_moves_done: 0,
         });
         next.next_job_id += 1;
         trim_history(&mut next);
