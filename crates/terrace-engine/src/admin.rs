@@ -129,10 +129,21 @@ impl Pool {
                 Some(bytes) => {
                     let mut with_log = next.clone();
                     match crate::cache::plan_log(&self.shared, &mut with_log, record.id, bytes) {
-                        Ok(log) => {
+                        // A default log that would leave the metadata no
+                        // room for a repair is left out, like one that
+                        // finds no slabs.
+                        Ok(log)
+                            if config.cache_bytes.is_some()
+                                || crate::room::check_room(
+                                    &with_log,
+                                    self.shared.metadata_slot_bytes,
+                                )
+                                .is_ok() =>
+                        {
                             next = with_log;
                             Some(log)
                         }
+                        Ok(_) => None,
                         // The default log is best effort: a full pool still
                         // gets its space (without a log, which status shows).
                         Err(_) if config.cache_bytes.is_none() => None,
@@ -143,6 +154,7 @@ impl Pool {
             };
             (next, metadata.spaces.len(), record, geometry, log)
         };
+        crate::room::check_room(&next, self.shared.metadata_slot_bytes)?;
         let planned = &next.spaces[first_new..];
         let slabs =
             || ExtentRecord::slabs_of(planned.iter().flat_map(|space| space.extents.iter()));
@@ -616,6 +628,10 @@ impl Pool {
                 )
             })?;
             let added_targets = targets(&self.shared, next, &added)?;
+            let mut grown = next.clone();
+            let at = position(&grown)?;
+            grown.spaces[at].extents.extend(added.iter().cloned());
+            crate::room::check_room(&grown, self.shared.metadata_slot_bytes)?;
             (added, added_targets)
         };
         let reservation = self.shared.reserve(ExtentRecord::slabs_of(&added));

@@ -337,6 +337,7 @@ impl Pool {
             let mut next = control.metadata.clone();
             let (log, cache) = plan_log(&self.shared, &mut next, space.id(), bytes)?;
             let slab_bytes = next.slab_bytes;
+            crate::room::check_room(&next, self.shared.metadata_slot_bytes)?;
             self.shared.commit(&mut control, next).await?;
             (Arc::new(log), cache, slab_bytes)
         };
@@ -399,6 +400,7 @@ impl Pool {
                 cache.bytes = cache.bytes.max(bytes);
             }
         }
+        crate::room::check_room(&next, self.shared.metadata_slot_bytes)?;
         self.shared.commit(&mut control, next).await?;
         drop(control);
         let first = log.map().extents.len();

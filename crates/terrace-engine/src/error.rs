@@ -67,6 +67,17 @@ pub enum EngineError {
         #[source]
         source: SlotError,
     },
+    #[error(
+        "no room in the pool's metadata: its maps would take {payload_bytes} bytes and \
+         recording the repair of its fullest disk {reserve_bytes} more, beyond its metadata \
+         slot of {slot_bytes}; use larger slabs, or a pool created with a larger \
+         --metadata-slot"
+    )]
+    MetadataRoom {
+        payload_bytes: u64,
+        reserve_bytes: u64,
+        slot_bytes: u64,
+    },
     #[error("metadata is malformed: {source}")]
     Malformed {
         #[source]

@@ -31,6 +31,7 @@ mod payload;
 mod pool;
 mod rebuild;
 mod resync;
+mod room;
 mod row;
 mod row_lock;
 mod scan;
@@ -53,6 +54,7 @@ pub use pool::{
     SLAB_MIN_BYTES,
 };
 pub use resync::{resync_space, verify_space, RedundancyReport};
+pub use room::{metadata_slot_bytes_for, METADATA_SLOT_MAX_BYTES, SLOT_BYTES_PER_SLAB};
 pub use scan::{scan, DeviceKind, DeviceReport};
 pub use space::{Space, REQUEST_MAX_BYTES};
 pub use status::{

@@ -19,7 +19,9 @@ use terrace_engine::io::memory::MemoryDevice;
 use terrace_engine::io::{BlockDevice, BoxFuture, Bytes, BytesMut, IoResult};
 use terrace_engine::layout::Layout;
 use terrace_engine::meta::{ExtentRecord, SlabRef, Usage};
-use terrace_engine::{verify_space, ImportOptions, NewDisk, Pool, SpaceConfig, SpaceSize};
+use terrace_engine::{
+    verify_space, ImportOptions, NewDisk, Pool, PoolConfig, SpaceConfig, SpaceSize,
+};
 
 const CAPACITY_BYTES: u64 = 8 << 20;
 const JOURNAL_BYTES: u64 = 100 << 20;
@@ -69,7 +71,13 @@ fn fault_devices(name: &str) -> (Vec<Arc<dyn BlockDevice>>, Vec<FaultControls>) 
 
 /// A pool of six capacity and three journal disks on `devices`.
 async fn journal_pool(devices: &[Arc<dyn BlockDevice>]) -> Pool {
-    Pool::create(env(), small_config("tank"), journal_pool_disks(devices))
+    // Three 32 MiB logs in 64 KiB slabs put 1,536 slabs on a journal disk:
+    // the record of its repair needs more than the smallest slot leaves.
+    let config = PoolConfig {
+        metadata_slot_bytes: 256 << 10,
+        ..small_config("tank")
+    };
+    Pool::create(env(), config, journal_pool_disks(devices))
         .await
         .unwrap()
 }

@@ -1157,7 +1157,7 @@ fn a_cancelled_job_leaves_room_for_the_next() {
         let (pool, _space, _model) = parity_log_on_capacity(&disks, 32 << 20, 35).await;
         let moving = log_move_started(&pool, &disks).await;
         pool.job_action(moving, JobAction::Cancel).await.unwrap();
-        let statuses = second_log_move(&pool).await;
+        let statuses = jobs_recorded(&pool, 2).await;
         let (first, second) = (&statuses[0], &statuses[1]);
         assert_eq!(first.state, JobState::Cancelled, "{statuses:?}");
         assert!(first.moves_total >= 1024, "{statuses:?}");
@@ -1171,17 +1171,17 @@ fn a_cancelled_job_leaves_room_for_the_next() {
     });
 }
 
-/// The job statuses once a second job has been recorded.
-async fn second_log_move(pool: &Pool) -> Vec<terrace_engine::JobStatus> {
+/// The job statuses once `count` jobs have been recorded.
+async fn jobs_recorded(pool: &Pool, count: usize) -> Vec<terrace_engine::JobStatus> {
     with_jobs(pool, async {
         for _ in 0..100 {
             let statuses = pool.job_statuses().await;
-            if statuses.len() > 1 {
+            if statuses.len() >= count {
                 return statuses;
             }
             sleep(5).await;
         }
-        panic!("no second log move: {:?}", pool.job_statuses().await);
+        panic!("not {count} jobs: {:?}", pool.job_statuses().await);
     })
     .await
 }
@@ -1195,17 +1195,7 @@ fn a_log_move_that_cannot_be_recorded_fails_with_its_reason() {
         let disks = Disks::new(6, 96 << 20);
         let (pool, _space, _model) = parity_log_on_capacity(&disks, 64 << 20, 35).await;
         add_journal_disks(&pool, &disks).await;
-        let statuses = with_jobs(&pool, async {
-            for _ in 0..100 {
-                let statuses = pool.job_statuses().await;
-                if !statuses.is_empty() {
-                    return statuses;
-                }
-                sleep(5).await;
-            }
-            panic!("no log move recorded");
-        })
-        .await;
+        let statuses = jobs_recorded(&pool, 1).await;
         assert_eq!(
             (statuses[0].kind, statuses[0].state),
             (JobKind::LogsToJournal, JobState::Failed),
@@ -1302,4 +1292,90 @@ fn a_returning_disk_cancels_a_log_move_off_it_which_starts_again_after() {
             assert_redundant(&space).await;
         });
     }
+}
+
+/// Spaces are refused once the metadata after them would leave no room to
+/// record the repair of the fullest disk (a 64 KiB slot, 64 KiB slabs),
+/// changing nothing; what was allocated up to then is repaired when that
+/// disk is lost, the repair's record fitting beside everything else.
+#[test]
+fn allocations_keep_room_in_the_metadata_for_a_repair() {
+    block_on(async {
+        let disks = Disks::new(5, 128 << 20);
+        let pool = create_pool(&disks).await;
+        let mirror = |name: String| {
+            let mut config = SpaceConfig::new(
+                &name,
+                Layout::Mirror { copies: 2 },
+                SpaceSize::Bytes(16 << 20),
+            );
+            config.columns = Some(1);
+            config
+        };
+        let mut made = 0;
+        let refusal = loop {
+            match pool.create_space(mirror(format!("m{made}"))).await {
+                Ok(_) => made += 1,
+                Err(error) => break error,
+            }
+            assert!(made < 40, "never refused");
+        };
+        assert!(
+            matches!(refusal, EngineError::MetadataRoom { .. }),
+            "{refusal}"
+        );
+        assert!(made >= 2, "{made} spaces");
+        let before = pool.metadata().await;
+        let status = pool.status().await;
+        assert!(
+            status.metadata_bytes + status.metadata_reserve_bytes <= status.metadata_slot_bytes,
+            "{} + {} > {}",
+            status.metadata_bytes,
+            status.metadata_reserve_bytes,
+            status.metadata_slot_bytes
+        );
+        // The disks have room for another such space (32 MiB of slabs), the
+        // metadata does not.
+        let free = status.capacity_bytes - status.allocated_bytes;
+        assert!(free > 2 * (32 << 20), "{free} bytes free");
+        assert!(pool.create_space(mirror("again".into())).await.is_err());
+        let after = pool.metadata().await;
+        assert_eq!(
+            (after.generation, &after.spaces),
+            (before.generation, &before.spaces)
+        );
+
+        let space = pool.space("m0").unwrap();
+        let model = fill(&space, 41).await;
+        let metadata = pool.metadata().await;
+        let fullest = (0..5u16)
+            .map(DiskIndex)
+            .max_by_key(|disk| {
+                metadata
+                    .used_slabs()
+                    .iter()
+                    .filter(|slab| slab.disk == *disk)
+                    .count()
+            })
+            .unwrap();
+        disks.faults[usize::from(fullest.0)].lose();
+        for name in (0..made).map(|n| format!("m{n}")) {
+            let space = pool.space(&name).unwrap();
+            let data = space.read(0, 64 << 10).await.unwrap();
+            space.write(0, data.freeze(), false).await.unwrap();
+        }
+        with_jobs(&pool, async {
+            let statuses = jobs_settle(&pool).await;
+            assert!(
+                statuses
+                    .iter()
+                    .any(|s| s.kind == JobKind::Repair { disk: fullest }
+                        && s.state == JobState::Done),
+                "{statuses:?}"
+            );
+        })
+        .await;
+        check(&space, &model).await;
+        assert_redundant(&space).await;
+    });
 }

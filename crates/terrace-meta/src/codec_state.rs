@@ -12,11 +12,11 @@ use crate::model::{
 };
 
 /// Smallest encoded job (fixed fields, empty reason, no moves).
-const JOB_MIN_BYTES: usize = 8 + 5 + 1 + 2 + 8 * 4 + 4;
+pub const JOB_MIN_BYTES: usize = 8 + 5 + 1 + 2 + 8 * 4 + 4;
 /// An encoded move.
-const MOVE_BYTES: usize = 8 + 4 + 2 + 6 + 8 + 1;
+pub const MOVE_BYTES: usize = 8 + 4 + 2 + 6 + 8 + 1;
 /// An encoded dirty extent.
-const DIRTY_EXTENT_BYTES: usize = 8 + 4;
+pub const DIRTY_EXTENT_BYTES: usize = 8 + 4;
 
 pub(crate) fn encode(
     writer: &mut Writer,

@@ -15,6 +15,7 @@ pub mod quorum;
 pub mod store;
 
 pub use codec::DecodeError;
+pub use codec_state::{DIRTY_EXTENT_BYTES, JOB_MIN_BYTES, MOVE_BYTES};
 pub use format::{Label, LabelError, SlotError};
 pub use ids::{DiskId, DiskIndex, PoolId, SlabIndex, SlabRef, SpaceId};
 pub use model::{

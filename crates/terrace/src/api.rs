@@ -333,6 +333,15 @@ pub struct PoolView {
     pub summary: PoolSummary,
     pub generation: u64,
     pub slab_bytes: u64,
+    /// The metadata as last committed, the slot every disk keeps it in
+    /// (two of them), and the room kept free in it for the repair of the
+    /// fullest disk: allocations that would cut into that are refused.
+    #[serde(default)]
+    pub metadata_bytes: u64,
+    #[serde(default)]
+    pub metadata_slot_bytes: u64,
+    #[serde(default)]
+    pub metadata_reserve_bytes: u64,
     pub read_only: Option<String>,
     pub settings: SettingsView,
     pub disks: Vec<DiskView>,

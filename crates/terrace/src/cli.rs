@@ -60,7 +60,10 @@ pub enum PoolCommand {
         /// Slab size (allocation unit), a power of two from 64K to 64G.
         #[arg(long, value_parser = parse_size)]
         slab: Option<u64>,
-        /// Size of each of the two metadata slots on every disk.
+        /// Size of each of the two metadata slots on every disk (a multiple
+        /// of 4K from 64K to 1G). Default: 64 bytes per slab of the disks
+        /// given, at least 4M, which leaves room for disks added later and
+        /// for repairs; `pool status` shows how much is used.
         #[arg(long, value_parser = parse_size)]
         metadata_slot: Option<u64>,
         #[command(flatten)]

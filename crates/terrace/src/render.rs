@@ -52,7 +52,7 @@ fn columns(space: &SpaceView) -> String {
 pub fn pool_status(pool: &PoolView) -> String {
     let summary = &pool.summary;
     let mut out = format!(
-        "  pool: {}\n    id: {}\n state: {}\nstatus: {}\n  size: {} raw capacity, {} allocated, slab {}\n  logs: {} of {} log memory held\n",
+        "  pool: {}\n    id: {}\n state: {}\nstatus: {}\n  size: {} raw capacity, {} allocated, slab {}\n  logs: {} of {} log memory held\n  meta: {} of a {} slot, {} kept for a repair\n",
         summary.name,
         summary.id,
         summary.state,
@@ -62,6 +62,9 @@ pub fn pool_status(pool: &PoolView) -> String {
         format_size(pool.slab_bytes),
         format_size(pool.log_memory_bytes),
         format_size(pool.log_memory_max_bytes),
+        format_size(pool.metadata_bytes),
+        format_size(pool.metadata_slot_bytes),
+        format_size(pool.metadata_reserve_bytes),
     );
     if let Some(preparing) = &pool.preparing {
         out.push_str(&preparation_line(preparing));

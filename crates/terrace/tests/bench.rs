@@ -33,6 +33,16 @@ fn read_json(path: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).expect("report written")).expect("JSON")
 }
 
+/// The targets' names, in the report's order.
+fn target_names(report: &Value) -> Vec<String> {
+    report["targets"]
+        .as_array()
+        .expect("targets")
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
 fn point_keys(report: &Value) -> Vec<(String, String, u64)> {
     report["points"]
         .as_array()
@@ -272,13 +282,7 @@ fn a_space_of_the_daemon_is_measured_by_name() {
         daemon.log_tail()
     );
     let report = read_json(&json);
-    let targets: Vec<&str> = report["targets"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(targets, ["space:vm", "named"]);
+    assert_eq!(target_names(&report), ["space:vm", "named"]);
     for point in report["points"].as_array().unwrap() {
         assert!(point["ios"].as_u64().unwrap() > 0, "{point}");
         assert!(point["write_ios"].as_u64().unwrap() > 0, "{point}");
@@ -352,13 +356,7 @@ fn a_space_of_a_pool_on_its_disks_is_measured_in_process() {
     ]));
     assert!(answer.success(), "{}", answer.describe());
     let report = read_json(&json);
-    let targets: Vec<&str> = report["targets"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["name"].as_str().unwrap())
-        .collect();
-    assert_eq!(targets, [target.as_str(), "listed"]);
+    assert_eq!(target_names(&report), [target.as_str(), "listed"]);
     for point in report["points"].as_array().unwrap() {
         assert!(point["write_ios"].as_u64().unwrap() > 0, "{point}");
     }

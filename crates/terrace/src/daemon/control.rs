@@ -359,9 +359,10 @@ async fn pool_create(
     if let Some(slab) = slab_bytes {
         config.slab_bytes = slab;
     }
-    if let Some(slot) = metadata_slot_bytes {
-        config.metadata_slot_bytes = slot;
-    }
+    // Sized from the disks unless asked (see `metadata_slot_bytes_for`).
+    let sizes: Vec<u64> = disks.iter().map(|disk| disk.device.size_bytes()).collect();
+    config.metadata_slot_bytes = metadata_slot_bytes
+        .unwrap_or_else(|| terrace_engine::metadata_slot_bytes_for(&sizes, config.slab_bytes));
     let pool = Pool::create(registry.env.clone(), config, disks)
         .await
         .map_err(|error| match error {

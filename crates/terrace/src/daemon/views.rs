@@ -241,6 +241,9 @@ pub fn pool_view(
         summary: summary(status),
         generation: status.generation,
         slab_bytes: status.slab_bytes,
+        metadata_bytes: status.metadata_bytes,
+        metadata_slot_bytes: status.metadata_slot_bytes,
+        metadata_reserve_bytes: status.metadata_reserve_bytes,
         read_only: status.read_only.clone(),
         settings: settings_view(settings),
         jobs: jobs

@@ -1,0 +1,108 @@
+//! Room in the metadata slot.
+//!
+//! The slot is fixed when the pool is created (it sits in front of every
+//! disk's slabs), and every extent map, job and dirty record of the pool
+//! has to fit it. Two rules keep a pool from running out:
+//!
+//! * a pool's slot is sized from its disks when no size is asked for
+//!   ([`metadata_slot_bytes_for`]), at [`SLOT_BYTES_PER_SLAB`] a slab;
+//! * an allocation (a space, a growth, a write-back log) is refused if the
+//!   metadata after it would leave no room to record the repair of its
+//!   fullest disk ([`check_room`]): a move per slab on that disk, after its
+//!   extents were recorded as dirty while it was missing. Without that room
+//!   the pool could allocate its last slabs and then be unable to start the
+//!   repair that protects them.
+
+use std::collections::HashMap;
+
+use terrace_meta::codec;
+use terrace_meta::format::{data_offset, METADATA_SLOT_DEFAULT_BYTES, SLOT_HEADER_BYTES};
+use terrace_meta::{DiskIndex, PoolMetadata, DIRTY_EXTENT_BYTES, JOB_MIN_BYTES, MOVE_BYTES};
+
+use crate::EngineError;
+
+/// Metadata budgeted per slab when a slot is sized from the disks: a
+/// slab's reference in an extent map (at most 9 bytes, a one-column
+/// space), the move of a repair re-creating it (29), its extent in a dirty
+/// record (12), and room to spare for disks added later.
+pub const SLOT_BYTES_PER_SLAB: u64 = 64;
+
+/// Largest metadata slot a pool may have.
+pub const METADATA_SLOT_MAX_BYTES: u64 = 1 << 30;
+
+/// The metadata slot for a pool of devices of `sizes` bytes cut into slabs
+/// of `slab_bytes`: [`SLOT_BYTES_PER_SLAB`] for each slab, at least the
+/// default 4 MiB and at most 1 GiB. A pool of 24 drives of 18 TB in 256 MiB
+/// slabs gets 98 MiB, 0.001 % of its disks for the two slots; only the
+/// metadata itself is written at each commit, not the whole slot.
+pub fn metadata_slot_bytes_for(sizes: &[u64], slab_bytes: u64) -> u64 {
+    let offset = data_offset(METADATA_SLOT_DEFAULT_BYTES);
+    let slabs: u64 = sizes
+        .iter()
+        .map(|size| size.saturating_sub(offset) / slab_bytes.max(1))
+        .sum();
+    slabs
+        .saturating_mul(SLOT_BYTES_PER_SLAB)
+        .next_multiple_of(4096)
+        .clamp(METADATA_SLOT_DEFAULT_BYTES, METADATA_SLOT_MAX_BYTES)
+}
+
+/// Bytes the metadata needs beyond `metadata` to record the repair of its
+/// fullest disk: its extents in a dirty record, then a job with a move for
+/// each of its slabs.
+pub fn repair_reserve_bytes(metadata: &PoolMetadata) -> u64 {
+    let mut slabs_on: HashMap<DiskIndex, u64> = HashMap::new();
+    for space in &metadata.spaces {
+        for extent in &space.extents {
+            // An extent puts at most one slab on a disk.
+            for slab in extent.slabs.iter().flatten() {
+                *slabs_on.entry(slab.disk).or_default() += 1;
+            }
+        }
+    }
+    let fullest = slabs_on.values().copied().max().unwrap_or(0);
+    let per_slab = (MOVE_BYTES + DIRTY_EXTENT_BYTES) as u64;
+    // The job's fixed fields with a reason, and the dirty record's own.
+    fullest * per_slab + JOB_MIN_BYTES as u64 + 256
+}
+
+/// Refuse `metadata` (the pool's after an allocation) unless it fits the
+/// slot with room for [`repair_reserve_bytes`] to spare.
+pub fn check_room(metadata: &PoolMetadata, slot_bytes: u64) -> Result<(), EngineError> {
+    let payload_bytes = codec::encode(metadata).len() as u64;
+    let reserve_bytes = repair_reserve_bytes(metadata);
+    if SLOT_HEADER_BYTES as u64 + payload_bytes + reserve_bytes > slot_bytes {
+        return Err(EngineError::MetadataRoom {
+            payload_bytes,
+            reserve_bytes,
+            slot_bytes,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TB: u64 = 1_000_000_000_000;
+
+    #[test]
+    fn slots_are_sized_from_the_disks_slabs() {
+        // Small pools keep the 4 MiB default.
+        assert_eq!(
+            metadata_slot_bytes_for(&[1 << 30; 4], 256 << 20),
+            METADATA_SLOT_DEFAULT_BYTES
+        );
+        // 24 drives of 18 TB in 256 MiB slabs: 64 bytes a slab.
+        let slot = metadata_slot_bytes_for(&[18 * TB; 24], 256 << 20);
+        let slabs = 24 * ((18 * TB - data_offset(METADATA_SLOT_DEFAULT_BYTES)) / (256 << 20));
+        assert_eq!(slot, (slabs * SLOT_BYTES_PER_SLAB).next_multiple_of(4096));
+        assert!((95 << 20..100 << 20).contains(&slot), "{slot}");
+        // Never past 1 GiB, whatever the pool.
+        assert_eq!(
+            metadata_slot_bytes_for(&[18 * TB; 64], 64 << 10),
+            METADATA_SLOT_MAX_BYTES
+        );
+    }
+}
