@@ -486,6 +486,7 @@ impl PoolShared {
         loop {
             self.absorb_conditions(&mut next);
             next.generation = control.metadata.generation.max(next.generation) + 1;
+            note_departures(&control.metadata, &mut next);
             next.committed_ns = self.env.wall_clock_ns();
             let encoded = encode_slot(&next, self.metadata_slot_bytes)
                 .map_err(|source| EngineError::MetadataFull { source })?;
@@ -587,4 +588,20 @@ fn known_dirty(metadata: &PoolMetadata) -> std::collections::HashSet<(u16, u64, 
                 .map(move |(space, extent)| (record.disk.0, space.0, *extent))
         })
         .collect()
+}
+
+/// Record in `next` the generation at which each disk it newly calls
+/// missing left (`DiskRecord::missing_since`), keep it for disks that were
+/// missing already, and clear it for the others.
+fn note_departures(current: &PoolMetadata, next: &mut PoolMetadata) {
+    let generation = next.generation;
+    for (index, disk) in next.disks.iter_mut().enumerate() {
+        disk.missing_since = match (disk.state, current.disks.get(index)) {
+            (DiskState::Missing, Some(before)) if before.state == DiskState::Missing => {
+                before.missing_since
+            }
+            (DiskState::Missing, _) => generation,
+            _ => 0,
+        };
+    }
 }

@@ -178,7 +178,9 @@ impl Pool {
             pool: self.shared.name.clone(),
             why,
         };
-        let label = match store::probe(device.as_ref()).await {
+        let probe = store::probe(device.as_ref()).await;
+        let newest = probe.generations().first().map_or(0, |m| m.generation);
+        let label = match probe {
             store::Probe::Member { label, .. } => label,
             _ => return Err(refuse("it carries no terrace label".into())),
         };
@@ -208,6 +210,9 @@ impl Pool {
                     disk.reason()
                 ),
             };
+            return Err(refuse(why));
+        }
+        if let Some(why) = crate::pool::older_copy(record, newest) {
             return Err(refuse(why));
         }
         if self

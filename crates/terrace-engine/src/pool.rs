@@ -232,6 +232,7 @@ impl Shape {
             node: disk.node,
             path_hint: disk.device.name().to_string(),
             state_reason: String::new(),
+            missing_since: 0,
         };
         let runtime = Disk::present(index, disk.device.clone(), label.clone(), context.clone());
         Member {
@@ -367,11 +368,29 @@ impl Pool {
         if options.read_only {
             read_only = Some("imported read-only on request".into());
         }
+        // A disk that left holding older metadata than it had when it left
+        // is an older copy of it: left out, it stays missing.
+        let mut older_copies = BTreeMap::new();
         let present: Vec<(Arc<dyn BlockDevice>, Label)> = members
             .into_iter()
+            .filter(|(_, label, probe)| {
+                let newest = probe.generations().first().map_or(0, |m| m.generation);
+                let record = selection
+                    .metadata
+                    .disks
+                    .iter()
+                    .find(|d| d.id == label.disk_id);
+                match record.and_then(|record| older_copy(record, newest)) {
+                    Some(why) => {
+                        older_copies.insert(label.disk_id, why);
+                        false
+                    }
+                    None => true,
+                }
+            })
             .map(|(device, label, _)| (device, label))
             .collect();
-        open(env, selection.metadata, present, read_only).await
+        open(env, selection.metadata, present, older_copies, read_only).await
     }
 
     pub fn name(&self) -> &str {
@@ -550,6 +569,7 @@ async fn open(
     env: Arc<dyn Env>,
     metadata: PoolMetadata,
     present: Vec<(Arc<dyn BlockDevice>, Label)>,
+    older_copies: BTreeMap<DiskId, String>,
     read_only: Option<String>,
 ) -> Result<Pool, EngineError> {
     let failures = Arc::new(AtomicU64::new(0));
@@ -584,6 +604,9 @@ async fn open(
                 failures_observed: failures.clone(),
                 env: env.clone(),
             };
+            if let Some(why) = older_copies.get(&record.id) {
+                return Arc::new(Disk::absent(index, why.clone(), context));
+            }
             let catching_up = catching_up.contains(&index);
             Arc::new(runtime_disk(index, record, found, catching_up, context))
         })
@@ -751,4 +774,21 @@ fn runtime_disk(
         }
         (_, None) => Disk::absent(index, record.state_reason.clone(), failures),
     }
+}
+
+/// Why a disk found holding metadata generation `newest` is an older copy
+/// of the missing disk `record` describes, if it is: the disk held every
+/// generation up to the commit that recorded it missing (less one, for a
+/// commit a power cut tore on it), and the pool's records of writes made
+/// while it was away start there. Data older than that would be taken for
+/// current.
+pub(crate) fn older_copy(record: &DiskRecord, newest: u64) -> Option<String> {
+    let left = record.missing_since;
+    (record.state == DiskState::Missing && left > 0 && newest + 2 < left).then(|| {
+        format!(
+            "an older copy of this disk was found (its metadata is of generation {newest}; the \
+             disk left at {left}): not taken back, since writes made before it left would \
+             read as they were; wipe it and add it as a new disk, or replace it"
+        )
+    })
 }

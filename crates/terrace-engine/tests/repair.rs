@@ -1379,3 +1379,73 @@ fn allocations_keep_room_in_the_metadata_for_a_repair() {
         assert_redundant(&space).await;
     });
 }
+
+/// A disk that comes back holding older metadata than it had when it left
+/// (an older copy of it, such as a restored image) is not taken back, live
+/// or at an import: it stays missing, with the reason, and the space reads
+/// from its other copies. The disk as it left is taken back.
+#[test]
+fn an_older_copy_of_a_missing_disk_is_not_taken_back() {
+    block_on(async {
+        let disks = Disks::new(3, 16 << 20);
+        let pool = create_pool(&disks).await;
+        pool.set_settings(terrace_engine::meta::PoolSettings {
+            retire_missing: terrace_engine::meta::RetireMissing::Never,
+            ..pool.metadata().await.settings
+        })
+        .await
+        .unwrap();
+        let (space, mut model) = small_mirror(&pool, 1, 31).await;
+        let away = disks_of(&pool.metadata().await, "m")[0];
+        let memory = &disks.memory[usize::from(away.0)];
+        let image = memory.snapshot();
+        // Commits the disk takes part in, then writes it has.
+        for name in ["t0", "t1", "t2"] {
+            let config = SpaceConfig::new(name, Layout::Simple, SpaceSize::Bytes(1 << 20));
+            pool.create_space(config).await.unwrap();
+            pool.delete_space(name).await.unwrap();
+        }
+        let mut rng = Rng(32);
+        for _ in 0..10 {
+            let (offset, length) = random_range(&mut rng, space.size_bytes(), 16 << 10);
+            model.write_random(&space, &mut rng, offset, length).await;
+        }
+        space.flush().await.unwrap();
+        pool.disk_gone(away, "pulled").await.unwrap();
+        for _ in 0..10 {
+            let (offset, length) = random_range(&mut rng, space.size_bytes(), 16 << 10);
+            model.write_random(&space, &mut rng, offset, length).await;
+        }
+        let as_it_left = memory.snapshot();
+        memory.write_sync(0, &image);
+        let refused = pool
+            .bring_back(disks.devices[usize::from(away.0)].clone())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("an older copy"), "{refused}");
+        check(&space, &model).await;
+
+        pool.close().await.unwrap();
+        let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
+            .await
+            .unwrap();
+        let status = pool.status().await;
+        let disk = &status.disks[usize::from(away.0)];
+        assert!(
+            disk.condition == terrace_engine::Condition::Missing
+                && disk.reason.contains("an older copy"),
+            "{disk:?}"
+        );
+        let space = pool.space("m").unwrap();
+        check(&space, &model).await;
+
+        memory.write_sync(0, &as_it_left);
+        pool.bring_back(disks.devices[usize::from(away.0)].clone())
+            .await
+            .unwrap();
+        with_jobs(&pool, jobs_settle(&pool)).await;
+        check(&space, &model).await;
+        assert_redundant(&space).await;
+    });
+}

@@ -294,6 +294,7 @@ fn encode_disk(writer: &mut Writer, disk: &DiskRecord) {
     writer.text(&disk.node);
     writer.text(&disk.path_hint);
     writer.text(&disk.state_reason);
+    writer.u64(disk.missing_since);
 }
 
 fn encode_space(writer: &mut Writer, space: &SpaceRecord, slab_bytes: u64) {
@@ -373,7 +374,7 @@ pub fn decode_version(bytes: &[u8], version: u32) -> Result<PoolMetadata, Decode
     let disk_count = reader.u16("disk count")?;
     let disk_count = reader.count("disks", usize::from(disk_count), DISK_RECORD_MIN_BYTES)?;
     let disks = (0..disk_count)
-        .map(|_| decode_disk(&mut reader))
+        .map(|_| decode_disk(&mut reader, version))
         .collect::<Result<Vec<_>, _>>()?;
     let space_count = reader.u32("space count")? as usize;
     let space_count = reader.count("spaces", space_count, SPACE_RECORD_MIN_BYTES)?;
@@ -413,7 +414,7 @@ pub fn decode_version(bytes: &[u8], version: u32) -> Result<PoolMetadata, Decode
     })
 }
 
-fn decode_disk(reader: &mut Reader) -> Result<DiskRecord, DecodeError> {
+fn decode_disk(reader: &mut Reader, version: u32) -> Result<DiskRecord, DecodeError> {
     Ok(DiskRecord {
         id: DiskId(reader.array("disk id")?),
         size_bytes: reader.u64("disk size")?,
@@ -425,6 +426,11 @@ fn decode_disk(reader: &mut Reader) -> Result<DiskRecord, DecodeError> {
         node: reader.text("disk node")?,
         path_hint: reader.text("disk path")?,
         state_reason: reader.text("disk state reason")?,
+        missing_since: if version >= 2 {
+            reader.u64("disk missing since")?
+        } else {
+            0
+        },
     })
 }
 

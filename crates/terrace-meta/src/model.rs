@@ -78,6 +78,12 @@ pub struct DiskRecord {
     pub path_hint: String,
     /// Why the disk is failed or missing; empty otherwise.
     pub state_reason: String,
+    /// The generation of the commit that recorded the disk missing (0 when
+    /// it is not missing, or was recorded so by slot format 1). A disk
+    /// coming back holds the generations before it: one holding older ones
+    /// is an older copy of the disk, and its data older than what the
+    /// pool's records of writes made while it was away cover.
+    pub missing_since: u64,
 }
 
 impl DiskRecord {

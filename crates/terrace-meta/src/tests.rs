@@ -35,6 +35,7 @@ fn disk(index: u8, slab_count: u32) -> DiskRecord {
         node: String::new(),
         path_hint: format!("/dev/fake{index}"),
         state_reason: String::new(),
+        missing_since: 0,
     }
 }
 
@@ -278,11 +279,21 @@ fn slots_of_format_one_still_read() {
         folded_moves: 0,
         folded_moves_done: 0,
     });
+    pool.disks[0].state = DiskState::Missing;
+    pool.disks[0].missing_since = 0;
     let current = codec::encode(&pool);
-    // The job is the last record before the dirty and intent counts; format
-    // 1 had no folded counts (8 bytes) in front of them.
+    // Format 1 had no disk's missing-since generation (8 bytes at the end
+    // of the one disk's record, whose length two disks tell) and no folded
+    // counts (8 bytes in front of the dirty and intent counts, the job
+    // being the last record).
+    let disk_start = 16 + 8 * 4 + 1 + 8 + 2 + pool.name.len() + 2;
+    let mut two = pool.clone();
+    two.disks.push(two.disks[0].clone());
+    two.disks[1].id = DiskId([9; 16]);
+    let disk_end = disk_start + codec::encode(&two).len() - current.len();
     let end = current.len();
-    let mut old = current[..end - 16].to_vec();
+    let mut old = current[..disk_end - 8].to_vec();
+    old.extend_from_slice(&current[disk_end..end - 16]);
     old.extend_from_slice(&current[end - 8..]);
     assert_eq!(codec::decode_version(&old, 1).unwrap(), pool);
     assert!(codec::decode_version(&old, SLOT_VERSION).is_err());

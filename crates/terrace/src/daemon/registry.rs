@@ -133,18 +133,33 @@ pub async fn open_for_import(disks: &[DiskPath], env: &Arc<dyn Env>) -> ForImpor
         opened: Vec::new(),
         busy: Vec::new(),
     };
+    // A process that has just died may hold its disks a little longer:
+    // its io_uring requests in flight keep the files open until they
+    // complete. A daemon restarted at once waits for that.
+    let deadline = std::time::Instant::now() + CLAIM_PATIENCE;
     for disk in disks {
-        match open_claimed(disk, env) {
-            Ok(device) => found.opened.push((disk.clone(), device)),
-            Err(failure) if failure.busy => found.busy.push(Busy {
-                message: failure.message,
-                pool: pool_on(&disk.path).await,
-            }),
-            Err(_) => {}
+        loop {
+            match open_claimed(disk, env) {
+                Ok(device) => found.opened.push((disk.clone(), device)),
+                Err(failure) if failure.busy && std::time::Instant::now() < deadline => {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+                Err(failure) if failure.busy => found.busy.push(Busy {
+                    message: failure.message,
+                    pool: pool_on(&disk.path).await,
+                }),
+                Err(_) => {}
+            }
+            break;
         }
     }
     found
 }
+
+/// How long an import waits, in all, for disks another process holds to
+/// be let go (see [`open_for_import`]).
+pub const CLAIM_PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// The pool a device's label names, read without claiming the device.
 async fn pool_on(path: &str) -> Option<(String, String)> {
