@@ -178,13 +178,19 @@ impl Pool {
             pool: self.shared.name.clone(),
             why,
         };
-        let probe = store::probe(device.as_ref()).await;
-        let newest = probe.generations().first().map_or(0, |m| m.generation);
-        let label = match probe {
+        let label = match store::probe(device.as_ref()).await {
             store::Probe::Member { label, .. } => label,
             _ => return Err(refuse("it carries no terrace label".into())),
         };
         let mut control = self.shared.control.lock().await;
+        // The metadata the disk holds, read again under the control lock so
+        // that it and the disk's record are of the same commit: read before,
+        // a disk still in service then would look older than when it left.
+        let newest = store::probe(device.as_ref())
+            .await
+            .generations()
+            .first()
+            .map_or(0, |m| m.generation);
         let metadata = &control.metadata;
         if label.pool_id != metadata.pool_id {
             return Err(refuse(format!("it belongs to pool {}", label.pool_name)));

@@ -776,15 +776,25 @@ fn runtime_disk(
     }
 }
 
-/// Why a disk found holding metadata generation `newest` is an older copy
-/// of the missing disk `record` describes, if it is: the disk held every
+/// Why a disk found holding metadata generation `newest` (0: none
+/// readable) is an older copy of the missing disk `record` describes, if it
+/// is, or cannot be dated: the disk held every
 /// generation up to the commit that recorded it missing (less one, for a
 /// commit a power cut tore on it), and the pool's records of writes made
 /// while it was away start there. Data older than that would be taken for
 /// current.
 pub(crate) fn older_copy(record: &DiskRecord, newest: u64) -> Option<String> {
     let left = record.missing_since;
-    (record.state == DiskState::Missing && left > 0 && newest + 2 < left).then(|| {
+    if record.state != DiskState::Missing || left == 0 || newest + 2 >= left {
+        return None;
+    }
+    Some(if newest == 0 {
+        format!(
+            "its metadata could not be read (it left at generation {left}): not taken back, \
+             since what it holds cannot be dated; check the disk, then wipe it and add it as a \
+             new disk, or replace it"
+        )
+    } else {
         format!(
             "an older copy of this disk was found (its metadata is of generation {newest}; the \
              disk left at {left}): not taken back, since writes made before it left would \

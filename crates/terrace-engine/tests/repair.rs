@@ -1440,6 +1440,16 @@ fn an_older_copy_of_a_missing_disk_is_not_taken_back() {
         let space = pool.space("m").unwrap();
         check(&space, &model).await;
 
+        // Its label readable, its metadata slots not: it cannot be dated.
+        memory.write_sync(0, &as_it_left);
+        memory.write_sync(1 << 20, &vec![0u8; 2 * (64 << 10)]);
+        let refused = pool
+            .bring_back(disks.devices[usize::from(away.0)].clone())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("could not be read"), "{refused}");
+
         memory.write_sync(0, &as_it_left);
         pool.bring_back(disks.devices[usize::from(away.0)].clone())
             .await
