@@ -58,6 +58,16 @@ async fn journal_pool(disks: &Disks, capacity: usize) -> Pool {
 }
 
 /// Set the pool's repair and move bandwidth limit (0: none).
+/// `retire-missing never`: a missing disk waits to come back, unrepaired.
+async fn wait_for_missing_disks(pool: &Pool) {
+    pool.set_settings(terrace_engine::meta::PoolSettings {
+        retire_missing: terrace_engine::meta::RetireMissing::Never,
+        ..pool.metadata().await.settings
+    })
+    .await
+    .unwrap();
+}
+
 async fn set_repair_rate(pool: &Pool, rate: u64) {
     pool.set_settings(terrace_engine::meta::PoolSettings {
         repair_rate_bytes_per_second: rate,
@@ -426,12 +436,7 @@ fn a_returning_disk_resyncs_only_what_it_missed() {
     block_on(async {
         let disks = Disks::new(3, 16 << 20);
         let pool = create_pool(&disks).await;
-        pool.set_settings(terrace_engine::meta::PoolSettings {
-            retire_missing: terrace_engine::meta::RetireMissing::Never,
-            ..pool.metadata().await.settings
-        })
-        .await
-        .unwrap();
+        wait_for_missing_disks(&pool).await;
         let mut config =
             SpaceConfig::new("m", Layout::Mirror { copies: 3 }, SpaceSize::Bytes(4 << 20));
         config.columns = Some(1);
@@ -669,12 +674,7 @@ fn health_tells_missing_from_failed_and_what_another_failure_would_cost() {
     block_on(async {
         let disks = Disks::new(5, 16 << 20);
         let pool = create_pool(&disks).await;
-        pool.set_settings(terrace_engine::meta::PoolSettings {
-            retire_missing: terrace_engine::meta::RetireMissing::Never,
-            ..pool.metadata().await.settings
-        })
-        .await
-        .unwrap();
+        wait_for_missing_disks(&pool).await;
         let mut mirror =
             SpaceConfig::new("m", Layout::Mirror { copies: 2 }, SpaceSize::Bytes(1 << 20));
         mirror.columns = Some(2);
@@ -806,12 +806,7 @@ fn failure_impacts_name_the_write_back_logs_a_disk_holds() {
     block_on(async {
         let disks = Disks::new(6, 64 << 20);
         let pool = journal_pool(&disks, 4).await;
-        pool.set_settings(terrace_engine::meta::PoolSettings {
-            retire_missing: terrace_engine::meta::RetireMissing::Never,
-            ..pool.metadata().await.settings
-        })
-        .await
-        .unwrap();
+        wait_for_missing_disks(&pool).await;
         let mut config = SpaceConfig::new(
             "p",
             Layout::Parity { redundancy: 1 },
@@ -1389,12 +1384,7 @@ fn an_older_copy_of_a_missing_disk_is_not_taken_back() {
     block_on(async {
         let disks = Disks::new(3, 16 << 20);
         let pool = create_pool(&disks).await;
-        pool.set_settings(terrace_engine::meta::PoolSettings {
-            retire_missing: terrace_engine::meta::RetireMissing::Never,
-            ..pool.metadata().await.settings
-        })
-        .await
-        .unwrap();
+        wait_for_missing_disks(&pool).await;
         let (space, mut model) = small_mirror(&pool, 1, 31).await;
         let away = disks_of(&pool.metadata().await, "m")[0];
         let memory = &disks.memory[usize::from(away.0)];
