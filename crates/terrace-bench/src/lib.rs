@@ -6,8 +6,8 @@
 //!     ├─ prefill.rs       random data over the working set, once per target
 //!     └─ runner.rs        one point: N requests always in flight, warm-up,
 //!          │              measured interval, latency histogram, CPU time
-//!          └─ Target      NbdTarget · FileTarget · StripeTarget · SpaceTarget
-//!                         (targets.rs)
+//!          └─ Target      NbdTarget · FileTarget · StripeTarget (targets.rs);
+//!                         the terrace command adds spaces imported in process
 //!   Report (report.rs)    points + machine + settings → table.rs (terminal),
 //!                         serde JSON, plot.rs (one SVG per profile)
 //! ```
@@ -54,7 +54,7 @@ pub use report::{Point, Report};
 pub use runner::{run_point, RunOptions, SequentialMode};
 pub use sweep::{sweep, sweep_settled, Settle, SweepConfig, DEFAULT_DEPTHS};
 pub use target::{Target, TargetError};
-pub use targets::{FileTarget, NbdTarget, SpaceTarget, StripeTarget, TargetSpec};
+pub use targets::{FileTarget, NbdTarget, StripeTarget, TargetSpec};
 
 /// Why a benchmark could not run or could not write its results.
 #[derive(Debug, thiserror::Error)]

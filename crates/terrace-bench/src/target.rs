@@ -17,8 +17,6 @@ pub enum TargetError {
     #[error("{0}")]
     Io(#[from] terrace_io::IoError),
     #[error("{0}")]
-    Engine(#[from] terrace_engine::EngineError),
-    #[error("{0}")]
     Other(String),
 }
 

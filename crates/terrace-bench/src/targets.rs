@@ -4,11 +4,9 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use terrace_engine::Space;
 use terrace_io::file::{FileDevice, FileOptions};
 use terrace_io::{aligned_buffer, BlockDevice, Bytes};
 
@@ -377,48 +375,6 @@ impl Target for StripeTarget {
             Ok(())
         }
         .boxed()
-    }
-}
-
-/// A space of an engine running in this process: the engine's cost without
-/// a protocol in between.
-pub struct SpaceTarget {
-    name: String,
-    space: Arc<Space>,
-}
-
-impl SpaceTarget {
-    pub fn new(name: &str, space: Arc<Space>) -> SpaceTarget {
-        SpaceTarget {
-            name: name.to_string(),
-            space,
-        }
-    }
-}
-
-impl Target for SpaceTarget {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn size_bytes(&self) -> u64 {
-        self.space.size_bytes()
-    }
-
-    fn read(&self, offset: u64, length: u32) -> BoxFuture<'_, TargetResult<Bytes>> {
-        async move {
-            let data = self.space.read(offset, u64::from(length)).await?;
-            Ok(data.freeze())
-        }
-        .boxed()
-    }
-
-    fn write(&self, offset: u64, data: Bytes) -> BoxFuture<'_, TargetResult<()>> {
-        async move { Ok(self.space.write(offset, data, false).await?) }.boxed()
-    }
-
-    fn flush(&self) -> BoxFuture<'_, TargetResult<()>> {
-        async move { Ok(self.space.flush().await?) }.boxed()
     }
 }
 

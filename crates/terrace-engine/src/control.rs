@@ -39,6 +39,9 @@ pub struct PoolShared {
     pub(crate) read_only: Option<String>,
     /// Size of each metadata slot (the same on every disk of the pool).
     pub(crate) metadata_slot_bytes: u64,
+    /// Bytes of a slot the last commit wrote (header, metadata, padding),
+    /// for `pool status`.
+    pub(crate) metadata_bytes: AtomicU64,
     pub(crate) control: futures::lock::Mutex<Control>,
     pub(crate) disks: RwLock<Vec<Arc<Disk>>>,
     pub(crate) closed: AtomicBool,
@@ -204,6 +207,9 @@ impl PoolShared {
             name: metadata.name.clone(),
             read_only,
             metadata_slot_bytes,
+            metadata_bytes: AtomicU64::new(
+                encode_slot(&metadata, metadata_slot_bytes).map_or(0, |slot| slot.len() as u64),
+            ),
             dirty_known: std::sync::Mutex::new(known_dirty(&metadata)),
             intent: std::sync::Mutex::new(IntentState {
                 durable: metadata
@@ -490,6 +496,8 @@ impl PoolShared {
             next.committed_ns = self.env.wall_clock_ns();
             let encoded = encode_slot(&next, self.metadata_slot_bytes)
                 .map_err(|source| EngineError::MetadataFull { source })?;
+            self.metadata_bytes
+                .store(encoded.len() as u64, Ordering::Relaxed);
             let disks = self.disks();
             let members: Vec<&Arc<Disk>> = next
                 .members()

@@ -68,13 +68,13 @@ pub enum EngineError {
         source: SlotError,
     },
     #[error(
-        "no room in the pool's metadata: its maps would take {payload_bytes} bytes and \
+        "no room in the pool's metadata: it would take {metadata_bytes} bytes and \
          recording the repair of its fullest disk {reserve_bytes} more, beyond its metadata \
          slot of {slot_bytes}; use larger slabs, or a pool created with a larger \
          --metadata-slot"
     )]
     MetadataRoom {
-        payload_bytes: u64,
+        metadata_bytes: u64,
         reserve_bytes: u64,
         slot_bytes: u64,
     },

@@ -15,9 +15,12 @@
 
 use std::collections::HashMap;
 
+use terrace_io::DIRECT_IO_ALIGNMENT;
 use terrace_meta::codec;
 use terrace_meta::format::{data_offset, METADATA_SLOT_DEFAULT_BYTES, SLOT_HEADER_BYTES};
-use terrace_meta::{DiskIndex, PoolMetadata, DIRTY_EXTENT_BYTES, JOB_MIN_BYTES, MOVE_BYTES};
+use terrace_meta::{
+    DiskIndex, ExtentRecord, PoolMetadata, DIRTY_EXTENT_BYTES, JOB_MIN_BYTES, MOVE_BYTES,
+};
 
 use crate::EngineError;
 
@@ -52,13 +55,9 @@ pub fn metadata_slot_bytes_for(sizes: &[u64], slab_bytes: u64) -> u64 {
 /// each of its slabs.
 pub fn repair_reserve_bytes(metadata: &PoolMetadata) -> u64 {
     let mut slabs_on: HashMap<DiskIndex, u64> = HashMap::new();
-    for space in &metadata.spaces {
-        for extent in &space.extents {
-            // An extent puts at most one slab on a disk.
-            for slab in extent.slabs.iter().flatten() {
-                *slabs_on.entry(slab.disk).or_default() += 1;
-            }
-        }
+    // An extent puts at most one slab on a disk.
+    for slab in ExtentRecord::slabs_of(metadata.spaces.iter().flat_map(|s| s.extents.iter())) {
+        *slabs_on.entry(slab.disk).or_default() += 1;
     }
     let fullest = slabs_on.values().copied().max().unwrap_or(0);
     let per_slab = (MOVE_BYTES + DIRTY_EXTENT_BYTES) as u64;
@@ -66,14 +65,16 @@ pub fn repair_reserve_bytes(metadata: &PoolMetadata) -> u64 {
     fullest * per_slab + JOB_MIN_BYTES as u64 + 256
 }
 
-/// Refuse `metadata` (the pool's after an allocation) unless it fits the
-/// slot with room for [`repair_reserve_bytes`] to spare.
+/// Refuse `metadata` (the pool's after an allocation) unless what a commit
+/// of it writes to a slot (header, metadata, padding: what `pool status`
+/// shows) leaves room for [`repair_reserve_bytes`] to spare.
 pub fn check_room(metadata: &PoolMetadata, slot_bytes: u64) -> Result<(), EngineError> {
-    let payload_bytes = codec::encode(metadata).len() as u64;
+    let metadata_bytes = (SLOT_HEADER_BYTES + codec::encode(metadata).len())
+        .next_multiple_of(DIRECT_IO_ALIGNMENT) as u64;
     let reserve_bytes = repair_reserve_bytes(metadata);
-    if SLOT_HEADER_BYTES as u64 + payload_bytes + reserve_bytes > slot_bytes {
+    if metadata_bytes + reserve_bytes > slot_bytes {
         return Err(EngineError::MetadataRoom {
-            payload_bytes,
+            metadata_bytes,
             reserve_bytes,
             slot_bytes,
         });

@@ -137,9 +137,9 @@ pub struct PoolStatus {
     pub id: String,
     pub generation: u64,
     pub slab_bytes: u64,
-    /// Bytes of the metadata as last committed, the slot that holds it,
-    /// and what an allocation must leave free for the repair of the
-    /// fullest disk (see `room.rs`).
+    /// Bytes of a slot the last commit wrote, the slot's size, and what an
+    /// allocation must leave free for the repair of the fullest disk (see
+    /// `room.rs`).
     pub metadata_bytes: u64,
     pub metadata_slot_bytes: u64,
     pub metadata_reserve_bytes: u64,
@@ -246,7 +246,10 @@ impl Pool {
             id: metadata.pool_id.to_string(),
             generation: metadata.generation,
             slab_bytes: metadata.slab_bytes,
-            metadata_bytes: terrace_meta::codec::encode(&metadata).len() as u64,
+            metadata_bytes: self
+                .shared
+                .metadata_bytes
+                .load(std::sync::atomic::Ordering::Relaxed),
             metadata_slot_bytes: self.shared.metadata_slot_bytes,
             metadata_reserve_bytes: crate::room::repair_reserve_bytes(&metadata),
             health,

@@ -355,11 +355,7 @@ impl Registry {
             let devices = match found.busy.first() {
                 None => found.opened.into_iter().map(|(_, device)| device).collect(),
                 Some(busy) => {
-                    problems.push(format!("pool {}: {}", saved.name, busy.refusal()));
-                    self.unavailable
-                        .write()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push(saved);
+                    problems.push(self.keep_unavailable(saved, busy.refusal()));
                     continue;
                 }
             };
@@ -384,16 +380,21 @@ impl Registry {
                     self.share_log_memory();
                     start_pool_tasks(&pool);
                 }
-                Err(error) => {
-                    problems.push(format!("pool {}: {error}", saved.name));
-                    self.unavailable
-                        .write()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .push(saved);
-                }
+                Err(error) => problems.push(self.keep_unavailable(saved, error.to_string())),
             }
         }
         problems
+    }
+
+    /// Keep a saved pool that could not be imported for the next start;
+    /// the problem, for the log.
+    fn keep_unavailable(&self, saved: SavedPool, why: String) -> String {
+        let problem = format!("pool {}: {why}", saved.name);
+        self.unavailable
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(saved);
+        problem
     }
 }
 
