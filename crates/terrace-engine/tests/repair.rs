@@ -1449,3 +1449,63 @@ fn an_older_copy_of_a_missing_disk_is_not_taken_back() {
         assert_redundant(&space).await;
     });
 }
+
+/// Moves that finish while a commit is under way are named together in the
+/// next one: with disks whose flushes are slow (so each commit takes a
+/// while, as a large pool's metadata does), repairing a disk of many slabs
+/// takes far fewer commits than it has moves, and loses nothing.
+#[test]
+fn moves_finished_together_share_a_commit() {
+    block_on(async {
+        let flush = terrace_engine::io::delay::DelayPolicy {
+            flush_ns: 50_000_000,
+            ..Default::default()
+        };
+        let mut faults = Vec::new();
+        let new_disks: Vec<NewDisk> = (0..5)
+            .map(|i| {
+                let memory = Arc::new(terrace_engine::io::memory::MemoryDevice::new(
+                    format!("slow-flush:{i}"),
+                    DISK_BYTES,
+                ));
+                let delayed = terrace_engine::io::delay::DelayDevice::new(memory, env(), flush);
+                let fault = terrace_engine::io::fault::FaultDevice::new(Arc::new(delayed));
+                faults.push(fault.controls());
+                NewDisk::new(Arc::new(fault))
+            })
+            .collect();
+        let pool = Pool::create(env(), small_config("tank"), new_disks)
+            .await
+            .unwrap();
+        let mut config =
+            SpaceConfig::new("m", Layout::Mirror { copies: 2 }, SpaceSize::Bytes(4 << 20));
+        config.columns = Some(1);
+        let space = pool.create_space(config).await.unwrap().space;
+        let model = fill(&space, 11).await;
+        let lost = disks_of(&pool.metadata().await, "m")[0];
+        let before = pool.metadata().await.generation;
+        faults[usize::from(lost.0)].lose();
+        let statuses = with_jobs(&pool, async {
+            // The loss is noticed at the first write that fails.
+            space
+                .write(0, bytes(model.slice(0, 4096).to_vec()), false)
+                .await
+                .unwrap();
+            jobs_settle(&pool).await
+        })
+        .await;
+        let commits = pool.metadata().await.generation - before;
+        let moves: usize = statuses.iter().map(|s| s.moves_total).sum();
+        assert!(moves >= 8, "{moves} moves");
+        assert!(
+            statuses.iter().all(|s| s.state == JobState::Done),
+            "{statuses:?}"
+        );
+        assert!(
+            commits * 2 <= moves as u64,
+            "{commits} commits for {moves} moves"
+        );
+        check(&space, &model).await;
+        assert_redundant(&space).await;
+    });
+}

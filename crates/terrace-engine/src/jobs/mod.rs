@@ -77,6 +77,12 @@ pub(crate) struct JobRuntime {
     /// interval, however many of its moves run (each commit flushes every
     /// disk, and a flush waits for the drives' write caches).
     persisted_ns: Mutex<HashMap<u64, u64>>,
+    /// Moves whose rows are all copied, waiting to be named in the next
+    /// commit (see `Pool::finish_move`), each with who waits for it.
+    pub(crate) finishing: Mutex<Vec<(u64, usize, futures::channel::oneshot::Sender<()>)>>,
+    /// Held by the move that commits the waiting ones (one commit at a time
+    /// takes every move that finished meanwhile).
+    pub(crate) finisher: futures::lock::Mutex<()>,
 }
 
 /// One move: (space, extent, slot).

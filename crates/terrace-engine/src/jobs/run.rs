@@ -506,48 +506,93 @@ impl Pool {
     /// Commit a finished move: the extent now points at the target (a
     /// resync's target is the slab itself); the old location is dropped.
     /// The disks are flushed first.
+    /// A move's rows are all copied: name its target in the metadata
+    /// instead of its source. Moves that finish while a commit is under
+    /// way are named together in the next one: every commit writes the
+    /// whole metadata to every disk and flushes them, and in a large pool
+    /// (megabytes of metadata) a commit per move would take the disks'
+    /// time from the moves themselves while they queue for the lock.
     async fn finish_move(&self, job_id: u64, index: usize) {
-        // The target's rows reach the media before the metadata names it.
+        let runtime = &self.shared.job_runtime;
+        let (sender, mut named) = futures::channel::oneshot::channel();
+        runtime
+            .finishing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((job_id, index, sender));
+        // Told as soon as a commit took it (or gave up on it: the move is
+        // then tried again, as it is still not done), without waiting for
+        // the lock, which the move that commits may take again and again.
+        let finisher = std::pin::pin!(runtime.finisher.lock());
+        let _finisher = match futures::future::select(&mut named, finisher).await {
+            futures::future::Either::Left(_) => return,
+            futures::future::Either::Right((guard, _)) => guard,
+        };
+        if !matches!(named.try_recv(), Ok(None)) {
+            return;
+        }
+        let batch: Vec<(u64, usize)> =
+            std::mem::take(&mut *runtime.finishing.lock().unwrap_or_else(|e| e.into_inner()))
+                .into_iter()
+                .map(|(job, index, _told)| (job, index))
+                .collect();
+        self.finish_moves(&batch).await;
+    }
+
+    /// Name the targets of `moves` (job, move) in one commit, after their
+    /// rows reach the media.
+    async fn finish_moves(&self, moves: &[(u64, usize)]) {
+        // The targets' rows reach the media before the metadata names them.
         if self.shared.flush_disks().await.is_err() {
             return;
         }
         let mut control = self.shared.control.lock().await;
         let mut next = control.metadata.clone();
-        // Looked at under the lock: a job cancelled (or paused) since its
-        // last row was copied has had its targets dropped, and writes
-        // since then left the target out.
-        let Some(position) = next
-            .jobs
-            .iter()
-            .position(|job| job.id == job_id && job.state == JobState::Running)
-        else {
-            return;
-        };
-        let step = next.jobs[position].moves[index].clone();
-        let kind = next.jobs[position].kind;
-        if let Some(space) = next.spaces.iter_mut().find(|space| space.id == step.space) {
-            if let Some(slabs) = space.extents[step.extent as usize].slabs.as_mut() {
-                slabs[usize::from(step.slot)] = step.target;
+        let mut settled = Vec::new();
+        let mut completed = Vec::new();
+        for &(job_id, index) in moves {
+            // Looked at under the lock: a job cancelled (or paused) since
+            // its last row was copied has had its targets dropped, and
+            // writes since then left the target out.
+            let Some(position) = next
+                .jobs
+                .iter()
+                .position(|job| job.id == job_id && job.state == JobState::Running)
+            else {
+                continue;
+            };
+            let step = next.jobs[position].moves[index].clone();
+            if step.done {
+                continue;
             }
+            let kind = next.jobs[position].kind;
+            if let Some(space) = next.spaces.iter_mut().find(|space| space.id == step.space) {
+                if let Some(slabs) = space.extents[step.extent as usize].slabs.as_mut() {
+                    slabs[usize::from(step.slot)] = step.target;
+                }
+            }
+            {
+                // Bytes done counted afresh from the record, not added to: a
+                // progress commit may already have counted this move's rows.
+                let mut job = next.jobs[position].clone();
+                job.moves[index].done = true;
+                job.bytes_done = recorded_bytes_done(&next, &job);
+                next.jobs[position] = job;
+            }
+            if next.jobs[position].moves.iter().all(|m| m.done) {
+                self.complete_job(&mut next, position);
+                completed.push(kind);
+            }
+            settled.push((kind, step));
         }
-        {
-            // Bytes done counted afresh from the record, not added to: a
-            // progress commit may already have counted this move's rows.
-            let mut job = next.jobs[position].clone();
-            job.moves[index].done = true;
-            job.bytes_done = recorded_bytes_done(&next, &job);
-            next.jobs[position] = job;
-        }
-        let all_done = next.jobs[position].moves.iter().all(|m| m.done);
-        if all_done {
-            self.complete_job(&mut next, position);
-        }
-        if self.shared.commit(&mut control, next).await.is_err() {
+        if settled.is_empty() || self.shared.commit(&mut control, next).await.is_err() {
             return;
         }
         drop(control);
-        self.settle_move(kind, &step);
-        if all_done {
+        for (kind, step) in &settled {
+            self.settle_move(*kind, step);
+        }
+        for kind in completed {
             self.after_job(kind).await;
         }
     }
