@@ -28,6 +28,8 @@ pub enum EngineError {
     NoDisks,
     #[error("{device} is given twice")]
     DuplicateDisk { device: String },
+    #[error("{device} is already a disk of pool {pool_name}; nothing was changed")]
+    AlreadyMember { device: String, pool_name: String },
     #[error("{device} already belongs to pool {pool_name} ({pool_id}); import that pool or destroy it first")]
     DiskInOtherPool {
         device: String,

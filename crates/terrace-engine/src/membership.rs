@@ -61,8 +61,9 @@ impl Pool {
                 .iter()
                 .any(|d| d.device_name().as_deref() == Some(device));
             if known {
-                return Err(EngineError::DuplicateDisk {
+                return Err(EngineError::AlreadyMember {
                     device: device.to_string(),
+                    pool_name: metadata.name.clone(),
                 });
             }
         }
@@ -227,8 +228,9 @@ impl Pool {
             .iter()
             .any(|d| d.index != index && d.device_name().as_deref() == Some(device.name()))
         {
-            return Err(EngineError::DuplicateDisk {
+            return Err(EngineError::AlreadyMember {
                 device: device.name().to_string(),
+                pool_name: metadata.name.clone(),
             });
         }
         if let Some(repair) = repair_kept_for(metadata, index) {

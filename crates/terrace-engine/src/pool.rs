@@ -159,6 +159,17 @@ pub(crate) async fn check_new_disks(
                     label.pool_id == pool.pool_id
                         && pool.disks.iter().all(|disk| disk.id != label.disk_id)
                 }) => {}
+            // One of the pool's own disks, under another name (a link,
+            // another path to the device), or added again after a crash
+            // that left the earlier add committed.
+            Probe::Member { label, .. }
+                if pool.is_some_and(|pool| label.pool_id == pool.pool_id) =>
+            {
+                return Err(EngineError::AlreadyMember {
+                    device,
+                    pool_name: label.pool_name,
+                })
+            }
             Probe::Member { label, .. } => {
                 return Err(EngineError::DiskInOtherPool {
                     device,

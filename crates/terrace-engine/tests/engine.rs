@@ -276,8 +276,15 @@ fn a_disk_labelled_by_an_add_cut_short_can_be_added_again() {
         let member = terrace_engine::NewDisk::new(disks.devices[0].clone());
         let error = pool.add_disks(vec![member]).await.unwrap_err();
         assert!(
-            matches!(error, EngineError::DuplicateDisk { .. }),
+            matches!(error, EngineError::AlreadyMember { .. }),
             "{error}"
+        );
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "{} is already a disk of pool tank; nothing was changed",
+                disks.devices[0].name()
+            )
         );
         let added = pool.add_disks(extra.new_disks()).await.unwrap();
         assert_eq!(added, vec![terrace_engine::meta::DiskIndex(3)]);
@@ -788,7 +795,7 @@ fn disks_join_spaces_grow_usage_changes_and_pools_are_destroyed() {
         assert!(matches!(
             pool.add_disks(vec![terrace_engine::NewDisk::new(disks.devices[0].clone())])
                 .await,
-            Err(EngineError::DuplicateDisk { .. })
+            Err(EngineError::AlreadyMember { .. })
         ));
         let added = pool.add_disks(more.new_disks()).await.unwrap();
         assert_eq!(added.len(), 2);
@@ -927,5 +934,32 @@ fn growths_and_caches_that_do_not_fit_say_what_they_need() {
             generation,
             "nothing committed"
         );
+    });
+}
+
+/// A disk the pool has as missing, given to `add_disks` as if new, is
+/// refused as the pool's own member (not as another pool's, with advice to
+/// import or destroy that pool), and nothing changes.
+#[test]
+fn a_disk_of_the_pool_added_again_is_named_its_member() {
+    block_on(async {
+        let disks = Disks::new(4, DISK_BYTES);
+        let pool = create_pool(&disks).await;
+        pool.close().await.unwrap();
+        let present = disks.devices[..3].to_vec();
+        let pool = Pool::import(env(), present, ImportOptions::default())
+            .await
+            .unwrap();
+        let before = pool.metadata().await.generation;
+        let again = terrace_engine::NewDisk::new(disks.devices[3].clone());
+        let error = pool.add_disks(vec![again]).await.unwrap_err();
+        assert!(
+            matches!(error, EngineError::AlreadyMember { .. }),
+            "{error}"
+        );
+        assert!(error.to_string().contains("pool tank"), "{error}");
+        assert_eq!(pool.metadata().await.generation, before);
+        assert_eq!(pool.status().await.disks.len(), 4);
+        pool.close().await.unwrap();
     });
 }

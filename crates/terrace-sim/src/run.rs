@@ -506,7 +506,7 @@ async fn add_journals(
         added = pool.add_disks(disks()).await;
     }
     match added {
-        Ok(_) | Err(EngineError::DuplicateDisk { .. } | EngineError::DiskInOtherPool { .. }) => {
+        Ok(_) | Err(EngineError::AlreadyMember { .. }) => {
             counters.borrow_mut().journals_added = true
         }
         Err(error) => {
