@@ -503,15 +503,14 @@ pub(super) fn trim_history(metadata: &mut PoolMetadata) {
 }
 
 impl Pool {
-    /// Commit a finished move: the extent now points at the target (a
-    /// resync's target is the slab itself); the old location is dropped.
-    /// The disks are flushed first.
-    /// A move's rows are all copied: name its target in the metadata
-    /// instead of its source. Moves that finish while a commit is under
-    /// way are named together in the next one: every commit writes the
-    /// whole metadata to every disk and flushes them, and in a large pool
-    /// (megabytes of metadata) a commit per move would take the disks'
-    /// time from the moves themselves while they queue for the lock.
+    /// A move's rows are all copied: commit the extent pointing at its
+    /// target (a resync's target is the slab itself) and drop the old
+    /// location, the disks flushed first. Moves that finish while a commit
+    /// is under way are named together in the next one: every commit
+    /// writes the whole metadata to every disk and flushes them, and in a
+    /// large pool (megabytes of metadata) a commit per move would take the
+    /// disks' time from the moves themselves while they queue for the
+    /// lock.
     async fn finish_move(&self, job_id: u64, index: usize) {
         let runtime = &self.shared.job_runtime;
         let (sender, mut named) = futures::channel::oneshot::channel();
@@ -520,9 +519,10 @@ impl Pool {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push((job_id, index, sender));
-        // Told as soon as a commit took it (or gave up on it: the move is
-        // then tried again, as it is still not done), without waiting for
-        // the lock, which the move that commits may take again and again.
+        // Told once a commit that took it ends (or gave up on it: the move
+        // is then tried again, as it is still not done), without waiting
+        // for the lock, which the move that commits may take again and
+        // again.
         let finisher = std::pin::pin!(runtime.finisher.lock());
         let _finisher = match futures::future::select(&mut named, finisher).await {
             futures::future::Either::Left(_) => return,
@@ -531,12 +531,14 @@ impl Pool {
         if !matches!(named.try_recv(), Ok(None)) {
             return;
         }
-        let batch: Vec<(u64, usize)> =
-            std::mem::take(&mut *runtime.finishing.lock().unwrap_or_else(|e| e.into_inner()))
-                .into_iter()
-                .map(|(job, index, _told)| (job, index))
-                .collect();
-        self.finish_moves(&batch).await;
+        let batch =
+            std::mem::take(&mut *runtime.finishing.lock().unwrap_or_else(|e| e.into_inner()));
+        let moves: Vec<(u64, usize)> = batch.iter().map(|(job, index, _)| (*job, *index)).collect();
+        self.finish_moves(&moves).await;
+        // The others are told once their moves are committed (or the commit
+        // gave up), not before: told earlier, a worker would take its move
+        // up again as still pending.
+        drop(batch);
     }
 
     /// Name the targets of `moves` (job, move) in one commit, after their
