@@ -280,6 +280,18 @@ impl Pool {
         }
     }
 
+    /// The devices of the disks in service, by index: what a watcher
+    /// checks is still there, without building a whole status (which walks
+    /// every slab of the pool).
+    pub fn online_devices(&self) -> Vec<(terrace_meta::DiskIndex, String)> {
+        self.shared
+            .disks()
+            .iter()
+            .filter(|disk| disk.is_online())
+            .filter_map(|disk| Some((disk.index, disk.device_name()?)))
+            .collect()
+    }
+
     fn disk_statuses(&self, metadata: &PoolMetadata) -> Vec<DiskStatus> {
         let used = metadata.used_slabs();
         let runtime = self.shared.disks();

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use common::*;
 use futures::executor::block_on;
+use terrace_engine::io::delay::{DelayDevice, DelayPolicy};
 use terrace_engine::layout::Layout;
 use terrace_engine::meta::{DiskIndex, DiskState, JobKind, JobState, SpaceRole, Usage};
 use terrace_engine::{
@@ -1457,24 +1458,16 @@ fn an_older_copy_of_a_missing_disk_is_not_taken_back() {
 #[test]
 fn moves_finished_together_share_a_commit() {
     block_on(async {
-        let flush = terrace_engine::io::delay::DelayPolicy {
+        let disks = Disks::new(5, DISK_BYTES);
+        let flush = DelayPolicy {
             flush_ns: 50_000_000,
-            ..Default::default()
+            ..DelayPolicy::default()
         };
-        let mut faults = Vec::new();
-        let new_disks: Vec<NewDisk> = (0..5)
-            .map(|i| {
-                let memory = Arc::new(terrace_engine::io::memory::MemoryDevice::new(
-                    format!("slow-flush:{i}"),
-                    DISK_BYTES,
-                ));
-                let delayed = terrace_engine::io::delay::DelayDevice::new(memory, env(), flush);
-                let fault = terrace_engine::io::fault::FaultDevice::new(Arc::new(delayed));
-                faults.push(fault.controls());
-                NewDisk::new(Arc::new(fault))
-            })
-            .collect();
-        let pool = Pool::create(env(), small_config("tank"), new_disks)
+        let slow = disks
+            .devices
+            .iter()
+            .map(|device| NewDisk::new(Arc::new(DelayDevice::new(device.clone(), env(), flush))));
+        let pool = Pool::create(env(), small_config("tank"), slow.collect())
             .await
             .unwrap();
         let mut config =
@@ -1484,7 +1477,7 @@ fn moves_finished_together_share_a_commit() {
         let model = fill(&space, 11).await;
         let lost = disks_of(&pool.metadata().await, "m")[0];
         let before = pool.metadata().await.generation;
-        faults[usize::from(lost.0)].lose();
+        disks.faults[usize::from(lost.0)].lose();
         let statuses = with_jobs(&pool, async {
             // The loss is noticed at the first write that fails.
             space

@@ -513,7 +513,7 @@ impl Pool {
     /// lock.
     async fn finish_move(&self, job_id: u64, index: usize) {
         let runtime = &self.shared.job_runtime;
-        let (sender, mut named) = futures::channel::oneshot::channel();
+        let (sender, named) = futures::channel::oneshot::channel();
         runtime
             .finishing
             .lock()
@@ -522,15 +522,13 @@ impl Pool {
         // Told once a commit that took it ends (or gave up on it: the move
         // is then tried again, as it is still not done), without waiting
         // for the lock, which the move that commits may take again and
-        // again.
+        // again. A commit tells its moves before it lets the lock go, so
+        // whoever gets the lock has its own move still waiting.
         let finisher = std::pin::pin!(runtime.finisher.lock());
-        let _finisher = match futures::future::select(&mut named, finisher).await {
+        let _finisher = match futures::future::select(named, finisher).await {
             futures::future::Either::Left(_) => return,
             futures::future::Either::Right((guard, _)) => guard,
         };
-        if !matches!(named.try_recv(), Ok(None)) {
-            return;
-        }
         let batch =
             std::mem::take(&mut *runtime.finishing.lock().unwrap_or_else(|e| e.into_inner()));
         let moves: Vec<(u64, usize)> = batch.iter().map(|(job, index, _)| (*job, *index)).collect();

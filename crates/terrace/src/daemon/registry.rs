@@ -414,12 +414,8 @@ pub fn start_pool_tasks(pool: &Arc<Pool>) {
     tokio::spawn(async move {
         while watched.is_open() {
             tokio::time::sleep(WATCH_INTERVAL).await;
-            for disk in watched.status().await.disks {
-                let vanished = disk.condition == terrace_engine::Condition::Online
-                    && disk.device.starts_with('/')
-                    && !std::path::Path::new(&disk.device).exists();
-                if vanished {
-                    let index = terrace_engine::meta::DiskIndex(disk.index);
+            for (index, device) in watched.online_devices() {
+                if device.starts_with('/') && !std::path::Path::new(&device).exists() {
                     let _ = watched
                         .disk_gone(index, "its file or device disappeared")
                         .await;
