@@ -187,10 +187,9 @@ fn repairs_keep_client_writes_and_prefer_hot_spares() {
         let mut rng = Rng(77);
         with_jobs(&pool, async {
             // Keep writing while the repair runs.
-            for _ in 0..150 {
-                let (offset, length) = random_range(&mut rng, space.size_bytes(), 32 << 10);
-                model.write_random(&space, &mut rng, offset, length).await;
-            }
+            model
+                .write_random_ranges(&space, &mut rng, 150, 32 << 10)
+                .await;
             jobs_settle(&pool).await;
         })
         .await;
@@ -942,10 +941,9 @@ fn journal_disks_added_later_take_over_the_logs() {
         );
         // More writes into the half-moved log, then a crash (no close):
         // the log recovers from its slots, some at their new homes.
-        for _ in 0..20 {
-            let (offset, length) = random_range(&mut rng, space.size_bytes(), 8 << 10);
-            model.write_random(&space, &mut rng, offset, length).await;
-        }
+        model
+            .write_random_ranges(&space, &mut rng, 20, 8 << 10)
+            .await;
         drop(space);
         drop(pool);
         let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
@@ -1032,10 +1030,9 @@ fn a_missing_disk_is_taken_back_while_the_pool_runs() {
         assert!(refused.contains("is in service"), "{refused}");
         set_repair_rate(&pool, 0).await;
         let settled = with_jobs(&pool, async {
-            for _ in 0..20 {
-                let (offset, length) = random_range(&mut rng, space.size_bytes(), 16 << 10);
-                model.write_random(&space, &mut rng, offset, length).await;
-            }
+            model
+                .write_random_ranges(&space, &mut rng, 20, 16 << 10)
+                .await;
             jobs_settle(&pool).await
         })
         .await;
@@ -1221,10 +1218,9 @@ async fn log_move_under_way(disks: &Disks) -> (Pool, Model, DiskIndex, u64) {
         log.extents[step.extent as usize].slabs.as_ref().unwrap()[usize::from(step.slot)].disk;
     pool.disk_gone(source, "pulled").await.unwrap();
     let mut rng = Rng(34);
-    for _ in 0..20 {
-        let (offset, length) = random_range(&mut rng, space.size_bytes(), 8 << 10);
-        model.write_random(&space, &mut rng, offset, length).await;
-    }
+    model
+        .write_random_ranges(&space, &mut rng, 20, 8 << 10)
+        .await;
     (pool, model, source, moving)
 }
 
@@ -1397,16 +1393,14 @@ fn an_older_copy_of_a_missing_disk_is_not_taken_back() {
             pool.delete_space(name).await.unwrap();
         }
         let mut rng = Rng(32);
-        for _ in 0..10 {
-            let (offset, length) = random_range(&mut rng, space.size_bytes(), 16 << 10);
-            model.write_random(&space, &mut rng, offset, length).await;
-        }
+        model
+            .write_random_ranges(&space, &mut rng, 10, 16 << 10)
+            .await;
         space.flush().await.unwrap();
         pool.disk_gone(away, "pulled").await.unwrap();
-        for _ in 0..10 {
-            let (offset, length) = random_range(&mut rng, space.size_bytes(), 16 << 10);
-            model.write_random(&space, &mut rng, offset, length).await;
-        }
+        model
+            .write_random_ranges(&space, &mut rng, 10, 16 << 10)
+            .await;
         let as_it_left = memory.snapshot();
         memory.write_sync(0, &image);
         let refused = pool

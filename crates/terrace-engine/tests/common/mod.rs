@@ -145,6 +145,21 @@ impl Model {
             .unwrap();
         self.write(offset, &data);
     }
+
+    /// `count` writes of ranges from [`random_range`] (up to `max` bytes)
+    /// to `space`, and here.
+    pub async fn write_random_ranges(
+        &mut self,
+        space: &terrace_engine::Space,
+        rng: &mut Rng,
+        count: usize,
+        max: u64,
+    ) {
+        for _ in 0..count {
+            let (offset, length) = random_range(rng, space.size_bytes(), max);
+            self.write_random(space, rng, offset, length).await;
+        }
+    }
 }
 
 /// A random (offset, length) within `size`, up to `max` bytes: block
