@@ -535,10 +535,10 @@ pub(crate) fn build_space(
     record: &SpaceRecord,
 ) -> Result<Space, EngineError> {
     let geometry = record.geometry(metadata.slab_bytes)?;
-    let map = SpaceMap {
-        size_bytes: record.size_bytes,
-        extents: targets(shared, metadata, &record.extents)?,
-    };
+    let map = SpaceMap::new(
+        record.size_bytes,
+        targets(shared, metadata, &record.extents)?,
+    );
     Ok(Space::new(
         shared.clone(),
         record.id,
@@ -702,7 +702,10 @@ pub(crate) async fn preallocate_log(log: &Space, owner: &str, first: usize, slab
     /// slab takes few writes, small enough to hold once.
     const CHUNK_BYTES: u64 = 1 << 20;
     let chunk = terrace_io::aligned_buffer(CHUNK_BYTES.min(slab_bytes) as usize).freeze();
-    let extents = log.map().extents.clone();
+    // Held while it writes: a slab a job moves off meanwhile stays out of
+    // allocations until its last write here is done (see `MapEpoch`).
+    let map = log.map();
+    let extents = &map.extents;
     let allocating = |target: &&Target| {
         target
             .home()

@@ -15,7 +15,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, RwLock, Weak};
 
 use futures::future::join_all;
 use terrace_io::Env;
@@ -27,6 +27,7 @@ use terrace_meta::{
 
 use crate::disk::{Condition, Disk};
 use crate::error::EngineError;
+use crate::space::MapEpoch;
 
 pub(crate) struct Control {
     pub metadata: PoolMetadata,
@@ -60,6 +61,10 @@ pub struct PoolShared {
     /// they are zeroed outside the control lock): no allocation takes
     /// them (see [`PoolShared::reserve`]).
     reserved: std::sync::Mutex<BTreeSet<SlabRef>>,
+    /// Slabs a space's map stopped naming while requests that began
+    /// earlier may still use them, each with the epoch they wait for (see
+    /// [`crate::space::MapEpoch`]): no allocation takes them until then.
+    retired: std::sync::Mutex<Vec<(SlabRef, Weak<MapEpoch>)>>,
     /// Disks being taken out of service while writes run.
     pub(crate) departures: crate::departures::Departures,
     /// Serialises the changes that plan outside the control lock and
@@ -174,12 +179,28 @@ impl PoolShared {
         }
     }
 
-    /// The slabs reserved now.
+    /// The slabs reserved now, and those retired whose epoch lives.
     pub(crate) fn reserved_slabs(&self) -> BTreeSet<SlabRef> {
-        self.reserved
+        let mut slabs = self
+            .reserved
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone()
+            .clone();
+        let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        retired.retain(|(_, epoch)| epoch.strong_count() > 0);
+        slabs.extend(retired.iter().map(|(slab, _)| *slab));
+        slabs
+    }
+
+    /// Keep `slabs` from allocations while `epoch` lives. Called under the
+    /// control lock by whoever commits the slabs free, before it lets the
+    /// lock go: an allocation planned in between would see them free.
+    pub(crate) fn retire(&self, slabs: impl IntoIterator<Item = SlabRef>, epoch: Weak<MapEpoch>) {
+        let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
+        retired.retain(|(_, epoch)| epoch.strong_count() > 0);
+        if epoch.strong_count() > 0 {
+            retired.extend(slabs.into_iter().map(|slab| (slab, epoch.clone())));
+        }
     }
 
     /// An allocator over `metadata`'s free slabs of the disks `eligible`
@@ -225,6 +246,7 @@ impl PoolShared {
             failures_persisted: AtomicU64::new(failures_observed.load(Ordering::Acquire)),
             job_runtime: crate::jobs::JobRuntime::default(),
             reserved: Default::default(),
+            retired: Default::default(),
             departures: Default::default(),
             changes: Default::default(),
             preparing: Default::default(),

@@ -92,6 +92,10 @@ pub(crate) async fn fill_rows(
     }
     // The slots' places as they are under the locks, not before them.
     let map = space.map();
+    if extent >= map.extents.len() as u64 {
+        // The space was deleted: the move ends as its space is gone.
+        return Ok(0);
+    }
     let fills = rows.clone().map(|row| {
         let map = &map;
         async move {

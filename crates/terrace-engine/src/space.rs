@@ -29,13 +29,13 @@
 //!   missed a write is never trusted again after a restart.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use bytes::Buf;
 use futures::future::join_all;
 use terrace_io::{aligned_buffer, BlockDevice, Bytes, BytesMut};
 use terrace_layout::{Geometry, Layout, RowSpan, BLOCK_BYTES};
-use terrace_meta::{DiskIndex, SpaceId};
+use terrace_meta::{DiskIndex, SlabIndex, SlabRef, SpaceId};
 
 use crate::disk::{Condition, Disk};
 
@@ -46,6 +46,7 @@ use crate::journal::Journal;
 use crate::payload::Payload;
 use crate::row::RowIo;
 use crate::row_lock::RowLocks;
+use crate::target::Location;
 pub use crate::target::Target;
 use crate::{mirror, parity, simple, zero};
 
@@ -57,6 +58,46 @@ pub const REQUEST_MAX_BYTES: u64 = 64 << 20;
 pub struct SpaceMap {
     pub size_bytes: u64,
     pub extents: Vec<Arc<[Target]>>,
+    /// Lives as long as this map or an older one of the space does.
+    epoch: Arc<MapEpoch>,
+}
+
+impl SpaceMap {
+    pub(crate) fn new(size_bytes: u64, extents: Vec<Arc<[Target]>>) -> SpaceMap {
+        SpaceMap {
+            size_bytes,
+            extents,
+            epoch: Arc::default(),
+        }
+    }
+}
+
+/// How long a slab a space's map stops naming may still be in use.
+///
+/// A request holds the map it took when it began until its I/O is done,
+/// and looks at newer maps only while holding it (`RowIo::with_targets`).
+/// So a slab the map stopped naming (a move ended or was cancelled, a log
+/// shrank, the space was deleted) may still be read or written by requests
+/// that hold that map or an older one, after the metadata has freed it: a
+/// slab handed to another space then would take a late write of this one,
+/// or hand its data to a late read. Each map holds its epoch and each
+/// epoch the next map's, so an epoch lives while any map up to its own
+/// does; the pool takes no slab retired under an epoch until the epoch is
+/// gone ([`PoolShared::retire`]).
+#[derive(Default)]
+pub(crate) struct MapEpoch {
+    next: OnceLock<Arc<MapEpoch>>,
+}
+
+impl Drop for MapEpoch {
+    /// Iteratively: a request that held an old map while thousands of
+    /// moves settled ends a chain as long, too deep to drop recursively.
+    fn drop(&mut self) {
+        let mut next = self.next.take();
+        while let Some(epoch) = next {
+            next = Arc::into_inner(epoch).and_then(|mut epoch| epoch.next.take());
+        }
+    }
 }
 
 pub struct Space {
@@ -210,10 +251,7 @@ impl Space {
         grown.extend(extents);
         assert!(size_bytes >= map.size_bytes);
         assert_eq!(grown.len() as u64, self.geometry.extents_for(size_bytes));
-        *map = Arc::new(SpaceMap {
-            size_bytes,
-            extents: grown,
-        });
+        self.replace_map(&mut map, size_bytes, grown, Vec::new());
     }
 
     /// Drop the extents past `size_bytes` (a log giving back slabs its ring
@@ -222,10 +260,9 @@ impl Space {
         let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
         let keep = self.geometry.extents_for(size_bytes) as usize;
         assert!(size_bytes <= map.size_bytes && keep <= map.extents.len());
-        *map = Arc::new(SpaceMap {
-            size_bytes,
-            extents: map.extents[..keep].to_vec(),
-        });
+        let dropped = locations(&map.extents[keep..]).collect();
+        let kept = map.extents[..keep].to_vec();
+        self.replace_map(&mut map, size_bytes, kept, dropped);
     }
 
     /// The slots of `extent` as the map has them now (none if the extent
@@ -239,18 +276,63 @@ impl Space {
     /// Change where the slots of one extent live (moves starting or ending).
     pub(crate) fn update_extent(&self, extent: u64, change: impl FnOnce(&mut Vec<Target>)) {
         let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+        if extent >= map.extents.len() as u64 {
+            return; // the space was deleted: its map is empty
+        }
         let mut extents = map.extents.clone();
         let mut targets: Vec<Target> = extents[extent as usize].to_vec();
         change(&mut targets);
+        let now: Vec<&Location> = targets.iter().flat_map(|t| t.locations.iter()).collect();
+        let dropped = locations(&extents[extent as usize..=extent as usize])
+            .filter(|old| !now.iter().any(|new| new.same_place(old)))
+            .collect();
         extents[extent as usize] = targets.into();
+        let size_bytes = map.size_bytes;
+        self.replace_map(&mut map, size_bytes, extents, dropped);
+    }
+
+    /// Refuse requests from now on. The map loses its extents (its size
+    /// stays, for the sums of work already under way), so that the slabs,
+    /// free in the metadata once the deletion is committed, wait only for
+    /// the requests under way, not for the last holder of this space (a
+    /// client connection that stays open). A request that finds the map
+    /// without extents finds the space deleted (see [`Space::check`]).
+    pub(crate) fn mark_deleted(&self) {
+        self.deleted.store(true, Ordering::Release);
+        let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+        let dropped = locations(&map.extents).collect();
+        let size_bytes = map.size_bytes;
+        self.replace_map(&mut map, size_bytes, Vec::new(), dropped);
+    }
+
+    /// Install a new map in place of `map`, the slabs of `dropped` (which
+    /// the new map no longer names) retired until every request that may
+    /// hold `map` or an older one is done (see [`MapEpoch`]).
+    fn replace_map(
+        &self,
+        map: &mut Arc<SpaceMap>,
+        size_bytes: u64,
+        extents: Vec<Arc<[Target]>>,
+        dropped: Vec<Location>,
+    ) {
+        let epoch = Arc::new(MapEpoch::default());
+        let _ = map.epoch.next.set(epoch.clone());
+        let slabs = dropped.iter().map(|location| self.slab_of(location));
+        self.pool.retire(slabs, Arc::downgrade(&map.epoch));
         *map = Arc::new(SpaceMap {
-            size_bytes: map.size_bytes,
+            size_bytes,
             extents,
+            epoch,
         });
     }
 
-    pub(crate) fn mark_deleted(&self) {
-        self.deleted.store(true, Ordering::Release);
+    /// The slab a location of this space lies in.
+    fn slab_of(&self, location: &Location) -> SlabRef {
+        let data_start = terrace_meta::format::data_offset(self.pool.metadata_slot_bytes);
+        SlabRef {
+            disk: location.disk.index,
+            slab: SlabIndex(((location.base - data_start) / self.geometry.slab_bytes()) as u32),
+        }
     }
 
     fn check(
@@ -259,6 +341,10 @@ impl Space {
         length: u64,
         access: Access,
     ) -> Result<Arc<SpaceMap>, EngineError> {
+        // The map before the flag: a deletion sets the flag before it
+        // takes the extents out of the map, so a request either holds the
+        // map with them (and their slabs wait for it) or is refused here.
+        let map = self.map();
         if self.deleted.load(Ordering::Acquire) {
             return Err(EngineError::NoSuchSpace {
                 name: self.name.clone(),
@@ -268,7 +354,6 @@ impl Space {
         if access == Access::Write {
             self.pool.check_writable()?;
         }
-        let map = self.map();
         if length > REQUEST_MAX_BYTES {
             return Err(EngineError::TooLarge {
                 space: self.name.clone(),
@@ -751,6 +836,14 @@ impl Space {
     }
 }
 
+/// Every location of every slot of `extents`.
+fn locations(extents: &[Arc<[Target]>]) -> impl Iterator<Item = Location> + '_ {
+    extents
+        .iter()
+        .flat_map(|targets| targets.iter())
+        .flat_map(|target| target.locations.iter().cloned())
+}
+
 /// Read one row span with its layout's handler.
 async fn read_span(
     io: &RowIo<'_>,
@@ -826,4 +919,29 @@ pub(crate) fn join_buffer(parts: Vec<BytesMut>) -> BytesMut {
         whole.unsplit(part);
     }
     whole
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An epoch lives while any epoch before it does, and a chain far
+    /// longer than a thread's stack could drop recursively goes in a loop.
+    #[test]
+    fn an_epoch_outlives_the_older_ones_and_a_long_chain_drops() {
+        let first = Arc::new(MapEpoch::default());
+        let mut last = first.clone();
+        let mut second = None;
+        for _ in 0..1_000_000 {
+            let next = Arc::new(MapEpoch::default());
+            let _ = last.next.set(next.clone());
+            second.get_or_insert_with(|| Arc::downgrade(&next));
+            last = next;
+        }
+        let (second, newest) = (second.unwrap(), Arc::downgrade(&last));
+        drop(last);
+        assert!(second.strong_count() > 0 && newest.strong_count() > 0);
+        drop(first);
+        assert_eq!((second.strong_count(), newest.strong_count()), (0, 0));
+    }
 }

@@ -52,6 +52,11 @@ impl Location {
                 .is_none_or(|mark| row < mark.load(Ordering::Acquire))
     }
 
+    /// Whether `other` is the same slab of the same disk.
+    pub fn same_place(&self, other: &Location) -> bool {
+        self.disk.index == other.disk.index && self.base == other.base
+    }
+
     /// Valid for every row.
     pub fn complete(&self) -> bool {
         self.disk.is_online() && self.valid_below.is_none()

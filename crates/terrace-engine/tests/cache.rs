@@ -1529,6 +1529,98 @@ fn a_disk_goes_missing_only_after_the_writes_that_looked_at_it() {
     });
 }
 
+/// A write still under way when its space is deleted never lands in a
+/// space created after: the deleted space's slabs stay out of allocations
+/// until the requests that may still use them are done, and are taken
+/// again after.
+#[test]
+fn a_deleted_space_s_slabs_wait_for_its_requests_under_way() {
+    use futures::executor::LocalPool;
+    use futures::task::LocalSpawnExt;
+    use std::cell::Cell;
+    use std::rc::Rc;
+
+    let gate = Arc::new(Gate::default());
+    let disks = Disks::new(4, 16 << 20);
+    let devices: Vec<Arc<dyn BlockDevice>> = disks
+        .devices
+        .iter()
+        .map(|inner| {
+            let (inner, gate) = (inner.clone(), gate.clone());
+            Arc::new(MarkedHeld { inner, gate }) as Arc<dyn BlockDevice>
+        })
+        .collect();
+    let config = |name: &str, size| {
+        let mut config = SpaceConfig::new(name, Layout::Mirror { copies: 2 }, size);
+        config.columns = Some(1);
+        config
+    };
+    let slabs_of = |metadata: &terrace_engine::meta::PoolMetadata, name: &str| {
+        let slabs = metadata.space(name).unwrap().extents.iter();
+        ExtentRecord::slabs_of(slabs).collect::<BTreeSet<SlabRef>>()
+    };
+    let mut executor = LocalPool::new();
+    let spawner = executor.spawner();
+    let (pool, space) = executor.run_until(async {
+        let new_disks = devices.iter().map(|d| NewDisk::new(d.clone())).collect();
+        let pool = Pool::create(env(), small_config("tank"), new_disks)
+            .await
+            .unwrap();
+        let space = pool
+            .create_space(config("a", SpaceSize::Bytes(1 << 20)))
+            .await
+            .unwrap()
+            .space;
+        (Rc::new(pool), space)
+    });
+    let deleted = slabs_of(&executor.run_until(pool.metadata()), "a");
+
+    gate.arm();
+    let mut data = MARK.to_vec();
+    data.resize(64 << 10, 7);
+    let done = Rc::new(Cell::new(false));
+    let finished = done.clone();
+    spawner
+        .spawn_local(async move {
+            // Refused or not, once it is under way when the space goes.
+            let _ = space.write(0, bytes(data), false).await;
+            finished.set(true);
+        })
+        .unwrap();
+    executor.run_until_stalled();
+    assert!(gate.holding(), "the write is under way");
+
+    let after = executor.run_until(async {
+        pool.delete_space("a").await.unwrap();
+        let after = pool
+            .create_space(config("b", SpaceSize::Bytes(1 << 20)))
+            .await
+            .unwrap()
+            .space;
+        let taken = slabs_of(&pool.metadata().await, "b");
+        assert!(
+            taken.is_disjoint(&deleted),
+            "a slab the write may still reach was handed out: {taken:?} and {deleted:?}"
+        );
+        after
+    });
+    gate.release();
+    executor.run_until_stalled();
+    assert!(done.get());
+
+    executor.run_until(async {
+        let read = after.read(0, 1 << 20).await.unwrap();
+        assert!(read.iter().all(|&byte| byte == 0), "b took a's late write");
+        // Nothing holds the slabs any more: the rest of the pool, theirs
+        // included, goes to the next space.
+        pool.create_space(config("c", SpaceSize::Max))
+            .await
+            .unwrap();
+        let taken = slabs_of(&pool.metadata().await, "c");
+        assert!(taken.is_superset(&deleted), "{taken:?} and {deleted:?}");
+    });
+}
+
 /// The disk holding the first copy of row 0 of space "m".
 fn pool_disk_of_row_zero(
     metadata: &terrace_engine::meta::PoolMetadata,
@@ -1538,105 +1630,6 @@ fn pool_disk_of_row_zero(
         .as_ref()
         .unwrap()[0]
         .disk
-}
-
-/// `inner`'s write, once `wait` (if any) is released.
-fn write_after(
-    wait: Option<futures::channel::oneshot::Receiver<()>>,
-    inner: &Arc<dyn BlockDevice>,
-    offset: u64,
-    data: Bytes,
-    fua: bool,
-) -> BoxFuture<IoResult<()>> {
-    let Some(wait) = wait else {
-        return inner.write(offset, data, fua);
-    };
-    let inner = inner.clone();
-    Box::pin(async move {
-        let _ = wait.await;
-        inner.write(offset, data, fua).await
-    })
-}
-
-/// The start of the one write [`MarkedHeld`] holds.
-const MARK: [u8; 8] = *b"held!!!!";
-
-/// Holds the first write of data starting with [`MARK`] at its gate, until
-/// released.
-struct MarkedHeld {
-    inner: Arc<dyn BlockDevice>,
-    gate: Arc<Gate>,
-}
-
-impl BlockDevice for MarkedHeld {
-    terrace_io::forward_device_answers!(inner: name, size_bytes, alignment);
-
-    fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
-        self.inner.read(offset, buf)
-    }
-    fn write(&self, offset: u64, data: Bytes, fua: bool) -> BoxFuture<IoResult<()>> {
-        let wait = Some(())
-            .filter(|_| data.starts_with(&MARK))
-            .and_then(|_| self.gate.pass());
-        write_after(wait, &self.inner, offset, data, fua)
-    }
-    fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BoxFuture<IoResult<()>> {
-        self.inner.write_zeroes(offset, length, fua)
-    }
-    fn flush(&self) -> BoxFuture<IoResult<()>> {
-        self.inner.flush()
-    }
-}
-
-/// Holds the next request it is asked about (a read, or a write of a
-/// log's zeroes) that reaches any device sharing it, until released.
-#[derive(Default)]
-struct Gate {
-    armed: AtomicBool,
-    held: AtomicBool,
-    /// The device of the request held.
-    held_at: std::sync::Mutex<Option<String>>,
-    open: std::sync::Mutex<Option<futures::channel::oneshot::Sender<()>>>,
-    wait: std::sync::Mutex<Option<futures::channel::oneshot::Receiver<()>>>,
-}
-
-impl Gate {
-    fn arm(&self) {
-        let (open, wait) = futures::channel::oneshot::channel();
-        *self.open.lock().unwrap() = Some(open);
-        *self.wait.lock().unwrap() = Some(wait);
-        self.armed.store(true, Ordering::SeqCst);
-    }
-
-    fn holding(&self) -> bool {
-        self.held.load(Ordering::SeqCst)
-    }
-
-    /// Whether a request is held, waiting up to 100 ms for one.
-    async fn reached(&self) -> bool {
-        for _ in 0..1000 {
-            if self.holding() {
-                return true;
-            }
-            env().sleep(100_000).await;
-        }
-        self.holding()
-    }
-
-    fn release(&self) {
-        if let Some(open) = self.open.lock().unwrap().take() {
-            let _ = open.send(());
-        }
-    }
-
-    /// For a request arriving: what to wait for, if it is the one to hold.
-    fn pass(&self) -> Option<futures::channel::oneshot::Receiver<()>> {
-        if !self.armed.swap(false, Ordering::SeqCst) {
-            return None;
-        }
-        self.held.store(true, Ordering::SeqCst);
-        self.wait.lock().unwrap().take()
-    }
 }
 
 /// Counts the reads, flushes and FUA writes that reach a device.

@@ -13,8 +13,8 @@ use terrace_engine::io::delay::{DelayDevice, DelayPolicy};
 use terrace_engine::layout::Layout;
 use terrace_engine::meta::{DiskIndex, DiskState, JobKind, JobState, SpaceRole, Usage};
 use terrace_engine::{
-    verify_space, EngineError, ImportOptions, JobAction, NewDisk, Pool, Space, SpaceConfig,
-    SpaceHealth, SpaceSize,
+    verify_space, EngineError, ImportOptions, JobAction, NewDisk, Pool, PoolConfig, Space,
+    SpaceConfig, SpaceHealth, SpaceSize,
 };
 
 const DISK_BYTES: u64 = 4 << 20;
@@ -1494,5 +1494,110 @@ fn moves_finished_together_share_a_commit() {
         );
         check(&space, &model).await;
         assert_redundant(&space).await;
+    });
+}
+
+/// A client write still reaching a move's target when the move is
+/// cancelled never lands in a space created after: the target's slab stays
+/// out of allocations until the write is done, and is taken again after.
+#[test]
+fn a_cancelled_move_s_target_waits_for_the_writes_reaching_it() {
+    use futures::executor::LocalPool;
+    use futures::task::LocalSpawnExt;
+    use std::cell::Cell;
+    use std::rc::Rc;
+    use terrace_engine::io::BlockDevice;
+    use terrace_engine::meta::{ExtentRecord, SlabRef};
+
+    let disks = Disks::new(5, 16 << 20);
+    let gates: Vec<Arc<Gate>> = disks.devices.iter().map(|_| Arc::default()).collect();
+    let devices: Vec<NewDisk> = disks
+        .devices
+        .iter()
+        .zip(&gates)
+        .map(|(inner, gate)| {
+            let (inner, gate) = (inner.clone(), gate.clone());
+            NewDisk::new(Arc::new(MarkedHeld { inner, gate }) as Arc<dyn BlockDevice>)
+        })
+        .collect();
+    let mut executor = LocalPool::new();
+    let spawner = executor.spawner();
+    let (pool, space, job, step) = executor.run_until(async {
+        // 1 MiB slabs: a move copies 64 of its 256 rows a step.
+        let config = PoolConfig {
+            slab_bytes: 1 << 20,
+            ..small_config("tank")
+        };
+        let pool = Pool::create(env(), config, devices).await.unwrap();
+        let (space, _) = small_mirror(&pool, 1, 41).await;
+        set_repair_rate(&pool, 1 << 20).await;
+        let job = pool
+            .start_evacuation(disks_of(&pool.metadata().await, "m")[0])
+            .await
+            .unwrap();
+        // Run the evacuation until a move has copied some rows, not all.
+        for _ in 0..200 {
+            with_jobs(&pool, sleep(5)).await;
+            pool.job_action(job, JobAction::Pause).await.unwrap();
+            let metadata = pool.metadata().await;
+            let record = metadata.jobs.iter().find(|j| j.id == job).unwrap();
+            if let Some(step) = record
+                .moves
+                .iter()
+                .find(|step| !step.done && step.watermark_rows > 0)
+            {
+                return (Rc::new(pool), space, job, step.clone());
+            }
+            pool.job_action(job, JobAction::Resume).await.unwrap();
+        }
+        panic!("no move copied a row");
+    });
+
+    // A write of the move's first row goes to its target too; held there.
+    let target = usize::from(step.target.disk.0);
+    gates[target].arm();
+    let mut data = MARK.to_vec();
+    data.resize(4096, 7);
+    let offset = u64::from(step.extent) * space.geometry().extent_data_bytes();
+    let done = Rc::new(Cell::new(false));
+    let (writing, finished) = (space.clone(), done.clone());
+    spawner
+        .spawn_local(async move {
+            writing.write(offset, bytes(data), false).await.unwrap();
+            finished.set(true);
+        })
+        .unwrap();
+    executor.run_until_stalled();
+    assert!(gates[target].holding(), "the write reaches the target");
+
+    let slabs_of = |metadata: &terrace_engine::meta::PoolMetadata, name: &str| {
+        let extents = metadata.space(name).unwrap().extents.iter();
+        ExtentRecord::slabs_of(extents).collect::<std::collections::BTreeSet<SlabRef>>()
+    };
+    let whole = |name: &str| {
+        let mut config = SpaceConfig::new(name, Layout::Mirror { copies: 2 }, SpaceSize::Max);
+        config.columns = Some(1);
+        config
+    };
+    let after = executor.run_until(async {
+        pool.job_action(job, JobAction::Cancel).await.unwrap();
+        let after = pool.create_space(whole("n")).await.unwrap().space;
+        let taken = slabs_of(&pool.metadata().await, "n");
+        assert!(!taken.contains(&step.target), "the target was handed out");
+        after
+    });
+    gates[target].release();
+    executor.run_until_stalled();
+    assert!(done.get());
+
+    executor.run_until(async {
+        let read = after.read(0, after.size_bytes()).await.unwrap();
+        assert!(read.iter().all(|&byte| byte == 0), "n took m's late write");
+        // A copy reads do not reach would hold it as well.
+        assert_redundant(&after).await;
+        // Nothing holds the target any more: the next space may have it.
+        pool.create_space(whole("o")).await.unwrap();
+        let taken = slabs_of(&pool.metadata().await, "o");
+        assert!(taken.contains(&step.target), "{taken:?}");
     });
 }

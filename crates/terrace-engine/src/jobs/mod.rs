@@ -340,13 +340,14 @@ impl Pool {
         }
         let cancelled = (state == JobState::Cancelled).then(|| job.clone());
         self.shared.commit(&mut control, next).await?;
+        if let Some(job) = cancelled {
+            // Under the lock, as its targets are free once committed.
+            self.uninstall_job(&job);
+        }
         drop(control);
         if state == JobState::Running {
             let now = self.shared.env.now_ns();
             self.shared.job_runtime.resumed(id, now);
-        }
-        if let Some(job) = cancelled {
-            self.uninstall_job(&job);
         }
         Ok(())
     }

@@ -476,7 +476,8 @@ fn find_destination(
     mark: &Arc<std::sync::atomic::AtomicU64>,
 ) -> Option<Location> {
     let map = space.map();
-    map.extents[extent as usize][usize::from(slot)]
+    // None once the space is deleted (its map is empty then).
+    map.extents.get(extent as usize)?[usize::from(slot)]
         .locations
         .iter()
         .find(|location| {
@@ -588,10 +589,12 @@ impl Pool {
         if settled.is_empty() || self.shared.commit(&mut control, next).await.is_err() {
             return;
         }
-        drop(control);
+        // Under the lock: the old slabs are free in the metadata now, and
+        // are retired from allocations as the map stops naming them.
         for (kind, step) in &settled {
             self.settle_move(*kind, step);
         }
+        drop(control);
         for kind in completed {
             self.after_job(kind).await;
         }
@@ -683,7 +686,7 @@ impl Pool {
         let failed = job.clone();
         trim_history(&mut next);
         if self.shared.commit(&mut control, next).await.is_ok() {
-            drop(control);
+            // Under the lock, as its targets are free once committed.
             self.uninstall_job(&failed);
         }
     }
@@ -710,7 +713,7 @@ impl Pool {
         step.watermark_rows = 0;
         let fresh = next.jobs[position].clone();
         self.shared.commit(&mut control, next).await?;
-        drop(control);
+        // Under the lock, as the old target is free once committed.
         let mut only = old.clone();
         only.moves = vec![old.moves[index].clone()];
         self.uninstall_job(&only);

@@ -1,12 +1,12 @@
 //! Shared helpers for the engine's integration tests.
 #![allow(dead_code)]
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use terrace_engine::io::fault::{FaultControls, FaultDevice};
 use terrace_engine::io::memory::MemoryDevice;
-use terrace_engine::io::{BlockDevice, Bytes, Env, SystemEnv};
+use terrace_engine::io::{BlockDevice, BoxFuture, Bytes, BytesMut, Env, IoResult, SystemEnv};
 use terrace_engine::layout::Layout;
 use terrace_engine::meta::format::METADATA_SLOT_MIN_BYTES;
 use terrace_engine::{NewDisk, Pool, PoolConfig};
@@ -208,4 +208,103 @@ pub async fn jobs_settle(pool: &Pool) -> Vec<terrace_engine::JobStatus> {
         sleep(5).await;
     }
     panic!("jobs did not finish: {:?}", pool.job_statuses().await);
+}
+
+/// `inner`'s write, once `wait` (if any) is released.
+pub fn write_after(
+    wait: Option<futures::channel::oneshot::Receiver<()>>,
+    inner: &Arc<dyn BlockDevice>,
+    offset: u64,
+    data: Bytes,
+    fua: bool,
+) -> BoxFuture<IoResult<()>> {
+    let Some(wait) = wait else {
+        return inner.write(offset, data, fua);
+    };
+    let inner = inner.clone();
+    Box::pin(async move {
+        let _ = wait.await;
+        inner.write(offset, data, fua).await
+    })
+}
+
+/// The start of the one write [`MarkedHeld`] holds.
+pub const MARK: [u8; 8] = *b"held!!!!";
+
+/// Holds the first write of data starting with [`MARK`] at its gate, until
+/// released.
+pub struct MarkedHeld {
+    pub inner: Arc<dyn BlockDevice>,
+    pub gate: Arc<Gate>,
+}
+
+impl BlockDevice for MarkedHeld {
+    terrace_io::forward_device_answers!(inner: name, size_bytes, alignment);
+
+    fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
+        self.inner.read(offset, buf)
+    }
+    fn write(&self, offset: u64, data: Bytes, fua: bool) -> BoxFuture<IoResult<()>> {
+        let wait = Some(())
+            .filter(|_| data.starts_with(&MARK))
+            .and_then(|_| self.gate.pass());
+        write_after(wait, &self.inner, offset, data, fua)
+    }
+    fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BoxFuture<IoResult<()>> {
+        self.inner.write_zeroes(offset, length, fua)
+    }
+    fn flush(&self) -> BoxFuture<IoResult<()>> {
+        self.inner.flush()
+    }
+}
+
+/// Holds the next request it is asked about (a read, or a write of a
+/// log's zeroes) that reaches any device sharing it, until released.
+#[derive(Default)]
+pub struct Gate {
+    armed: AtomicBool,
+    held: AtomicBool,
+    /// The device of the request held.
+    pub held_at: std::sync::Mutex<Option<String>>,
+    open: std::sync::Mutex<Option<futures::channel::oneshot::Sender<()>>>,
+    wait: std::sync::Mutex<Option<futures::channel::oneshot::Receiver<()>>>,
+}
+
+impl Gate {
+    pub fn arm(&self) {
+        let (open, wait) = futures::channel::oneshot::channel();
+        *self.open.lock().unwrap() = Some(open);
+        *self.wait.lock().unwrap() = Some(wait);
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    pub fn holding(&self) -> bool {
+        self.held.load(Ordering::SeqCst)
+    }
+
+    /// Whether a request is held, waiting up to 100 ms for one.
+    pub async fn reached(&self) -> bool {
+        for _ in 0..1000 {
+            if self.holding() {
+                return true;
+            }
+            env().sleep(100_000).await;
+        }
+        self.holding()
+    }
+
+    pub fn release(&self) {
+        if let Some(open) = self.open.lock().unwrap().take() {
+            let _ = open.send(());
+        }
+    }
+
+    /// For a request arriving: what to wait for, if it is the one to hold.
+    pub fn pass(&self) -> Option<futures::channel::oneshot::Receiver<()>> {
+        if !self.armed.swap(false, Ordering::SeqCst) {
+            return None;
+        }
+        self.held.store(true, Ordering::SeqCst);
+        self.wait.lock().unwrap().take()
+    }
 }
