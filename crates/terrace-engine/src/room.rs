@@ -24,11 +24,17 @@ use terrace_meta::{
 
 use crate::EngineError;
 
-/// Metadata budgeted per slab when a slot is sized from the disks: a
-/// slab's reference in an extent map (at most 9 bytes, a one-column
-/// space), the move of a repair re-creating it (29), its extent in a dirty
-/// record (12), and room to spare for disks added later.
-pub const SLOT_BYTES_PER_SLAB: u64 = 64;
+/// Metadata budgeted per slab when a slot is sized from the disks. A
+/// slab costs at most 9 bytes in an extent map (a one-column space), and
+/// the fullest disk's slabs 41 more each (the move of a repair re-creating
+/// one, 29, and its extent in a dirty record, 12): 50 at most, a pool of
+/// one disk. The slot cannot grow once the pool exists, so the rest is
+/// for disks added later: at 64 bytes a pool of four disks that took four
+/// more of four times their size (five times its slabs, the new disks a
+/// fifth of them each) could allocate only part of them; at 256 it can
+/// all (`a_slot_sized_at_creation_holds_a_pool_grown_five_fold`), for
+/// 0.0002 % of the disks' bytes a slot at 256 MiB slabs.
+pub const SLOT_BYTES_PER_SLAB: u64 = 256;
 
 /// Largest metadata slot a pool may have.
 pub const METADATA_SLOT_MAX_BYTES: u64 = 1 << 30;
@@ -36,8 +42,9 @@ pub const METADATA_SLOT_MAX_BYTES: u64 = 1 << 30;
 /// The metadata slot for a pool of devices of `sizes` bytes cut into slabs
 /// of `slab_bytes`: [`SLOT_BYTES_PER_SLAB`] for each slab, at least the
 /// default 4 MiB and at most 1 GiB. A pool of 24 drives of 18 TB in 256 MiB
-/// slabs gets 98 MiB, 0.001 % of its disks for the two slots; only the
-/// metadata itself is written at each commit, not the whole slot.
+/// slabs gets 392 MiB, 0.005 % of its disks for the two slots; only the
+/// metadata itself is written at each commit and read at an import, not
+/// the whole slot.
 pub fn metadata_slot_bytes_for(sizes: &[u64], slab_bytes: u64) -> u64 {
     let offset = data_offset(METADATA_SLOT_DEFAULT_BYTES);
     let slabs: u64 = sizes
@@ -95,15 +102,88 @@ mod tests {
             metadata_slot_bytes_for(&[1 << 30; 4], 256 << 20),
             METADATA_SLOT_DEFAULT_BYTES
         );
-        // 24 drives of 18 TB in 256 MiB slabs: 64 bytes a slab.
+        // 24 drives of 18 TB in 256 MiB slabs: 256 bytes a slab.
         let slot = metadata_slot_bytes_for(&[18 * TB; 24], 256 << 20);
         let slabs = 24 * ((18 * TB - data_offset(METADATA_SLOT_DEFAULT_BYTES)) / (256 << 20));
         assert_eq!(slot, (slabs * SLOT_BYTES_PER_SLAB).next_multiple_of(4096));
-        assert!((95 << 20..100 << 20).contains(&slot), "{slot}");
+        assert!((390 << 20..395 << 20).contains(&slot), "{slot}");
         // Never past 1 GiB, whatever the pool.
         assert_eq!(
             metadata_slot_bytes_for(&[18 * TB; 64], 64 << 10),
             METADATA_SLOT_MAX_BYTES
         );
+    }
+
+    /// Sized from four disks, the pool takes four more of four times their
+    /// size (five times the slabs): a 2-way mirror over every slab, with
+    /// room kept for the repair of a large disk, still fits the slot.
+    #[test]
+    fn a_slot_sized_at_creation_holds_a_pool_grown_five_fold() {
+        use terrace_layout::{Geometry, Layout};
+        use terrace_meta::*;
+
+        let slab_bytes = 1 << 30;
+        let (small, large) = (16_000u32, 64_000u32);
+        let size =
+            |slabs: u32| data_offset(METADATA_SLOT_DEFAULT_BYTES) + u64::from(slabs) * slab_bytes;
+        let slot = metadata_slot_bytes_for(&[size(small); 4], slab_bytes);
+        let disk = |index: usize, slab_count: u32| DiskRecord {
+            id: DiskId([index as u8; 16]),
+            size_bytes: size(slab_count),
+            slab_count,
+            media: Media::Hdd,
+            usage: Usage::Auto,
+            state: DiskState::Active,
+            enclosure: String::new(),
+            node: String::new(),
+            path_hint: format!("/dev/sd{index}"),
+            state_reason: String::new(),
+            missing_since: 0,
+        };
+        let mut metadata = PoolMetadata {
+            pool_id: PoolId([1; 16]),
+            name: "tank".into(),
+            generation: 1,
+            created_ns: 1,
+            committed_ns: 1,
+            slab_bytes,
+            clean: true,
+            next_space_id: 2,
+            disks: (0..8)
+                .map(|index| disk(index, if index < 4 { small } else { large }))
+                .collect(),
+            spaces: Vec::new(),
+            settings: PoolSettings::default(),
+            next_job_id: 1,
+            jobs: Vec::new(),
+            dirty: Vec::new(),
+            intent: Vec::new(),
+        };
+        let layout = Layout::Mirror { copies: 2 };
+        let geometry = Geometry::new(layout, 1, 256 << 10, slab_bytes).unwrap();
+        let mut allocator =
+            Allocator::new(&metadata, FaultDomain::Disk, DiskRecord::takes_capacity);
+        let extents: Vec<ExtentRecord> = std::iter::from_fn(|| {
+            let slabs = allocator.allocate_extent(&geometry).ok()?;
+            Some(ExtentRecord { slabs: Some(slabs) })
+        })
+        .collect();
+        assert_eq!(extents.len() as u32, 2 * small + 2 * large);
+        metadata.spaces.push(SpaceRecord {
+            id: SpaceId(1),
+            name: "all".into(),
+            layout,
+            columns: 1,
+            interleave_bytes: geometry.interleave_bytes(),
+            size_bytes: extents.len() as u64 * geometry.extent_data_bytes(),
+            provisioning: Provisioning::Fixed,
+            fault_domain: FaultDomain::Disk,
+            created_ns: 1,
+            columns_reason: String::new(),
+            role: SpaceRole::Data,
+            cache: None,
+            extents,
+        });
+        check_room(&metadata, slot).unwrap();
     }
 }

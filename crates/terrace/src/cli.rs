@@ -61,7 +61,7 @@ pub enum PoolCommand {
         #[arg(long, value_parser = parse_size)]
         slab: Option<u64>,
         /// Size of each of the two metadata slots on every disk (a multiple
-        /// of 4K from 64K to 1G). Default: 64 bytes per slab of the disks
+        /// of 4K from 64K to 1G). Default: 256 bytes per slab of the disks
         /// given, at least 4M, which leaves room for disks added later and
         /// for repairs; `pool status` shows how much is used.
         #[arg(long, value_parser = parse_size)]
