@@ -1286,6 +1286,57 @@ fn a_returning_disk_cancels_a_log_move_off_it_which_starts_again_after() {
     }
 }
 
+/// A disk that a log move takes a slot off is lost: its repair does not
+/// wait for the move. Started by the policy or by hand, the repair cancels
+/// the move in its own commit, and the move starts again after it; the log
+/// ends on the journal disks and every write reads back.
+#[test]
+fn a_lost_disk_s_repair_cancels_a_log_move_off_it_which_starts_again_after() {
+    for by_hand in [false, true] {
+        block_on(async {
+            let disks = Disks::new(6, 64 << 20);
+            let (pool, model, source, moving) = log_move_under_way(&disks).await;
+            set_repair_rate(&pool, 0).await;
+            if by_hand {
+                pool.start_repair(source).await.unwrap();
+            }
+            let settled = with_jobs(&pool, async {
+                for _ in 0..100 {
+                    let settled = jobs_settle(&pool).await;
+                    if settled.len() >= 3 {
+                        return settled;
+                    }
+                    sleep(5).await;
+                }
+                panic!("the log move did not start again");
+            })
+            .await;
+            let cancelled = settled.iter().find(|s| s.id == moving).unwrap();
+            assert!(
+                cancelled
+                    .reason
+                    .contains(&format!("for the repair of disk {}", source.0)),
+                "{}",
+                cancelled.reason
+            );
+            let kinds: Vec<_> = settled.iter().map(|s| (s.kind, s.state)).collect();
+            assert_eq!(
+                kinds,
+                vec![
+                    (JobKind::LogsToJournal, JobState::Cancelled),
+                    (JobKind::Repair { disk: source }, JobState::Done),
+                    (JobKind::LogsToJournal, JobState::Done),
+                ],
+                "by hand: {by_hand}"
+            );
+            assert_eq!(log_disks(&pool.metadata().await), vec![4, 5]);
+            let space = pool.space("p").unwrap();
+            check(&space, &model).await;
+            assert_redundant(&space).await;
+        });
+    }
+}
+
 /// Spaces are refused once the metadata after them would leave no room to
 /// record the repair of the fullest disk (a 64 KiB slot, 64 KiB slabs),
 /// changing nothing; what was allocated up to then is repaired when that

@@ -231,13 +231,45 @@ impl Pool {
 
     /// Plan, record and install a job. Fails, changing nothing, when a job
     /// already involves one of its disks or the moves cannot be placed.
+    ///
+    /// A repair of a lost disk comes before a log move taking a slot off
+    /// it: the move is cancelled in the same commit (the repair re-creates
+    /// that slot too, on a journal disk where one has room), and the job
+    /// runner starts the log move again once no job runs. Its targets stay
+    /// out of the repair's plan: writes of the log may still be reaching
+    /// them (see [`crate::space::MapEpoch`]).
     pub async fn start_job(&self, kind: JobKind) -> Result<u64, EngineError> {
         self.shared.check_open()?;
         self.shared.check_writable()?;
         let mut control = self.shared.control.lock().await;
         let mut next = control.metadata.clone();
+        let (yielding, because) = match kind {
+            JobKind::Repair { disk } => (
+                log_moves_off_lost(&next, disk),
+                format!(
+                    "cancelled for the repair of disk {}; the log move starts again after it",
+                    disk.0
+                ),
+            ),
+            _ => (Vec::new(), String::new()),
+        };
+        let mut cancelled = Vec::new();
+        for position in yielding {
+            let job = &mut next.jobs[position];
+            self.cancel_record(job, &because);
+            cancelled.push(job.clone());
+        }
+        let held = self.shared.reserve(cancelled.iter().flat_map(|job| {
+            let pending = job.moves.iter().filter(|step| !step.done);
+            pending.map(|step| step.target)
+        }));
         let job = self.record_job(&mut next, kind)?;
         self.shared.commit(&mut control, next).await?;
+        // Under the lock, as their targets are free once committed.
+        for job in &cancelled {
+            self.uninstall_job(job);
+        }
+        drop(held);
         drop(control);
         Ok(self.launch_job(&job).await)
     }
@@ -516,6 +548,26 @@ pub(crate) fn repair_kept_for(metadata: &PoolMetadata, disk: DiskIndex) -> Optio
 /// One active job per disk: two jobs moving the same slabs would race. And
 /// a disk that an active job is filling cannot be emptied and released: the
 /// job would go on writing to a disk that left the pool.
+/// Active log moves taking a slot off `disk`, if it is lost (by position
+/// in `metadata.jobs`).
+fn log_moves_off_lost(metadata: &PoolMetadata, disk: DiskIndex) -> Vec<usize> {
+    let lost = metadata
+        .disk(disk)
+        .is_some_and(|record| matches!(record.state, DiskState::Failed | DiskState::Missing));
+    if !lost {
+        return Vec::new();
+    }
+    (0..metadata.jobs.len())
+        .filter(|&position| {
+            let job = &metadata.jobs[position];
+            let mut sources = move_sources(metadata, job.moves.iter().filter(|m| !m.done));
+            job.is_active()
+                && job.kind == JobKind::LogsToJournal
+                && sources.any(|source| source == disk)
+        })
+        .collect()
+}
+
 fn check_job_disks(metadata: &PoolMetadata, kind: JobKind) -> Result<(), EngineError> {
     let disks = kind_disks(kind);
     for disk in &disks {

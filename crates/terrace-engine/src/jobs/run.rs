@@ -156,11 +156,13 @@ impl Pool {
             let index = DiskIndex(index as u16);
             let lost = matches!(disk.state, DiskState::Failed | DiskState::Missing);
             // A disk whose repair is still running holds slabs until its
-            // last move is done; starting another would only conflict.
-            let has_job = metadata
-                .jobs
-                .iter()
-                .any(|job| job.is_active() && super::job_disks(&metadata, job).contains(&index));
+            // last move is done; starting another would only conflict. A
+            // log move off it gives way to its repair (see `start_job`).
+            let has_job = metadata.jobs.iter().any(|job| {
+                job.is_active()
+                    && job.kind != JobKind::LogsToJournal
+                    && super::job_disks(&metadata, job).contains(&index)
+            });
             if !lost
                 || has_job
                 || !holding.contains(&index)
