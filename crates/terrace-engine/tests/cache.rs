@@ -1346,13 +1346,7 @@ fn a_writer_waiting_behind_a_direct_write_goes_on_when_it_ends() {
     use std::rc::Rc;
 
     let gate = Arc::new(Gate::default());
-    let devices: Vec<Arc<dyn BlockDevice>> = memory_devices("pinned")
-        .into_iter()
-        .map(|inner| {
-            let gate = gate.clone();
-            Arc::new(MarkedHeld { inner, gate }) as Arc<dyn BlockDevice>
-        })
-        .collect();
+    let devices = marked_held(&memory_devices("pinned"), |_| gate.clone());
     let mut executor = LocalPool::new();
     let spawner = executor.spawner();
     let (pool, space) = executor.run_until(async {
@@ -1449,14 +1443,7 @@ fn a_disk_goes_missing_only_after_the_writes_that_looked_at_it() {
 
     let gate = Arc::new(Gate::default());
     let disks = Disks::new(4, 16 << 20);
-    let devices: Vec<Arc<dyn BlockDevice>> = disks
-        .devices
-        .iter()
-        .map(|inner| {
-            let (inner, gate) = (inner.clone(), gate.clone());
-            Arc::new(MarkedHeld { inner, gate }) as Arc<dyn BlockDevice>
-        })
-        .collect();
+    let devices = marked_held(&disks.devices, |_| gate.clone());
     let mut executor = LocalPool::new();
     let spawner = executor.spawner();
     let (pool, space) = executor.run_until(async {
@@ -1542,22 +1529,11 @@ fn a_deleted_space_s_slabs_wait_for_its_requests_under_way() {
 
     let gate = Arc::new(Gate::default());
     let disks = Disks::new(4, 16 << 20);
-    let devices: Vec<Arc<dyn BlockDevice>> = disks
-        .devices
-        .iter()
-        .map(|inner| {
-            let (inner, gate) = (inner.clone(), gate.clone());
-            Arc::new(MarkedHeld { inner, gate }) as Arc<dyn BlockDevice>
-        })
-        .collect();
+    let devices = marked_held(&disks.devices, |_| gate.clone());
     let config = |name: &str, size| {
         let mut config = SpaceConfig::new(name, Layout::Mirror { copies: 2 }, size);
         config.columns = Some(1);
         config
-    };
-    let slabs_of = |metadata: &terrace_engine::meta::PoolMetadata, name: &str| {
-        let slabs = metadata.space(name).unwrap().extents.iter();
-        ExtentRecord::slabs_of(slabs).collect::<BTreeSet<SlabRef>>()
     };
     let mut executor = LocalPool::new();
     let spawner = executor.spawner();
@@ -1573,7 +1549,7 @@ fn a_deleted_space_s_slabs_wait_for_its_requests_under_way() {
             .space;
         (Rc::new(pool), space)
     });
-    let deleted = slabs_of(&executor.run_until(pool.metadata()), "a");
+    let deleted = space_slabs(&executor.run_until(pool.metadata()), "a");
 
     gate.arm();
     let mut data = MARK.to_vec();
@@ -1597,7 +1573,7 @@ fn a_deleted_space_s_slabs_wait_for_its_requests_under_way() {
             .await
             .unwrap()
             .space;
-        let taken = slabs_of(&pool.metadata().await, "b");
+        let taken = space_slabs(&pool.metadata().await, "b");
         assert!(
             taken.is_disjoint(&deleted),
             "a slab the write may still reach was handed out: {taken:?} and {deleted:?}"
@@ -1616,7 +1592,7 @@ fn a_deleted_space_s_slabs_wait_for_its_requests_under_way() {
         pool.create_space(config("c", SpaceSize::Max))
             .await
             .unwrap();
-        let taken = slabs_of(&pool.metadata().await, "c");
+        let taken = space_slabs(&pool.metadata().await, "c");
         assert!(taken.is_superset(&deleted), "{taken:?} and {deleted:?}");
     });
 }

@@ -1248,42 +1248,51 @@ fn a_returning_disk_cancels_a_log_move_off_it_which_starts_again_after() {
             let statuses = pool.job_statuses().await;
             let cancelled = statuses.iter().find(|s| s.id == moving).unwrap();
             assert_eq!(cancelled.state, JobState::Cancelled, "{statuses:?}");
-            assert!(
-                cancelled
-                    .reason
-                    .contains(&format!("disk {} returned and catches up first", source.0)),
-                "{}",
-                cancelled.reason
-            );
-            set_repair_rate(&pool, 0).await;
-            let settled = with_jobs(&pool, async {
-                // The move starts again once the pool's disks change.
-                for _ in 0..100 {
-                    let settled = jobs_settle(&pool).await;
-                    if settled.len() >= 3 {
-                        return settled;
-                    }
-                    sleep(5).await;
-                }
-                panic!("the log move did not start again");
-            })
-            .await;
-            let kinds: Vec<_> = settled.iter().map(|s| (s.kind, s.state)).collect();
-            assert_eq!(
-                kinds,
-                vec![
-                    (JobKind::LogsToJournal, JobState::Cancelled),
-                    (JobKind::Resync { disk: source }, JobState::Done),
-                    (JobKind::LogsToJournal, JobState::Done),
-                ],
-                "live: {live}"
-            );
-            assert_eq!(log_disks(&pool.metadata().await), vec![4, 5]);
-            let space = pool.space("p").unwrap();
-            check(&space, &model).await;
-            assert_redundant(&space).await;
+            let because = format!("disk {} returned and catches up first", source.0);
+            let first = JobKind::Resync { disk: source };
+            log_move_ends_after(&pool, &model, moving, first, &because).await;
         });
     }
+}
+
+/// Run the jobs until the log move `moving`, cancelled `because` of the
+/// job `first` (done by then), has started again and ended; then the log
+/// is on the journal disks and the data reads back, fully redundant.
+async fn log_move_ends_after(
+    pool: &Pool,
+    model: &Model,
+    moving: u64,
+    first: JobKind,
+    because: &str,
+) {
+    set_repair_rate(pool, 0).await;
+    let settled = with_jobs(pool, async {
+        // The move starts again once the pool's disks change.
+        for _ in 0..100 {
+            let settled = jobs_settle(pool).await;
+            if settled.len() >= 3 {
+                return settled;
+            }
+            sleep(5).await;
+        }
+        panic!("the log move did not start again");
+    })
+    .await;
+    let cancelled = settled.iter().find(|s| s.id == moving).unwrap();
+    assert!(cancelled.reason.contains(because), "{}", cancelled.reason);
+    let kinds: Vec<_> = settled.iter().map(|s| (s.kind, s.state)).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (JobKind::LogsToJournal, JobState::Cancelled),
+            (first, JobState::Done),
+            (JobKind::LogsToJournal, JobState::Done),
+        ]
+    );
+    assert_eq!(log_disks(&pool.metadata().await), vec![4, 5]);
+    let space = pool.space("p").unwrap();
+    check(&space, model).await;
+    assert_redundant(&space).await;
 }
 
 /// A disk that a log move takes a slot off is lost: its repair does not
@@ -1296,43 +1305,12 @@ fn a_lost_disk_s_repair_cancels_a_log_move_off_it_which_starts_again_after() {
         block_on(async {
             let disks = Disks::new(6, 64 << 20);
             let (pool, model, source, moving) = log_move_under_way(&disks).await;
-            set_repair_rate(&pool, 0).await;
             if by_hand {
                 pool.start_repair(source).await.unwrap();
             }
-            let settled = with_jobs(&pool, async {
-                for _ in 0..100 {
-                    let settled = jobs_settle(&pool).await;
-                    if settled.len() >= 3 {
-                        return settled;
-                    }
-                    sleep(5).await;
-                }
-                panic!("the log move did not start again");
-            })
-            .await;
-            let cancelled = settled.iter().find(|s| s.id == moving).unwrap();
-            assert!(
-                cancelled
-                    .reason
-                    .contains(&format!("for the repair of disk {}", source.0)),
-                "{}",
-                cancelled.reason
-            );
-            let kinds: Vec<_> = settled.iter().map(|s| (s.kind, s.state)).collect();
-            assert_eq!(
-                kinds,
-                vec![
-                    (JobKind::LogsToJournal, JobState::Cancelled),
-                    (JobKind::Repair { disk: source }, JobState::Done),
-                    (JobKind::LogsToJournal, JobState::Done),
-                ],
-                "by hand: {by_hand}"
-            );
-            assert_eq!(log_disks(&pool.metadata().await), vec![4, 5]);
-            let space = pool.space("p").unwrap();
-            check(&space, &model).await;
-            assert_redundant(&space).await;
+            let because = format!("for the repair of disk {}", source.0);
+            let first = JobKind::Repair { disk: source };
+            log_move_ends_after(&pool, &model, moving, first, &because).await;
         });
     }
 }
@@ -1557,20 +1535,11 @@ fn a_cancelled_move_s_target_waits_for_the_writes_reaching_it() {
     use futures::task::LocalSpawnExt;
     use std::cell::Cell;
     use std::rc::Rc;
-    use terrace_engine::io::BlockDevice;
-    use terrace_engine::meta::{ExtentRecord, SlabRef};
 
     let disks = Disks::new(5, 16 << 20);
     let gates: Vec<Arc<Gate>> = disks.devices.iter().map(|_| Arc::default()).collect();
-    let devices: Vec<NewDisk> = disks
-        .devices
-        .iter()
-        .zip(&gates)
-        .map(|(inner, gate)| {
-            let (inner, gate) = (inner.clone(), gate.clone());
-            NewDisk::new(Arc::new(MarkedHeld { inner, gate }) as Arc<dyn BlockDevice>)
-        })
-        .collect();
+    let devices = marked_held(&disks.devices, |index| gates[index].clone());
+    let devices: Vec<NewDisk> = devices.into_iter().map(NewDisk::new).collect();
     let mut executor = LocalPool::new();
     let spawner = executor.spawner();
     let (pool, space, job, step) = executor.run_until(async {
@@ -1621,10 +1590,6 @@ fn a_cancelled_move_s_target_waits_for_the_writes_reaching_it() {
     executor.run_until_stalled();
     assert!(gates[target].holding(), "the write reaches the target");
 
-    let slabs_of = |metadata: &terrace_engine::meta::PoolMetadata, name: &str| {
-        let extents = metadata.space(name).unwrap().extents.iter();
-        ExtentRecord::slabs_of(extents).collect::<std::collections::BTreeSet<SlabRef>>()
-    };
     let whole = |name: &str| {
         let mut config = SpaceConfig::new(name, Layout::Mirror { copies: 2 }, SpaceSize::Max);
         config.columns = Some(1);
@@ -1633,7 +1598,7 @@ fn a_cancelled_move_s_target_waits_for_the_writes_reaching_it() {
     let after = executor.run_until(async {
         pool.job_action(job, JobAction::Cancel).await.unwrap();
         let after = pool.create_space(whole("n")).await.unwrap().space;
-        let taken = slabs_of(&pool.metadata().await, "n");
+        let taken = space_slabs(&pool.metadata().await, "n");
         assert!(!taken.contains(&step.target), "the target was handed out");
         after
     });
@@ -1648,7 +1613,7 @@ fn a_cancelled_move_s_target_waits_for_the_writes_reaching_it() {
         assert_redundant(&after).await;
         // Nothing holds the target any more: the next space may have it.
         pool.create_space(whole("o")).await.unwrap();
-        let taken = slabs_of(&pool.metadata().await, "o");
+        let taken = space_slabs(&pool.metadata().await, "o");
         assert!(taken.contains(&step.target), "{taken:?}");
     });
 }

@@ -231,6 +231,31 @@ pub fn write_after(
 /// The start of the one write [`MarkedHeld`] holds.
 pub const MARK: [u8; 8] = *b"held!!!!";
 
+/// The slabs of space `name`.
+pub fn space_slabs(
+    metadata: &terrace_engine::meta::PoolMetadata,
+    name: &str,
+) -> std::collections::BTreeSet<terrace_engine::meta::SlabRef> {
+    let extents = metadata.space(name).unwrap().extents.iter();
+    terrace_engine::meta::ExtentRecord::slabs_of(extents).collect()
+}
+
+/// `devices`, each behind a [`MarkedHeld`] with the gate `gate_of` gives
+/// for its index.
+pub fn marked_held(
+    devices: &[Arc<dyn BlockDevice>],
+    gate_of: impl Fn(usize) -> Arc<Gate>,
+) -> Vec<Arc<dyn BlockDevice>> {
+    devices
+        .iter()
+        .enumerate()
+        .map(|(index, inner)| {
+            let (inner, gate) = (inner.clone(), gate_of(index));
+            Arc::new(MarkedHeld { inner, gate }) as Arc<dyn BlockDevice>
+        })
+        .collect()
+}
+
 /// Holds the first write of data starting with [`MARK`] at its gate, until
 /// released.
 pub struct MarkedHeld {
