@@ -57,6 +57,9 @@ pub enum Request {
     },
     PoolDestroy {
         name: String,
+        /// Even while NBD clients have its spaces open.
+        #[serde(default)]
+        force: bool,
     },
     DiskList {
         paths: Vec<String>,
@@ -86,6 +89,9 @@ pub enum Request {
     SpaceDelete {
         pool: Option<String>,
         name: String,
+        /// Even while NBD clients have it open.
+        #[serde(default)]
+        force: bool,
     },
     /// Read every row and check that copies and parity agree with the data.
     SpaceVerify {
@@ -292,6 +298,9 @@ pub struct SpaceView {
     pub read_only: bool,
     /// NBD export name.
     pub export: String,
+    /// NBD connections open on it now (a client may open several).
+    #[serde(default)]
+    pub nbd_connections: u64,
     /// The write-back cache, if the space has one.
     #[serde(default)]
     pub cache: Option<CacheView>,

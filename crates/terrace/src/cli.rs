@@ -96,6 +96,10 @@ pub enum PoolCommand {
         name: String,
         #[arg(long)]
         yes: bool,
+        /// Destroy it even while NBD clients have its spaces open (they
+        /// then get I/O errors); refused otherwise.
+        #[arg(long)]
+        force: bool,
     },
     /// Change how the pool handles failures.
     Set {
@@ -257,6 +261,10 @@ pub enum SpaceCommand {
         pool: Option<String>,
         #[arg(long)]
         yes: bool,
+        /// Delete it even while NBD clients have it open (they then get
+        /// I/O errors); refused otherwise.
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -413,7 +421,7 @@ pub fn pool_request(command: PoolCommand) -> Result<Request, CliError> {
             repair_policy: repair,
             repair_rate_bytes: repair_rate,
         },
-        PoolCommand::Destroy { name, yes } => {
+        PoolCommand::Destroy { name, yes, force } => {
             if !yes {
                 confirm(
                     &format!(
@@ -422,7 +430,7 @@ pub fn pool_request(command: PoolCommand) -> Result<Request, CliError> {
                     &name,
                 )?;
             }
-            Request::PoolDestroy { name }
+            Request::PoolDestroy { name, force }
         }
     })
 }
@@ -599,14 +607,19 @@ pub fn space_request(command: SpaceCommand) -> Result<Request, CliError> {
             name,
             size_bytes: size,
         },
-        SpaceCommand::Delete { name, pool, yes } => {
+        SpaceCommand::Delete {
+            name,
+            pool,
+            yes,
+            force,
+        } => {
             if !yes {
                 confirm(
                     &format!("Delete space {name}? Its data will be gone."),
                     &name,
                 )?;
             }
-            Request::SpaceDelete { pool, name }
+            Request::SpaceDelete { pool, name, force }
         }
     })
 }

@@ -387,8 +387,12 @@ pub fn cache_lines(space: &SpaceView) -> String {
 
 pub fn space_detail(detail: &SpaceDetail) -> String {
     let space = &detail.space;
+    let clients = match space.nbd_connections {
+        0 => String::new(),
+        n => format!(" ({} open)", count(n, "NBD connection")),
+    };
     let mut out = format!(
-        "space {} (pool {}): {}, export {}\n  health: {}\n",
+        "space {} (pool {}): {}, export {}{clients}\n  health: {}\n",
         space.name,
         space.pool,
         format_size(space.size_bytes),

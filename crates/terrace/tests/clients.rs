@@ -5,8 +5,12 @@
 
 mod common;
 
-use common::{command, random_bytes, run, run_ok, sha256_file, skip_without, Daemon, LAYOUTS, MIB};
+use common::{
+    command, random_bytes, run, run_ok, sha256_file, skip_without, wait_for, Daemon, FuseFile,
+    LAYOUTS, MIB,
+};
 use serde_json::Value;
+use std::time::Duration;
 
 fn size_of(space: &Value) -> u64 {
     space["size_bytes"]
@@ -442,4 +446,76 @@ fn fio_concurrent_connections_verify_on_every_layout() {
         fio(&daemon, layout.name, &daemon.tcp_uri(layout.name), &options);
     }
     daemon.stop();
+}
+
+/// A space an NBD client has open is not deleted, nor its pool destroyed,
+/// unless forced: the refusal counts the connections and changes nothing
+/// (the client reads its data back); forced, the client's reads fail.
+#[test]
+fn a_space_a_client_has_open_is_deleted_only_when_forced() {
+    use std::io::{Read, Seek, SeekFrom, Write};
+
+    if skip_without(
+        "a_space_a_client_has_open_is_deleted_only_when_forced",
+        &["nbdfuse", "fusermount3"],
+    ) {
+        return;
+    }
+    let daemon = Daemon::start();
+    let disks = daemon.disk_files("open", 4, 256 * MIB);
+    daemon.create_pool("tank", &disks, "8M");
+    daemon.create_space("tank", "vm", &["--layout", "mirror"], "32M");
+    let fuse = FuseFile::attach(daemon.temp(), "vm", &daemon.uri("vm"));
+    let data = random_bytes(17, MIB as usize);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&fuse.file)
+        .unwrap();
+    file.write_all(&data).unwrap();
+    file.sync_all().unwrap();
+    // nbdfuse opens several connections.
+    let shown = daemon.cli_json(&["space", "show", "vm"]);
+    let connections = shown["space"]["nbd_connections"].as_u64().unwrap();
+    assert!(connections >= 1, "{shown}");
+
+    for (args, what) in [
+        (&["space", "delete", "vm", "--yes"][..], "space vm"),
+        (&["pool", "destroy", "tank", "--yes"][..], "pool tank"),
+    ] {
+        let refused = daemon.cli(args);
+        assert_eq!(refused.code(), Some(1), "{}", refused.describe());
+        let open = format!("open by {connections} NBD connection");
+        for words in [what, &open, "nothing was changed", "--force"] {
+            assert!(refused.stderr.contains(words), "{}", refused.describe());
+        }
+    }
+    let mut read = vec![0; data.len()];
+    file.seek(SeekFrom::Start(0)).unwrap();
+    file.read_exact(&mut read).unwrap();
+    assert!(read == data, "the client's data changed");
+
+    daemon.cli_ok(&["space", "delete", "vm", "--yes", "--force"]);
+    assert_eq!(daemon.cli_json(&["space", "list"]), serde_json::json!([]));
+    // A range the client has not read (nor read ahead) before.
+    let mut gone = vec![0; 64 << 10];
+    file.seek(SeekFrom::Start(24 * MIB)).unwrap();
+    assert!(file.read_exact(&mut gone).is_err(), "a deleted space read");
+    drop(file);
+    fuse.detach();
+
+    // Connections are counted until they close; then no force is needed.
+    daemon.create_space("tank", "next", &["--layout", "mirror"], "32M");
+    let fuse = FuseFile::attach(daemon.temp(), "next", &daemon.uri("next"));
+    let open = |name: &str| {
+        let shown = daemon.cli_json(&["space", "show", name]);
+        shown["space"]["nbd_connections"].as_u64().unwrap()
+    };
+    assert!(open("next") >= 1);
+    fuse.detach();
+    wait_for("the connections to close", Duration::from_secs(30), || {
+        (open("next") == 0).then_some(())
+    });
+    daemon.cli_ok(&["space", "delete", "next", "--yes"]);
+    daemon.cli_ok(&["pool", "destroy", "tank", "--yes"]);
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 use terrace_engine::io::BlockDevice;
-use terrace_engine::layout::{Layout, LayoutError};
+use terrace_engine::layout::{count, Layout, LayoutError};
 use terrace_engine::meta::{DiskIndex, FaultDomain, Media, RepairPolicy, RetireMissing, Usage};
 use terrace_engine::{
     EngineError, ImportOptions, JobAction, NewDisk, Pool, PoolConfig, Space, SpaceConfig, SpaceSize,
@@ -96,8 +96,8 @@ async fn handle(daemon: &Arc<Daemon>, request: Request) -> Answer {
             force,
             read_only,
         } => pool_import(registry, disks, name, force, read_only).await,
-        Request::PoolExport { name } => pool_export(registry, &name, false).await,
-        Request::PoolDestroy { name } => pool_export(registry, &name, true).await,
+        Request::PoolExport { name } => pool_export(registry, &name, None).await,
+        Request::PoolDestroy { name, force } => pool_export(registry, &name, Some(force)).await,
         Request::DiskList { paths } => value(candidates::list(registry, &paths).await),
         Request::DiskAdd { pool, disks } => disk_add(registry, &pool, disks).await,
         Request::DiskSet { pool, disk, usage } => disk_set(registry, &pool, &disk, &usage).await,
@@ -151,9 +151,12 @@ async fn handle(daemon: &Arc<Daemon>, request: Request) -> Answer {
                 .map_err(failure)?;
             space_view(registry, &entry, &name).await
         }
-        Request::SpaceDelete { pool, name } => {
+        Request::SpaceDelete { pool, name, force } => {
             let _admin = registry.admin.lock().await;
-            let (entry, _) = find_space(registry, pool.as_deref(), &name)?;
+            let (entry, space) = find_space(registry, pool.as_deref(), &name)?;
+            if !force {
+                in_use(registry, &[space], &format!("space {name}"), "delete it")?;
+            }
             entry.pool.delete_space(&name).await.map_err(failure)?;
             value(serde_json::json!({ "deleted": name }))
         }
@@ -328,9 +331,15 @@ async fn pool_view(registry: &Registry, entry: &PoolEntry) -> PoolView {
     let status = entry.pool.status().await;
     let jobs = entry.pool.job_statuses().await;
     let settings = entry.pool.metadata().await.settings;
-    views::pool_view(&status, &jobs, &settings, |space| {
+    let mut view = views::pool_view(&status, &jobs, &settings, |space| {
         export_name_in(registry, entry.pool.name(), space)
-    })
+    });
+    for space in &mut view.spaces {
+        if let Some(open) = entry.pool.space(&space.name) {
+            space.nbd_connections = registry.clients_of(&open) as u64;
+        }
+    }
+    view
 }
 
 async fn space_view(registry: &Registry, entry: &PoolEntry, name: &str) -> Answer {
@@ -491,9 +500,40 @@ async fn pool_import(
     value(pool_view(registry, &entry).await)
 }
 
-async fn pool_export(registry: &Registry, name: &str, destroy: bool) -> Answer {
+/// Refuse to destroy data NBD clients have open: what `spaces` hold
+/// (named `what`), unless forced (`undo` says what the force would do).
+fn in_use(
+    registry: &Registry,
+    spaces: &[Arc<Space>],
+    what: &str,
+    undo: &str,
+) -> Result<(), (ErrorKind, String)> {
+    let connections: usize = spaces.iter().map(|space| registry.clients_of(space)).sum();
+    if connections == 0 {
+        return Ok(());
+    }
+    Err(failure(format!(
+        "{what} is open by {}; nothing was changed. Close {} first, or {undo} anyway \
+         with --force (its clients then get I/O errors)",
+        count(connections as u64, "NBD connection"),
+        if connections == 1 { "it" } else { "them" },
+    )))
+}
+
+/// Export (`destroy` none) or destroy a pool; a destroy not forced is
+/// refused while NBD clients have its spaces open.
+async fn pool_export(registry: &Registry, name: &str, destroy: Option<bool>) -> Answer {
     let _admin = registry.admin.lock().await;
     let entry = find_pool(registry, name)?;
+    if destroy == Some(false) {
+        in_use(
+            registry,
+            &entry.pool.spaces(),
+            &format!("pool {name}"),
+            "destroy it",
+        )?;
+    }
+    let destroy = destroy.is_some();
     let result = if destroy {
         entry.pool.destroy().await
     } else {

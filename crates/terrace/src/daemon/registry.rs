@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use terrace_engine::io::file::{FileDevice, FileOptions};
 use terrace_engine::io::model::{DriveModel, ModelDevice};
 use terrace_engine::io::{BlockDevice, Env, IoError};
-use terrace_engine::{ImportOptions, Pool};
+use terrace_engine::{ImportOptions, Pool, Space};
 
 /// Where a disk is, and the drive model it is made to behave like.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,6 +54,28 @@ pub struct Registry {
     /// Bytes of log records the write-back logs of all pools may keep in
     /// memory, shared equally by the pools (see [`Registry::share_log_memory`]).
     log_memory: u64,
+    /// NBD clients connected to each space, by the space's address (a
+    /// connection holds its space, so the address is that space's while
+    /// it is counted).
+    clients: std::sync::Mutex<std::collections::HashMap<usize, usize>>,
+}
+
+/// One NBD client of a space, counted until dropped.
+pub struct Client {
+    registry: Arc<Registry>,
+    key: usize,
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let mut clients = self.registry.clients();
+        if let Some(count) = clients.get_mut(&self.key) {
+            *count -= 1;
+            if *count == 0 {
+                clients.remove(&self.key);
+            }
+        }
+    }
 }
 
 /// Open a device or file for pool use, claimed for this process (another
@@ -235,7 +257,28 @@ impl Registry {
             unavailable: RwLock::new(Vec::new()),
             admin: tokio::sync::Mutex::new(()),
             log_memory,
+            clients: Default::default(),
         }
+    }
+
+    fn clients(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<usize, usize>> {
+        self.clients.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Count a client of `space` until the answer is dropped.
+    pub fn client_of(self: &Arc<Self>, space: &Arc<Space>) -> Client {
+        let key = Arc::as_ptr(space) as usize;
+        *self.clients().entry(key).or_default() += 1;
+        Client {
+            registry: self.clone(),
+            key,
+        }
+    }
+
+    /// The NBD clients connected to `space` now.
+    pub fn clients_of(&self, space: &Arc<Space>) -> usize {
+        let key = Arc::as_ptr(space) as usize;
+        self.clients().get(&key).copied().unwrap_or(0)
     }
 
     pub fn get(&self, name: &str) -> Option<PoolEntry> {

@@ -156,6 +156,7 @@ pub fn space_view(pool: &str, space: &SpaceStatus, read_only: bool, export: Stri
         repair_percent: repair.map(|(_, percent)| percent),
         read_only,
         export,
+        nbd_connections: 0,
         cache: space
             .cache
             .as_ref()
