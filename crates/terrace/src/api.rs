@@ -54,6 +54,9 @@ pub enum Request {
     },
     PoolExport {
         name: String,
+        /// Even while NBD clients have its spaces open.
+        #[serde(default)]
+        force: bool,
     },
     PoolDestroy {
         name: String,

@@ -90,7 +90,13 @@ pub enum PoolCommand {
         read_only: bool,
     },
     /// Flush, close and forget a pool (its disks keep it; import brings it back).
-    Export { name: String },
+    Export {
+        name: String,
+        /// Export it even while NBD clients have its spaces open (they
+        /// then get I/O errors); refused otherwise.
+        #[arg(long)]
+        force: bool,
+    },
     /// Erase a pool: every disk becomes blank. Asks first unless --yes.
     Destroy {
         name: String,
@@ -409,7 +415,7 @@ pub fn pool_request(command: PoolCommand) -> Result<Request, CliError> {
                 read_only,
             }
         }
-        PoolCommand::Export { name } => Request::PoolExport { name },
+        PoolCommand::Export { name, force } => Request::PoolExport { name, force },
         PoolCommand::Set {
             name,
             retire_missing,

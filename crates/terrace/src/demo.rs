@@ -257,6 +257,7 @@ async fn demo_steps(
         control,
         &Request::PoolExport {
             name: "demo".into(),
+            force: false,
         },
     )
     .await?;

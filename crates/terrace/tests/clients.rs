@@ -448,9 +448,10 @@ fn fio_concurrent_connections_verify_on_every_layout() {
     daemon.stop();
 }
 
-/// A space an NBD client has open is not deleted, nor its pool destroyed,
-/// unless forced: the refusal counts the connections and changes nothing
-/// (the client reads its data back); forced, the client's reads fail.
+/// A space an NBD client has open is not deleted, nor its pool destroyed
+/// or exported, unless forced: the refusal counts the connections and
+/// changes nothing (the client reads its data back); forced, the client's
+/// reads fail. Connections that close stop counting.
 #[test]
 fn a_space_a_client_has_open_is_deleted_only_when_forced() {
     use std::io::{Read, Seek, SeekFrom, Write};
@@ -482,6 +483,7 @@ fn a_space_a_client_has_open_is_deleted_only_when_forced() {
     for (args, what) in [
         (&["space", "delete", "vm", "--yes"][..], "space vm"),
         (&["pool", "destroy", "tank", "--yes"][..], "pool tank"),
+        (&["pool", "export", "tank"][..], "pool tank"),
     ] {
         let refused = daemon.cli(args);
         assert_eq!(refused.code(), Some(1), "{}", refused.describe());

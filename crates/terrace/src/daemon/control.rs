@@ -96,8 +96,8 @@ async fn handle(daemon: &Arc<Daemon>, request: Request) -> Answer {
             force,
             read_only,
         } => pool_import(registry, disks, name, force, read_only).await,
-        Request::PoolExport { name } => pool_export(registry, &name, None).await,
-        Request::PoolDestroy { name, force } => pool_export(registry, &name, Some(force)).await,
+        Request::PoolExport { name, force } => pool_export(registry, &name, false, force).await,
+        Request::PoolDestroy { name, force } => pool_export(registry, &name, true, force).await,
         Request::DiskList { paths } => value(candidates::list(registry, &paths).await),
         Request::DiskAdd { pool, disks } => disk_add(registry, &pool, disks).await,
         Request::DiskSet { pool, disk, usage } => disk_set(registry, &pool, &disk, &usage).await,
@@ -155,7 +155,7 @@ async fn handle(daemon: &Arc<Daemon>, request: Request) -> Answer {
             let _admin = registry.admin.lock().await;
             let (entry, space) = find_space(registry, pool.as_deref(), &name)?;
             if !force {
-                in_use(registry, &[space], &format!("space {name}"), "delete it")?;
+                in_use(registry, &[space], &format!("space {name}"), "delete it").await?;
             }
             entry.pool.delete_space(&name).await.map_err(failure)?;
             value(serde_json::json!({ "deleted": name }))
@@ -500,15 +500,26 @@ async fn pool_import(
     value(pool_view(registry, &entry).await)
 }
 
-/// Refuse to destroy data NBD clients have open: what `spaces` hold
-/// (named `what`), unless forced (`undo` says what the force would do).
-fn in_use(
+/// How long a refusal for open NBD connections waits for them to close
+/// first: a client that has just disconnected may still be counted, its
+/// connection ending a moment after its request.
+const CLOSING_NS: u64 = 2_000_000_000;
+
+/// Refuse, unless forced, to take away what NBD clients have open: the
+/// spaces `spaces` (named together `what`; `undo` says what the force
+/// would do anyway). Connections closing now are waited for a moment.
+async fn in_use(
     registry: &Registry,
     spaces: &[Arc<Space>],
     what: &str,
     undo: &str,
 ) -> Result<(), (ErrorKind, String)> {
-    let connections: usize = spaces.iter().map(|space| registry.clients_of(space)).sum();
+    let open = || -> usize { spaces.iter().map(|space| registry.clients_of(space)).sum() };
+    let deadline = registry.env.now_ns() + CLOSING_NS;
+    while open() > 0 && registry.env.now_ns() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let connections = open();
     if connections == 0 {
         return Ok(());
     }
@@ -520,20 +531,21 @@ fn in_use(
     )))
 }
 
-/// Export (`destroy` none) or destroy a pool; a destroy not forced is
-/// refused while NBD clients have its spaces open.
-async fn pool_export(registry: &Registry, name: &str, destroy: Option<bool>) -> Answer {
+/// Export or destroy a pool; refused, unless forced, while NBD clients
+/// have its spaces open.
+async fn pool_export(registry: &Registry, name: &str, destroy: bool, force: bool) -> Answer {
     let _admin = registry.admin.lock().await;
     let entry = find_pool(registry, name)?;
-    if destroy == Some(false) {
+    if !force {
+        let undo = if destroy { "destroy it" } else { "export it" };
         in_use(
             registry,
             &entry.pool.spaces(),
             &format!("pool {name}"),
-            "destroy it",
-        )?;
+            undo,
+        )
+        .await?;
     }
-    let destroy = destroy.is_some();
     let result = if destroy {
         entry.pool.destroy().await
     } else {
