@@ -20,6 +20,7 @@ fn simulated_runs_keep_every_acknowledged_write() {
                 totals.returns += report.returns;
                 totals.returns_at_import += report.returns_at_import;
                 totals.journals_added += report.journals_added;
+                totals.scratch_spaces += report.scratch_spaces;
             }
             Err(message) => {
                 eprintln!("seed {seed} FAILED: {message}\n  replay: TERRACE_SIM_SEED={seed} cargo test -p terrace-sim");
@@ -28,7 +29,7 @@ fn simulated_runs_keep_every_acknowledged_write() {
         }
     }
     eprintln!(
-        "{} runs ({} with a write-back log, {} MiB destaged): {} power cuts, {} disks lost ({} taken back live, {} back at an import), {} repairs done ({} moves), journal disks added to {} runs, {} writes, {} verified reads",
+        "{} runs ({} with a write-back log, {} MiB destaged): {} power cuts, {} disks lost ({} taken back live, {} back at an import), {} repairs done ({} moves), journal disks added to {} runs, {} spaces created and deleted beside the clients, {} writes, {} verified reads",
         seeds.len(),
         totals.cached_runs,
         totals.destaged_bytes >> 20,
@@ -39,6 +40,7 @@ fn simulated_runs_keep_every_acknowledged_write() {
         totals.repairs,
         totals.moves,
         totals.journals_added,
+        totals.scratch_spaces,
         totals.writes,
         totals.reads
     );
