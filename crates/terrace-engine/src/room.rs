@@ -25,9 +25,10 @@ use terrace_meta::{
 use crate::EngineError;
 
 /// Metadata budgeted per slab when a slot is sized from the disks. A
-/// slab costs at most 9 bytes in an extent map (a one-column space), and
-/// the fullest disk's slabs 41 more each (the move of a repair re-creating
-/// one, 29, and its extent in a dirty record, 12): 50 at most, a pool of
+/// slab costs at most 7 bytes in an extent map (a one-column space: a
+/// flag byte and a 6-byte slab reference), and the fullest disk's slabs
+/// 41 more each (the move of a repair re-creating one, 29, and its extent
+/// in a dirty record, 12): 48 at most, a pool of
 /// one disk. The slot cannot grow once the pool exists, so the rest is
 /// for disks added later: at 64 bytes a pool of four disks that took four
 /// more of four times their size (five times its slabs, the new disks a

@@ -28,8 +28,9 @@ pub const ENTRIES_MAX: usize = (HEADER_BYTES as usize - FIXED_BYTES - 4) / ENTRY
 pub enum Kind {
     /// Client writes: entries (space offset, length, 0); payload = the data.
     Writes,
-    /// Ranges written straight to the disks since: entries (offset, length,
-    /// 0); no payload. Earlier records' data for them is stale.
+    /// Ranges written straight to the disks since: entries (first block,
+    /// block count, 0); no payload. Earlier records' data for them is
+    /// stale.
     Invalidate,
     /// A whole row of a degraded parity extent about to be written in
     /// place: entries (space offset, length, 0); payload = the row's data.
