@@ -1447,10 +1447,7 @@ fn a_disk_goes_missing_only_after_the_writes_that_looked_at_it() {
     let mut executor = LocalPool::new();
     let spawner = executor.spawner();
     let (pool, space) = executor.run_until(async {
-        let new_disks = devices.iter().map(|d| NewDisk::new(d.clone())).collect();
-        let pool = Pool::create(env(), small_config("tank"), new_disks)
-            .await
-            .unwrap();
+        let pool = pool_on(small_config("tank"), &devices).await;
         let mut config =
             SpaceConfig::new("m", Layout::Mirror { copies: 2 }, SpaceSize::Bytes(1 << 20));
         config.columns = Some(1);
@@ -1538,10 +1535,7 @@ fn a_deleted_space_s_slabs_wait_for_its_requests_under_way() {
     let mut executor = LocalPool::new();
     let spawner = executor.spawner();
     let (pool, space) = executor.run_until(async {
-        let new_disks = devices.iter().map(|d| NewDisk::new(d.clone())).collect();
-        let pool = Pool::create(env(), small_config("tank"), new_disks)
-            .await
-            .unwrap();
+        let pool = pool_on(small_config("tank"), &devices).await;
         let space = pool
             .create_space(config("a", SpaceSize::Bytes(1 << 20)))
             .await

@@ -1486,13 +1486,12 @@ fn moves_finished_together_share_a_commit() {
             flush_ns: 50_000_000,
             ..DelayPolicy::default()
         };
-        let slow = disks
+        let slow: Vec<Arc<dyn terrace_engine::io::BlockDevice>> = disks
             .devices
             .iter()
-            .map(|device| NewDisk::new(Arc::new(DelayDevice::new(device.clone(), env(), flush))));
-        let pool = Pool::create(env(), small_config("tank"), slow.collect())
-            .await
-            .unwrap();
+            .map(|device| Arc::new(DelayDevice::new(device.clone(), env(), flush)) as _)
+            .collect();
+        let pool = pool_on(small_config("tank"), &slow).await;
         let mut config =
             SpaceConfig::new("m", Layout::Mirror { copies: 2 }, SpaceSize::Bytes(4 << 20));
         config.columns = Some(1);
@@ -1539,7 +1538,6 @@ fn a_cancelled_move_s_target_waits_for_the_writes_reaching_it() {
     let disks = Disks::new(5, 16 << 20);
     let gates: Vec<Arc<Gate>> = disks.devices.iter().map(|_| Arc::default()).collect();
     let devices = marked_held(&disks.devices, |index| gates[index].clone());
-    let devices: Vec<NewDisk> = devices.into_iter().map(NewDisk::new).collect();
     let mut executor = LocalPool::new();
     let spawner = executor.spawner();
     let (pool, space, job, step) = executor.run_until(async {
@@ -1548,7 +1546,7 @@ fn a_cancelled_move_s_target_waits_for_the_writes_reaching_it() {
             slab_bytes: 1 << 20,
             ..small_config("tank")
         };
-        let pool = Pool::create(env(), config, devices).await.unwrap();
+        let pool = pool_on(config, &devices).await;
         let (space, _) = small_mirror(&pool, 1, 41).await;
         set_repair_rate(&pool, 1 << 20).await;
         let job = pool

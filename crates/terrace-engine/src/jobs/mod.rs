@@ -243,21 +243,17 @@ impl Pool {
         self.shared.check_writable()?;
         let mut control = self.shared.control.lock().await;
         let mut next = control.metadata.clone();
-        let (yielding, because) = match kind {
-            JobKind::Repair { disk } => (
-                log_moves_off_lost(&next, disk),
-                format!(
-                    "cancelled for the repair of disk {}; the log move starts again after it",
-                    disk.0
-                ),
-            ),
-            _ => (Vec::new(), String::new()),
-        };
         let mut cancelled = Vec::new();
-        for position in yielding {
-            let job = &mut next.jobs[position];
-            self.cancel_record(job, &because);
-            cancelled.push(job.clone());
+        if let JobKind::Repair { disk } = kind {
+            let because = format!(
+                "cancelled for the repair of disk {}; the log move starts again after it",
+                disk.0
+            );
+            for position in log_moves_off_lost(&next, disk) {
+                let job = &mut next.jobs[position];
+                self.cancel_record(job, &because);
+                cancelled.push(job.clone());
+            }
         }
         let held = self.shared.reserve(cancelled.iter().flat_map(|job| {
             let pending = job.moves.iter().filter(|step| !step.done);
@@ -545,9 +541,6 @@ pub(crate) fn repair_kept_for(metadata: &PoolMetadata, disk: DiskIndex) -> Optio
         .map(|job| job.id)
 }
 
-/// One active job per disk: two jobs moving the same slabs would race. And
-/// a disk that an active job is filling cannot be emptied and released: the
-/// job would go on writing to a disk that left the pool.
 /// Active log moves taking a slot off `disk`, if it is lost (by position
 /// in `metadata.jobs`).
 fn log_moves_off_lost(metadata: &PoolMetadata, disk: DiskIndex) -> Vec<usize> {
@@ -568,6 +561,9 @@ fn log_moves_off_lost(metadata: &PoolMetadata, disk: DiskIndex) -> Vec<usize> {
         .collect()
 }
 
+/// One active job per disk: two jobs moving the same slabs would race. And
+/// a disk that an active job is filling cannot be emptied and released: the
+/// job would go on writing to a disk that left the pool.
 fn check_job_disks(metadata: &PoolMetadata, kind: JobKind) -> Result<(), EngineError> {
     let disks = kind_disks(kind);
     for disk in &disks {

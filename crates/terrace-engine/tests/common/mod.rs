@@ -90,7 +90,13 @@ pub fn small_config(name: &str) -> PoolConfig {
 }
 
 pub async fn create_pool(disks: &Disks) -> Pool {
-    Pool::create(env(), small_config("tank"), disks.new_disks())
+    pool_on(small_config("tank"), &disks.devices).await
+}
+
+/// A pool of `config` on `devices`, all capacity disks.
+pub async fn pool_on(config: PoolConfig, devices: &[Arc<dyn BlockDevice>]) -> Pool {
+    let new_disks = devices.iter().map(|d| NewDisk::new(d.clone())).collect();
+    Pool::create(env(), config, new_disks)
         .await
         .expect("create pool")
 }

@@ -12,16 +12,16 @@ use terrace_engine::{mirror_stream_reach_bytes, EngineError, Space};
 use terrace_export::{Backend, BlockSizes, Catalog, Errno, Extent};
 
 use super::readahead::{Fetch, ReadAhead, WINDOW_MAX_BYTES};
-use super::registry::{Client, Registry};
+use super::registry::{Connection, Registry};
 
 /// Largest request a client may send: 32 MiB, the protocol's portable limit
 /// (and half the engine's request limit).
 const PAYLOAD_MAX_BYTES: u32 = 32 << 20;
 
 pub struct SpaceBackend {
-    /// Counted as a client of the space while the connection lasts (none
-    /// outside the catalog). First, so it goes before the space does.
-    _client: Option<Client>,
+    /// Counted as a connection to the space while it lasts (none outside
+    /// the catalog). First, so it goes before the space does.
+    _connection: Option<Connection>,
     space: Arc<Space>,
     description: String,
     /// Shared by every connection to the space (see `readahead.rs`).
@@ -96,7 +96,7 @@ impl SpaceBackend {
 
     pub fn new(space: Arc<Space>, readahead: Arc<ReadAhead>) -> SpaceBackend {
         SpaceBackend {
-            _client: None,
+            _connection: None,
             description: describe(&space),
             space,
             readahead,
@@ -330,9 +330,9 @@ impl Catalog for SpaceCatalog {
         };
         found.map(|space| {
             let readahead = self.readahead(&space);
-            let client = self.registry.client_of(&space);
+            let connection = self.registry.connect(&space);
             let backend = SpaceBackend {
-                _client: Some(client),
+                _connection: Some(connection),
                 ..SpaceBackend::new(space, readahead)
             };
             Arc::new(backend) as Arc<dyn Backend>

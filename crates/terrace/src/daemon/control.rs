@@ -336,7 +336,7 @@ async fn pool_view(registry: &Registry, entry: &PoolEntry) -> PoolView {
     });
     for space in &mut view.spaces {
         if let Some(open) = entry.pool.space(&space.name) {
-            space.nbd_connections = registry.clients_of(&open) as u64;
+            space.nbd_connections = registry.connections_to(&open) as u64;
         }
     }
     view
@@ -514,7 +514,12 @@ async fn in_use(
     what: &str,
     undo: &str,
 ) -> Result<(), (ErrorKind, String)> {
-    let open = || -> usize { spaces.iter().map(|space| registry.clients_of(space)).sum() };
+    let open = || -> usize {
+        spaces
+            .iter()
+            .map(|space| registry.connections_to(space))
+            .sum()
+    };
     let deadline = registry.env.now_ns() + CLOSING_NS;
     while open() > 0 && registry.env.now_ns() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;

@@ -54,25 +54,25 @@ pub struct Registry {
     /// Bytes of log records the write-back logs of all pools may keep in
     /// memory, shared equally by the pools (see [`Registry::share_log_memory`]).
     log_memory: u64,
-    /// NBD clients connected to each space, by the space's address (a
+    /// NBD connections open on each space, by the space's address (a
     /// connection holds its space, so the address is that space's while
     /// it is counted).
-    clients: std::sync::Mutex<std::collections::HashMap<usize, usize>>,
+    connections: std::sync::Mutex<std::collections::HashMap<usize, usize>>,
 }
 
-/// One NBD client of a space, counted until dropped.
-pub struct Client {
+/// One NBD connection to a space, counted until dropped.
+pub struct Connection {
     registry: Arc<Registry>,
     key: usize,
 }
 
-impl Drop for Client {
+impl Drop for Connection {
     fn drop(&mut self) {
-        let mut clients = self.registry.clients();
-        if let Some(count) = clients.get_mut(&self.key) {
+        let mut connections = self.registry.connections();
+        if let Some(count) = connections.get_mut(&self.key) {
             *count -= 1;
             if *count == 0 {
-                clients.remove(&self.key);
+                connections.remove(&self.key);
             }
         }
     }
@@ -257,28 +257,28 @@ impl Registry {
             unavailable: RwLock::new(Vec::new()),
             admin: tokio::sync::Mutex::new(()),
             log_memory,
-            clients: Default::default(),
+            connections: Default::default(),
         }
     }
 
-    fn clients(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<usize, usize>> {
-        self.clients.lock().unwrap_or_else(|e| e.into_inner())
+    fn connections(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<usize, usize>> {
+        self.connections.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Count a client of `space` until the answer is dropped.
-    pub fn client_of(self: &Arc<Self>, space: &Arc<Space>) -> Client {
+    /// Count a connection to `space` until the answer is dropped.
+    pub fn connect(self: &Arc<Self>, space: &Arc<Space>) -> Connection {
         let key = Arc::as_ptr(space) as usize;
-        *self.clients().entry(key).or_default() += 1;
-        Client {
+        *self.connections().entry(key).or_default() += 1;
+        Connection {
             registry: self.clone(),
             key,
         }
     }
 
-    /// The NBD clients connected to `space` now.
-    pub fn clients_of(&self, space: &Arc<Space>) -> usize {
+    /// The NBD connections open on `space` now.
+    pub fn connections_to(&self, space: &Arc<Space>) -> usize {
         let key = Arc::as_ptr(space) as usize;
-        self.clients().get(&key).copied().unwrap_or(0)
+        self.connections().get(&key).copied().unwrap_or(0)
     }
 
     pub fn get(&self, name: &str) -> Option<PoolEntry> {
