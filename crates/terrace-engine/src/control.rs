@@ -19,10 +19,10 @@ use std::sync::{Arc, RwLock, Weak};
 
 use futures::future::join_all;
 use terrace_io::Env;
-use terrace_meta::store::{encode_slot, write_slot};
+use terrace_meta::store::{encode_slot, write_intent, write_slot};
 use terrace_meta::{
-    Allocator, DirtyRecord, DiskIndex, DiskRecord, DiskState, FaultDomain, PoolMetadata, SlabRef,
-    SpaceId,
+    Allocator, DirtyRecord, DiskIndex, DiskRecord, DiskState, FaultDomain, IntentRecord,
+    PoolMetadata, SlabRef, SpaceId,
 };
 
 use crate::disk::{Condition, Disk};
@@ -31,6 +31,15 @@ use crate::space::MapEpoch;
 
 pub(crate) struct Control {
     pub metadata: PoolMetadata,
+    /// The sequence of the last write-intent record written (see
+    /// [`PoolShared::commit_intent`]).
+    pub intent_sequence: u64,
+    /// Whether the intent slots may name an extent: the newest record
+    /// written (or found at import) is not empty.
+    pub intent_in_slots: bool,
+    /// Whether the last metadata committed names an extent in its own
+    /// write-intent list.
+    pub intent_in_metadata: bool,
 }
 
 pub struct PoolShared {
@@ -222,6 +231,7 @@ impl PoolShared {
         read_only: Option<String>,
         disks: Vec<Arc<Disk>>,
         failures_observed: Arc<AtomicU64>,
+        intent_slots: Option<&IntentRecord>,
     ) -> PoolShared {
         PoolShared {
             env,
@@ -240,7 +250,12 @@ impl PoolShared {
                     .collect(),
                 activity: Default::default(),
             }),
-            control: futures::lock::Mutex::new(Control { metadata }),
+            control: futures::lock::Mutex::new(Control {
+                intent_sequence: intent_slots.map_or(0, |record| record.sequence),
+                intent_in_slots: intent_slots.is_some_and(|record| !record.extents.is_empty()),
+                intent_in_metadata: !metadata.intent.is_empty(),
+                metadata,
+            }),
             disks: RwLock::new(disks),
             closed: AtomicBool::new(false),
             failures_persisted: AtomicU64::new(failures_observed.load(Ordering::Acquire)),
@@ -345,20 +360,20 @@ impl PoolShared {
             return Ok(guard);
         }
         let mut control = self.control.lock().await;
-        let mut next = control.metadata.clone();
+        let mut list = control.metadata.intent.clone();
         let mut named = missing.clone();
-        if next.intent.len() + missing.len() > INTENT_EXTENTS_MAX {
-            next.intent.retain(|(id, _)| *id != space);
+        if list.len() + missing.len() > INTENT_EXTENTS_MAX {
+            list.retain(|(id, _)| *id != space);
             named = vec![INTENT_WHOLE_SPACE];
         }
-        let whole = next.intent.contains(&(space, INTENT_WHOLE_SPACE));
+        let whole = list.contains(&(space, INTENT_WHOLE_SPACE));
         for extent in &named {
-            if !whole && !next.intent.contains(&(space, *extent)) {
-                next.intent.push((space, *extent));
+            if !whole && !list.contains(&(space, *extent)) {
+                list.push((space, *extent));
             }
         }
-        if next.intent != control.metadata.intent {
-            self.commit(&mut control, next).await?;
+        if list != control.metadata.intent {
+            self.commit_intent(&mut control, list).await?;
         }
         let mut state = self.intent_state();
         state
@@ -407,10 +422,10 @@ impl PoolShared {
         }
         self.flush_disks().await?;
         let mut control = self.control.lock().await;
-        let mut next = control.metadata.clone();
+        let mut list = control.metadata.intent.clone();
         {
             let state = self.intent_state();
-            next.intent.retain(|(space, extent)| {
+            list.retain(|(space, extent)| {
                 let key = (space.0, *extent);
                 let busy = state.activity.iter().any(|(other, entry)| {
                     entry.0 > 0
@@ -420,22 +435,113 @@ impl PoolShared {
                 !idle.contains(&key) || state.durable.contains(&key) || busy
             });
         }
-        if next.intent != control.metadata.intent {
+        if list != control.metadata.intent {
+            self.commit_intent(&mut control, list).await?;
+        }
+        Ok(())
+    }
+
+    /// After the write intent has been acted on (import): drop it all,
+    /// from the intent slots and from the metadata.
+    pub(crate) async fn forget_intent(&self) -> Result<(), EngineError> {
+        let mut control = self.control.lock().await;
+        self.intent_state().durable.clear();
+        self.clear_intent_slots(&mut control).await?;
+        control.metadata.intent.clear();
+        if control.intent_in_metadata {
+            let next = control.metadata.clone();
             self.commit(&mut control, next).await?;
         }
         Ok(())
     }
 
-    /// After the write intent has been acted on (import): drop it all.
-    pub(crate) async fn forget_intent(&self) -> Result<(), EngineError> {
-        let mut control = self.control.lock().await;
-        self.intent_state().durable.clear();
-        if control.metadata.intent.is_empty() {
-            return Ok(());
+    /// Write an empty record to the intent slots if they may name
+    /// anything (close, and after import acted on them).
+    pub(crate) async fn clear_intent_slots(
+        &self,
+        control: &mut Control,
+    ) -> Result<(), EngineError> {
+        if control.intent_in_slots {
+            self.commit_intent(control, Vec::new()).await?;
         }
-        let mut next = control.metadata.clone();
-        next.intent.clear();
-        self.commit(&mut control, next).await
+        Ok(())
+    }
+
+    /// Make `list` the write intent, durably: a record of a few KiB in the
+    /// intent slots of every member disk, flushed (see
+    /// [`terrace_meta::IntentRecord`]), where a metadata commit would write
+    /// all the metadata (megabytes in a large pool). A list too long for a
+    /// slot, a disk failure not yet recorded, or a disk that fails this
+    /// write, goes through a full commit instead, which names the list in
+    /// the metadata (and the disk failed); import reads both.
+    async fn commit_intent(
+        &self,
+        control: &mut Control,
+        list: Vec<(SpaceId, u32)>,
+    ) -> Result<(), EngineError> {
+        self.check_open()?;
+        self.check_writable()?;
+        let record = IntentRecord {
+            pool_id: control.metadata.pool_id,
+            sequence: control.intent_sequence + 1,
+            extents: list,
+        };
+        let encoded = match record.encode() {
+            Ok(encoded) if !self.conditions_unrecorded(&control.metadata) => encoded,
+            _ => {
+                let mut next = control.metadata.clone();
+                next.intent = record.extents;
+                return self.commit(control, next).await;
+            }
+        };
+        let disks = self.disks();
+        let members: Vec<&Arc<Disk>> = control
+            .metadata
+            .members()
+            .map(|(index, _)| &disks[usize::from(index.0)])
+            .collect();
+        let writes = members.iter().map(|disk| {
+            let encoded = &encoded;
+            async move {
+                let Some(device) = disk.device() else {
+                    return Err(String::from("no device"));
+                };
+                write_intent(device.as_ref(), record.sequence, encoded)
+                    .await
+                    .map_err(|error| error.to_string())
+            }
+        });
+        let results = join_all(writes).await;
+        control.intent_sequence = record.sequence;
+        let mut failed = false;
+        for (disk, result) in members.iter().zip(&results) {
+            if let Err(error) = result {
+                disk.set_condition(
+                    Condition::Failed,
+                    format!("write-intent write failed: {error}"),
+                );
+                failed = true;
+            }
+        }
+        if failed {
+            // The survivors learn of the failure and get the list with it.
+            control.intent_in_slots = true;
+            let mut next = control.metadata.clone();
+            next.intent = record.extents;
+            return self.commit(control, next).await;
+        }
+        control.intent_in_slots = !record.extents.is_empty();
+        control.metadata.intent = record.extents;
+        Ok(())
+    }
+
+    /// Whether a disk failed or went missing since the metadata said so:
+    /// the next commit must record it.
+    fn conditions_unrecorded(&self, metadata: &PoolMetadata) -> bool {
+        self.disks().iter().any(|disk| {
+            metadata.disk(disk.index).map(|record| record.state) == Some(DiskState::Active)
+                && matches!(disk.condition(), Condition::Failed | Condition::Missing)
+        })
     }
 
     /// Forget the dirty records of a disk that caught up.
@@ -559,6 +665,7 @@ impl PoolShared {
                 });
             }
             if written == members.len() {
+                control.intent_in_metadata = !next.intent.is_empty();
                 control.metadata = next;
                 return Ok(());
             }

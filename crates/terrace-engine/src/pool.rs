@@ -23,7 +23,8 @@ use terrace_meta::format::{
 use terrace_meta::quorum::{self, Candidate};
 use terrace_meta::store::{self, Probe};
 use terrace_meta::{
-    DiskId, DiskIndex, DiskRecord, DiskState, Media, PoolId, PoolMetadata, PoolSettings, Usage,
+    DiskId, DiskIndex, DiskRecord, DiskState, IntentRecord, Media, PoolId, PoolMetadata,
+    PoolSettings, Usage,
 };
 
 use crate::control::PoolShared;
@@ -327,6 +328,7 @@ impl Pool {
             None,
             runtime,
             failures,
+            None,
         ));
         {
             let mut control = shared.control.lock().await;
@@ -493,9 +495,10 @@ impl Pool {
             return Ok(());
         }
         let mut control = self.shared.control.lock().await;
+        // Flushed above, and no write runs after close: nothing in flight.
+        self.shared.clear_intent_slots(&mut control).await?;
         let mut next = control.metadata.clone();
         next.clean = true;
-        // Flushed above, and no write runs after close: nothing in flight.
         next.intent.clear();
         self.shared.commit(&mut control, next).await
     }
@@ -592,6 +595,17 @@ async fn open(
         .into_iter()
         .map(|(device, label)| (label.disk_id, (device, label)))
         .collect();
+    // The write intent of extents first written since the last metadata
+    // commit is in the intent slots: each disk's newest record, any of
+    // them, names extents to resync beside the metadata's list. Kept in
+    // the list until import has resynced them, so that a commit of the
+    // list meanwhile carries them on.
+    let records =
+        join_all(by_id.values().map(|(device, label)| async move {
+            store::read_intent(device.as_ref(), label).await
+        }))
+        .await;
+    let records: Vec<IntentRecord> = records.into_iter().flatten().collect();
     // Disks catching up (a resync was recorded for them) were in service,
     // their stale slots masked by the resync: so they are again, before
     // recovery writes anything.
@@ -623,6 +637,15 @@ async fn open(
         })
         .collect();
     let was_clean = metadata.clean;
+    let newest = records.iter().max_by_key(|record| record.sequence);
+    let mut metadata = metadata;
+    if !was_clean {
+        for named in records.iter().flat_map(|record| &record.extents) {
+            if !metadata.intent.contains(named) {
+                metadata.intent.push(*named);
+            }
+        }
+    }
     let shared = Arc::new(PoolShared::new(
         env,
         metadata.clone(),
@@ -630,6 +653,7 @@ async fn open(
         read_only,
         disks,
         failures,
+        newest,
     ));
     let pool = Pool {
         shared,

@@ -1,15 +1,18 @@
 //! Write intent: a redundant space without a write-back log names the
-//! extents it writes in the pool metadata before writing them, so that
-//! after a crash only those are resynchronised, and clears them once they
-//! have been idle and flushed.
+//! extents it writes in the pool's intent slots before writing them, so
+//! that after a crash only those are resynchronised, and clears them once
+//! they have been idle and flushed.
 
 mod common;
 
 use common::*;
 use futures::executor::block_on;
 use terrace_engine::layout::Layout;
-use terrace_engine::meta::format::{data_offset, METADATA_SLOT_MIN_BYTES};
-use terrace_engine::meta::Usage;
+use terrace_engine::meta::format::{
+    data_offset, INTENT_OFFSET, INTENT_SLOT_BYTES, METADATA_SLOT_MIN_BYTES,
+};
+use terrace_engine::meta::store::{self, Probe};
+use terrace_engine::meta::{DiskState, IntentRecord, PoolMetadata, Usage};
 use terrace_engine::{verify_space, ImportOptions, Pool, Space, SpaceConfig, SpaceSize};
 
 const DISK_BYTES: u64 = 8 << 20;
@@ -210,5 +213,90 @@ fn writes_made_while_a_log_had_failed_are_resynced_after_a_crash() {
             report.mismatched_rows
         );
         assert!(pool.metadata().await.intent.is_empty());
+    });
+}
+
+/// The newest whole intent record of a disk, and its newest metadata.
+async fn on_disk(device: &dyn terrace_engine::io::BlockDevice) -> (IntentRecord, PoolMetadata) {
+    let probe = store::probe(device).await;
+    let Probe::Member { label, .. } = &probe else {
+        panic!("not a member: {probe:?}")
+    };
+    let record = store::read_intent(device, label)
+        .await
+        .expect("an intent record");
+    (record, probe.generations()[0].clone())
+}
+
+/// Naming an extent writes a record of a few KiB to the intent slots of
+/// every disk, not the whole metadata (megabytes in a large pool), and
+/// clearing it writes an empty one.
+#[test]
+fn naming_an_extent_writes_the_intent_slots_not_the_metadata() {
+    block_on(async {
+        let disks = Disks::new(3, DISK_BYTES);
+        let (pool, space) = mirror(&disks).await;
+        let id = space.id();
+        let generation = pool.metadata().await.generation;
+        space
+            .write(2 * SLAB + 4096, bytes(Rng(8).bytes(4096)), false)
+            .await
+            .unwrap();
+        assert_eq!(pool.metadata().await.intent, vec![(id, 2)]);
+        assert_eq!(pool.metadata().await.generation, generation);
+        for device in &disks.devices {
+            let (record, metadata) = on_disk(device.as_ref()).await;
+            assert_eq!(record.extents, vec![(id, 2)]);
+            assert_eq!(metadata.generation, generation, "no metadata commit");
+        }
+        with_jobs(&pool, async {
+            for _ in 0..100 {
+                if on_disk(disks.devices[0].as_ref())
+                    .await
+                    .0
+                    .extents
+                    .is_empty()
+                {
+                    return;
+                }
+                env().sleep(100_000_000).await;
+            }
+            panic!("the intent slots still name extent 2");
+        })
+        .await;
+        for device in &disks.devices {
+            assert!(on_disk(device.as_ref()).await.0.extents.is_empty());
+        }
+        assert!(pool.metadata().await.intent.is_empty());
+    });
+}
+
+/// A disk that fails the intent record's write is recorded failed, and the
+/// survivors' metadata names the extent instead; the write goes on.
+#[test]
+fn a_disk_that_fails_the_intent_write_is_recorded_failed_beside_the_list() {
+    block_on(async {
+        let disks = Disks::new(3, DISK_BYTES);
+        let (pool, space) = mirror(&disks).await;
+        let id = space.id();
+        disks.faults[2].fail_writes(INTENT_OFFSET..INTENT_OFFSET + 2 * INTENT_SLOT_BYTES);
+        let data = Rng(9).bytes(8192);
+        space
+            .write(3 * SLAB, bytes(data.clone()), false)
+            .await
+            .unwrap();
+        let metadata = pool.metadata().await;
+        assert_eq!(metadata.disks[2].state, DiskState::Failed);
+        assert!(
+            metadata.disks[2].state_reason.contains("write-intent"),
+            "{}",
+            metadata.disks[2].state_reason
+        );
+        for device in &disks.devices[..2] {
+            let (_, committed) = on_disk(device.as_ref()).await;
+            assert_eq!(committed.intent, vec![(id, 3)]);
+            assert_eq!(committed.disks[2].state, DiskState::Failed);
+        }
+        assert_eq!(&space.read(3 * SLAB, 8192).await.unwrap()[..], &data[..]);
     });
 }

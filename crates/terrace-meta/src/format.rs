@@ -7,6 +7,11 @@
 //! | label    | (reserved, zero)   | metadata slot 0 | metadata slot 1 | slab 0 | slab 1 | ...
 //! ```
 //!
+//! Two write-intent slots sit in the reserved room, at 64 KiB and 128 KiB
+//! ([`IntentRecord`]): the extents a redundant space without a log may
+//! have writes in flight to, kept apart from the metadata so that naming
+//! one more costs a write of a few KiB, not a commit of all of it.
+//!
 //! The label is written once, when the disk joins a pool, and names the pool
 //! and the disk. Metadata commits alternate between the two slots: commit
 //! `g` goes to slot `g mod 2`, so the previous generation stays intact in the
@@ -23,9 +28,12 @@ pub const SLOT_MAGIC: [u8; 8] = *b"TRRCMETA";
 /// The label's version: bumped on any incompatible change of the label.
 pub const FORMAT_VERSION: u32 = 1;
 /// The metadata slot's version, written by every commit: bumped on any
-/// change of the slot header or payload. 2: a finished job's moves are
-/// kept as two counts.
-pub const SLOT_VERSION: u32 = 2;
+/// change of the slot header or payload, or of what import must read
+/// beside it. 2: a finished job's moves are kept as two counts. 3: the
+/// write intent is also kept in the intent slots ([`IntentRecord`]), which
+/// a build that reads only the metadata's list would miss after a crash;
+/// the payload is as in 2.
+pub const SLOT_VERSION: u32 = 3;
 /// The oldest slot version this build still reads (its pools import, and
 /// their next commit writes the current version).
 pub const SLOT_VERSION_OLDEST: u32 = 1;
@@ -51,7 +59,24 @@ const LABEL_CHECKED_BYTES: usize = LABEL_BYTES - 4;
 /// holds the authoritative name).
 pub const LABEL_NAME_BYTES: usize = 64;
 
+/// Write-intent slot magic.
+pub const INTENT_MAGIC: [u8; 8] = *b"TRRCINTN";
+/// The write-intent record's version.
+pub const INTENT_VERSION: u32 = 1;
+/// Offset of the first write-intent slot, in the reserved room after the
+/// label; the second follows it.
+pub const INTENT_OFFSET: u64 = 64 << 10;
+/// Size of each write-intent slot: room for 5,456 entries.
+pub const INTENT_SLOT_BYTES: u64 = 64 << 10;
+/// Size of the write-intent record's header.
+pub const INTENT_HEADER_BYTES: usize = 64;
+/// Bytes of one write-intent entry: a space id and an extent number.
+pub const INTENT_ENTRY_BYTES: usize = 12;
+
 const _: () = assert!(METADATA_OFFSET >= LABEL_BYTES as u64);
+const _: () = assert!(
+    INTENT_OFFSET >= LABEL_BYTES as u64 && INTENT_OFFSET + 2 * INTENT_SLOT_BYTES <= METADATA_OFFSET
+);
 const _: () = assert!(METADATA_SLOT_MIN_BYTES as usize > SLOT_HEADER_BYTES);
 const _: () = assert!(
     METADATA_SLOT_DEFAULT_BYTES.is_multiple_of(4096)
@@ -67,6 +92,12 @@ pub fn data_offset(metadata_slot_bytes: u64) -> u64 {
 pub fn slot_offset(metadata_slot_bytes: u64, slot: u64) -> u64 {
     assert!(slot < 2);
     METADATA_OFFSET + slot * metadata_slot_bytes
+}
+
+/// Offset of write-intent slot `slot` (0 or 1).
+pub fn intent_offset(slot: u64) -> u64 {
+    assert!(slot < 2);
+    INTENT_OFFSET + slot * INTENT_SLOT_BYTES
 }
 
 /// The identity block at the start of every pool disk.
@@ -312,5 +343,126 @@ impl SlotHeader {
             });
         }
         Ok(header)
+    }
+}
+
+/// The write intent as the intent slots keep it: the extents of redundant
+/// spaces without a working log that may have writes in flight, as of
+/// `sequence`. Record `sequence` is written to slot `sequence mod 2` of
+/// every member disk, so a torn write leaves the record before it whole in
+/// the other slot. Import takes each disk's newest whole record and
+/// resyncs the extents any of them names, beside those the metadata's own
+/// list names: a record newer than the last one completed (written to some
+/// disks when the power went) names nothing in flight that the completed
+/// one lacks, since an extent is dropped only once its writes are flushed,
+/// and one older (a disk that was away) only names more.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IntentRecord {
+    pub pool_id: PoolId,
+    pub sequence: u64,
+    pub extents: Vec<(crate::ids::SpaceId, u32)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IntentError {
+    #[error("empty write-intent slot")]
+    Empty,
+    #[error("write-intent header checksum mismatch (torn or damaged write)")]
+    HeaderChecksum,
+    #[error("write-intent format version {version} is not supported")]
+    UnknownVersion { version: u32 },
+    #[error("write intent of {entries} extents does not fit a slot of {INTENT_SLOT_BYTES} bytes")]
+    Oversized { entries: u64 },
+    #[error("write-intent entries checksum mismatch (torn or damaged write)")]
+    PayloadChecksum,
+}
+
+impl IntentRecord {
+    /// The most entries a slot holds.
+    pub const MAX_ENTRIES: usize =
+        (INTENT_SLOT_BYTES as usize - INTENT_HEADER_BYTES) / INTENT_ENTRY_BYTES;
+
+    /// The record's bytes, zero-padded to a multiple of 4 KiB. Fails if it
+    /// does not fit a slot.
+    pub fn encode(&self) -> Result<Vec<u8>, IntentError> {
+        if self.extents.len() > Self::MAX_ENTRIES {
+            return Err(IntentError::Oversized {
+                entries: self.extents.len() as u64,
+            });
+        }
+        let mut entries = Writer::default();
+        for (space, extent) in &self.extents {
+            entries.u64(space.0);
+            entries.u32(*extent);
+        }
+        let entries = entries.into_bytes();
+        let mut header = Writer::default();
+        header.raw(&INTENT_MAGIC);
+        header.u32(INTENT_VERSION);
+        header.u32(INTENT_HEADER_BYTES as u32);
+        header.raw(&self.pool_id.0);
+        header.u64(self.sequence);
+        header.u32(self.extents.len() as u32);
+        header.u32(crc32c::crc32c(&entries));
+        let header = header.into_bytes();
+        let total = INTENT_HEADER_BYTES + entries.len();
+        let mut block = vec![0u8; total.next_multiple_of(LABEL_BYTES)];
+        block[..header.len()].copy_from_slice(&header);
+        let checksum = crc32c::crc32c(&block[..48]);
+        block[48..52].copy_from_slice(&checksum.to_le_bytes());
+        block[INTENT_HEADER_BYTES..total].copy_from_slice(&entries);
+        Ok(block)
+    }
+
+    /// Decode a record from the start of `slot` (a whole slot's bytes, or
+    /// at least the record's).
+    pub fn decode(slot: &[u8]) -> Result<IntentRecord, IntentError> {
+        if slot.len() < INTENT_HEADER_BYTES || slot[..8] != INTENT_MAGIC {
+            return Err(IntentError::Empty);
+        }
+        let stored = u32::from_le_bytes([slot[48], slot[49], slot[50], slot[51]]);
+        if crc32c::crc32c(&slot[..48]) != stored {
+            return Err(IntentError::HeaderChecksum);
+        }
+        let field = |range: std::ops::Range<usize>| {
+            let mut bytes = [0u8; 8];
+            bytes[..range.len()].copy_from_slice(&slot[range]);
+            u64::from_le_bytes(bytes)
+        };
+        let version = field(8..12) as u32;
+        if version != INTENT_VERSION || field(12..16) != INTENT_HEADER_BYTES as u64 {
+            return Err(IntentError::UnknownVersion { version });
+        }
+        let count = field(40..44);
+        if count > Self::MAX_ENTRIES as u64 {
+            return Err(IntentError::Oversized { entries: count });
+        }
+        let end = INTENT_HEADER_BYTES + count as usize * INTENT_ENTRY_BYTES;
+        let Some(entries) = slot.get(INTENT_HEADER_BYTES..end) else {
+            return Err(IntentError::Oversized { entries: count });
+        };
+        if crc32c::crc32c(entries) != field(44..48) as u32 {
+            return Err(IntentError::PayloadChecksum);
+        }
+        let mut pool_id = [0u8; 16];
+        pool_id.copy_from_slice(&slot[16..32]);
+        let extents = entries
+            .chunks_exact(INTENT_ENTRY_BYTES)
+            .map(|entry| {
+                let mut space = [0u8; 8];
+                space.copy_from_slice(&entry[..8]);
+                let mut extent = [0u8; 4];
+                extent.copy_from_slice(&entry[8..]);
+                (
+                    crate::ids::SpaceId(u64::from_le_bytes(space)),
+                    u32::from_le_bytes(extent),
+                )
+            })
+            .collect();
+        Ok(IntentRecord {
+            pool_id: PoolId(pool_id),
+            sequence: field(32..40),
+            extents,
+        })
     }
 }

@@ -16,7 +16,7 @@ pub mod store;
 
 pub use codec::DecodeError;
 pub use codec_state::{DIRTY_EXTENT_BYTES, JOB_MIN_BYTES, MOVE_BYTES};
-pub use format::{Label, LabelError, SlotError};
+pub use format::{IntentError, IntentRecord, Label, LabelError, SlotError};
 pub use ids::{DiskId, DiskIndex, PoolId, SlabIndex, SlabRef, SpaceId};
 pub use model::{
     CacheRecord, DirtyRecord, DiskRecord, DiskState, ExtentRecord, FaultDomain, JobKind, JobRecord,

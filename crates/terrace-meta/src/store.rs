@@ -8,13 +8,17 @@
 //! before `g` was started (commits are serialised by the pool). So at every
 //! instant each member disk holds a complete `g - 1` or `g`, and import
 //! ([`crate::quorum`]) picks the newest generation a majority holds.
+//!
+//! The write intent's slots ([`IntentRecord`]) alternate the same way, by
+//! their own sequence: record `s` goes to slot `s mod 2` of every member
+//! disk and is flushed before the writes it names begin.
 
 use terrace_io::{aligned_buffer, BlockDevice, Bytes, IoError, DIRECT_IO_ALIGNMENT};
 
 use crate::codec;
 use crate::format::{
-    slot_offset, Label, LabelError, SlotError, SlotHeader, LABEL_BYTES, SLOT_HEADER_BYTES,
-    SLOT_VERSION,
+    intent_offset, slot_offset, IntentRecord, Label, LabelError, SlotError, SlotHeader,
+    INTENT_SLOT_BYTES, LABEL_BYTES, SLOT_HEADER_BYTES, SLOT_VERSION,
 };
 use crate::model::PoolMetadata;
 
@@ -127,6 +131,48 @@ pub async fn write_slot(
     let offset = slot_offset(label.metadata_slot_bytes, generation % 2);
     device.write(offset, encoded, false).await?;
     device.flush().await
+}
+
+/// Write an encoded write-intent record (see [`IntentRecord::encode`]) of
+/// `sequence` and flush: when this returns Ok it is durable on this device.
+pub async fn write_intent(
+    device: &dyn BlockDevice,
+    sequence: u64,
+    encoded: &[u8],
+) -> Result<(), IoError> {
+    let mut buffer = aligned_buffer(encoded.len());
+    buffer.copy_from_slice(encoded);
+    device
+        .write(intent_offset(sequence % 2), buffer.freeze(), false)
+        .await?;
+    device.flush().await
+}
+
+/// The newest whole write-intent record of `label`'s pool that `device`
+/// holds (a torn, unreadable or blank slot gives nothing; a torn newest
+/// record leaves the one before it).
+pub async fn read_intent(device: &dyn BlockDevice, label: &Label) -> Option<IntentRecord> {
+    let mut newest: Option<IntentRecord> = None;
+    for slot in 0..2 {
+        let (bytes, result) = device
+            .read(
+                intent_offset(slot),
+                aligned_buffer(INTENT_SLOT_BYTES as usize),
+            )
+            .await;
+        if result.is_err() {
+            continue;
+        }
+        let Ok(record) = IntentRecord::decode(&bytes) else {
+            continue;
+        };
+        if record.pool_id == label.pool_id
+            && newest.as_ref().is_none_or(|n| n.sequence < record.sequence)
+        {
+            newest = Some(record);
+        }
+    }
+    newest
 }
 
 async fn read_slot(
