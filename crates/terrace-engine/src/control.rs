@@ -40,6 +40,8 @@ pub(crate) struct Control {
     /// Whether the last metadata committed names an extent in its own
     /// write-intent list.
     pub intent_in_metadata: bool,
+    /// When the last metadata commit ended ([`Env::now_ns`]; 0 before one).
+    pub committed_at_ns: u64,
 }
 
 pub struct PoolShared {
@@ -254,6 +256,7 @@ impl PoolShared {
                 intent_sequence: intent_slots.map_or(0, |record| record.sequence),
                 intent_in_slots: intent_slots.is_some_and(|record| !record.extents.is_empty()),
                 intent_in_metadata: !metadata.intent.is_empty(),
+                committed_at_ns: 0,
                 metadata,
             }),
             disks: RwLock::new(disks),
@@ -437,6 +440,15 @@ impl PoolShared {
         }
         if list != control.metadata.intent {
             self.commit_intent(&mut control, list).await?;
+        }
+        // Naming and clearing write the intent slots, not the metadata;
+        // a commit at least this often while writes come and go keeps the
+        // generation moving, so that a copy of a disk taken more than a
+        // few seconds before it left is still found older (see
+        // `pool::older_copy`).
+        if self.env.now_ns().saturating_sub(control.committed_at_ns) >= INTENT_IDLE_NS {
+            let next = control.metadata.clone();
+            self.commit(&mut control, next).await?;
         }
         Ok(())
     }
@@ -666,6 +678,7 @@ impl PoolShared {
             }
             if written == members.len() {
                 control.intent_in_metadata = !next.intent.is_empty();
+                control.committed_at_ns = self.env.now_ns();
                 control.metadata = next;
                 return Ok(());
             }

@@ -309,18 +309,13 @@ impl SlotHeader {
     }
 
     pub fn decode(block: &[u8], slot_bytes: u64) -> Result<SlotHeader, SlotError> {
-        if block.len() < SLOT_HEADER_BYTES || block[..8] != SLOT_MAGIC {
-            return Err(SlotError::Empty);
-        }
-        let stored = u32::from_le_bytes([block[52], block[53], block[54], block[55]]);
-        if crc32c::crc32c(&block[..52]) != stored {
-            return Err(SlotError::HeaderChecksum);
-        }
-        let field = |range: std::ops::Range<usize>| {
-            let mut bytes = [0u8; 8];
-            bytes[..range.len()].copy_from_slice(&block[range]);
-            u64::from_le_bytes(bytes)
-        };
+        let field =
+            checked_header(block, &SLOT_MAGIC, SLOT_HEADER_BYTES, 52).map_err(
+                |fault| match fault {
+                    HeaderFault::Empty => SlotError::Empty,
+                    HeaderFault::Checksum => SlotError::HeaderChecksum,
+                },
+            )?;
         let version = field(8..12) as u32;
         if !(SLOT_VERSION_OLDEST..=SLOT_VERSION).contains(&version)
             || field(12..16) != SLOT_HEADER_BYTES as u64
@@ -344,6 +339,38 @@ impl SlotHeader {
         }
         Ok(header)
     }
+}
+
+/// Why a fixed header could not be read.
+enum HeaderFault {
+    /// Too short, or without the magic.
+    Empty,
+    /// The checksum does not match (a torn or damaged write).
+    Checksum,
+}
+
+/// Check the fixed header at the start of `block`: `magic` first, and at
+/// `checksum_at` the CRC32C of the bytes before it. Gives a reader of its
+/// little-endian fields (a range of up to 8 bytes).
+fn checked_header<'a>(
+    block: &'a [u8],
+    magic: &[u8; 8],
+    header_bytes: usize,
+    checksum_at: usize,
+) -> Result<impl Fn(std::ops::Range<usize>) -> u64 + 'a, HeaderFault> {
+    if block.len() < header_bytes || block[..8] != *magic {
+        return Err(HeaderFault::Empty);
+    }
+    let mut stored = [0u8; 4];
+    stored.copy_from_slice(&block[checksum_at..checksum_at + 4]);
+    if crc32c::crc32c(&block[..checksum_at]) != u32::from_le_bytes(stored) {
+        return Err(HeaderFault::Checksum);
+    }
+    Ok(move |range: std::ops::Range<usize>| {
+        let mut bytes = [0u8; 8];
+        bytes[..range.len()].copy_from_slice(&block[range]);
+        u64::from_le_bytes(bytes)
+    })
 }
 
 /// The write intent as the intent slots keep it: the extents of redundant
@@ -417,18 +444,13 @@ impl IntentRecord {
     /// Decode a record from the start of `slot` (a whole slot's bytes, or
     /// at least the record's).
     pub fn decode(slot: &[u8]) -> Result<IntentRecord, IntentError> {
-        if slot.len() < INTENT_HEADER_BYTES || slot[..8] != INTENT_MAGIC {
-            return Err(IntentError::Empty);
-        }
-        let stored = u32::from_le_bytes([slot[48], slot[49], slot[50], slot[51]]);
-        if crc32c::crc32c(&slot[..48]) != stored {
-            return Err(IntentError::HeaderChecksum);
-        }
-        let field = |range: std::ops::Range<usize>| {
-            let mut bytes = [0u8; 8];
-            bytes[..range.len()].copy_from_slice(&slot[range]);
-            u64::from_le_bytes(bytes)
-        };
+        let field =
+            checked_header(slot, &INTENT_MAGIC, INTENT_HEADER_BYTES, 48).map_err(|fault| {
+                match fault {
+                    HeaderFault::Empty => IntentError::Empty,
+                    HeaderFault::Checksum => IntentError::HeaderChecksum,
+                }
+            })?;
         let version = field(8..12) as u32;
         if version != INTENT_VERSION || field(12..16) != INTENT_HEADER_BYTES as u64 {
             return Err(IntentError::UnknownVersion { version });
