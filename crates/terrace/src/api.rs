@@ -401,6 +401,11 @@ pub struct ExtentView {
     pub offset_bytes: u64,
     pub length_bytes: u64,
     pub slots: Vec<SlotView>,
+    /// Named in the pool's write intent: it may have writes in flight, and
+    /// a crash now resynchronises it (only such extents of a space without
+    /// a working log are).
+    #[serde(default)]
+    pub write_intent: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

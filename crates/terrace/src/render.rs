@@ -385,6 +385,36 @@ pub fn cache_lines(space: &SpaceView) -> String {
     out
 }
 
+/// Which extents of a space the write intent names, if it keeps one (a
+/// redundant space without a log) or names any (a log that failed).
+fn intent_line(detail: &SpaceDetail) -> String {
+    let space = &detail.space;
+    let named: Vec<String> = detail
+        .extent_map
+        .iter()
+        .filter(|extent| extent.write_intent)
+        .map(|extent| extent.index.to_string())
+        .collect();
+    if named.is_empty() {
+        let redundant = space.copies > 1 || space.redundancy > 0;
+        return if redundant && space.cache.is_none() {
+            "  write intent: no extent named; a crash now resynchronises nothing\n".into()
+        } else {
+            String::new()
+        };
+    }
+    const SHOWN: usize = 8;
+    let mut list = named[..named.len().min(SHOWN)].join(", ");
+    if named.len() > SHOWN {
+        list.push_str(&format!(" and {} more", named.len() - SHOWN));
+    }
+    format!(
+        "  write intent: {} of {} named ({list}); a crash now resynchronises only those\n",
+        count(named.len() as u64, "extent"),
+        detail.extent_map.len(),
+    )
+}
+
 pub fn space_detail(detail: &SpaceDetail) -> String {
     let space = &detail.space;
     let clients = match space.nbd_connections {
@@ -403,6 +433,7 @@ pub fn space_detail(detail: &SpaceDetail) -> String {
         out.push_str(&format!("  {line}\n"));
     }
     out.push_str(&cache_lines(space));
+    out.push_str(&intent_line(detail));
     out.push_str("\nextents:\n");
     let mut table = table(&[
         "EXTENT", "OFFSET", "SLOT", "ROLE", "DISK", "DEVICE", "SLAB", "STATE",

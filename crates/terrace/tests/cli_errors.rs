@@ -527,6 +527,7 @@ fn every_listing_prints_the_api_fields_as_json() {
                 ("offset_bytes", "number"),
                 ("length_bytes", "number"),
                 ("slots", "array"),
+                ("write_intent", "bool"),
             ],
         );
         let slots = extent["slots"].as_array().expect("slots");

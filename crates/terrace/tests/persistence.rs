@@ -45,6 +45,27 @@ fn assert_online(daemon: &Daemon, when: &str) {
     );
 }
 
+/// The extents `space show` marks named in the write intent, and its
+/// write-intent line (empty without one).
+fn named_extents(daemon: &Daemon, space: &str) -> (Vec<u64>, String) {
+    let detail = daemon.cli_json(&["space", "show", space]);
+    let named = detail["extent_map"]
+        .as_array()
+        .expect("extent map")
+        .iter()
+        .filter(|extent| extent["write_intent"] == true)
+        .map(|extent| extent["index"].as_u64().expect("index"))
+        .collect();
+    let text = daemon.cli_ok(&["space", "show", space]).stdout;
+    let line = text
+        .lines()
+        .find(|line| line.contains("write intent"))
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    (named, line)
+}
+
 #[test]
 fn data_survives_sigkill_after_flush_and_sigterm_without_one() {
     if skip_without("the persistence test", &["qemu-io"]) {
@@ -84,10 +105,23 @@ fn data_survives_sigkill_after_flush_and_sigterm_without_one() {
             &commands(&first),
             &format!("writing {space}"),
         );
+        if space == "mirror" {
+            // Written within the last 5 s: its extent is named, and a
+            // crash would resynchronise it alone.
+            let (named, line) = named_extents(&daemon, space);
+            assert_eq!(named, vec![0], "{line}");
+            assert!(line.contains("1 extent of 2 named (0)"), "{line}");
+        }
     }
+    // The parity space has a log, whose records say what to replay.
+    assert_eq!(named_extents(&daemon, "parity"), (vec![], String::new()));
     daemon.kill();
     daemon.restart();
     assert_online(&daemon, "after SIGKILL and restart");
+    // Import read the intent, resynchronised extent 0 and dropped it.
+    let (named, line) = named_extents(&daemon, "mirror");
+    assert!(named.is_empty(), "{line}");
+    assert!(line.contains("no extent named"), "{line}");
     for space in ["mirror", "parity"] {
         qemu_io(
             &daemon.uri(space),

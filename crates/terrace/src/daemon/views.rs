@@ -404,6 +404,17 @@ fn explanation(view: &SpaceView, slab_bytes: u64) -> Vec<String> {
 pub fn space_detail(view: SpaceView, metadata: &PoolMetadata, devices: &[DiskView]) -> SpaceDetail {
     let record = metadata.space(&view.name);
     let extent_bytes = u64::from(view.data_columns) * metadata.slab_bytes;
+    let named: Vec<u32> = record
+        .map(|record| {
+            metadata
+                .intent
+                .iter()
+                .filter(|(space, _)| *space == record.id)
+                .map(|&(_, extent)| extent)
+                .collect()
+        })
+        .unwrap_or_default();
+    let whole = named.contains(&u32::MAX);
     let extent_map = record
         .map(|record| {
             record
@@ -411,6 +422,7 @@ pub fn space_detail(view: SpaceView, metadata: &PoolMetadata, devices: &[DiskVie
                 .iter()
                 .enumerate()
                 .map(|(index, extent)| ExtentView {
+                    write_intent: whole || named.contains(&(index as u32)),
                     index: index as u64,
                     offset_bytes: index as u64 * extent_bytes,
                     length_bytes: extent_bytes,
