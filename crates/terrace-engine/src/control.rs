@@ -42,6 +42,9 @@ pub(crate) struct Control {
     pub intent_in_metadata: bool,
     /// When the last metadata commit ended ([`Env::now_ns`]; 0 before one).
     pub committed_at_ns: u64,
+    /// Dirty records added since the last metadata commit: the intent
+    /// slots carry them until the next one does.
+    pub dirty_noted: Vec<(DiskIndex, SpaceId, u32)>,
 }
 
 pub struct PoolShared {
@@ -257,6 +260,7 @@ impl PoolShared {
                 intent_in_slots: intent_slots.is_some_and(|record| !record.extents.is_empty()),
                 intent_in_metadata: !metadata.intent.is_empty(),
                 committed_at_ns: 0,
+                dirty_noted: Vec::new(),
                 metadata,
             }),
             disks: RwLock::new(disks),
@@ -278,8 +282,9 @@ impl PoolShared {
 
     /// Record, durably, that `extent` of `space` was written while `disks`
     /// were missing: if they come back, only such extents are resynced. The
-    /// record is committed before the write is issued, so a crash cannot
-    /// leave a write the returning disk missed unrecorded.
+    /// record is written (to the intent slots, and by the next metadata
+    /// commit to the metadata) before the write is issued, so a crash
+    /// cannot leave a write the returning disk missed unrecorded.
     pub(crate) async fn note_dirty(
         &self,
         space: SpaceId,
@@ -298,24 +303,17 @@ impl PoolShared {
             return Ok(());
         }
         let mut control = self.control.lock().await;
-        let mut next = control.metadata.clone();
+        let mut dirty = control.metadata.dirty.clone();
+        let mut noted = control.dirty_noted.clone();
         for disk in &unknown {
-            let position = match next.dirty.iter().position(|record| record.disk == *disk) {
-                Some(position) => position,
-                None => {
-                    next.dirty.push(DirtyRecord {
-                        disk: *disk,
-                        extents: Vec::new(),
-                    });
-                    next.dirty.len() - 1
-                }
-            };
-            let extents = &mut next.dirty[position].extents;
-            if !extents.contains(&(space, extent)) {
-                extents.push((space, extent));
+            if add_dirty(&mut dirty, *disk, space, extent) {
+                noted.push((*disk, space, extent));
             }
         }
-        self.commit(&mut control, next).await?;
+        if noted != control.dirty_noted {
+            let list = control.metadata.intent.clone();
+            self.commit_slots(&mut control, list, dirty, noted).await?;
+        }
         let mut known = self.dirty_known.lock().unwrap_or_else(|e| e.into_inner());
         known.extend(unknown.iter().map(|disk| (disk.0, space.0, extent)));
         Ok(())
@@ -479,30 +477,49 @@ impl PoolShared {
         Ok(())
     }
 
-    /// Make `list` the write intent, durably: a record of a few KiB in the
-    /// intent slots of every member disk, flushed (see
-    /// [`terrace_meta::IntentRecord`]), where a metadata commit would write
-    /// all the metadata (megabytes in a large pool). A list too long for a
-    /// slot, a disk failure not yet recorded, or a disk that fails this
-    /// write, goes through a full commit instead, which names the list in
-    /// the metadata (and the disk failed); import reads both.
+    /// Make `list` the write intent, durably (see
+    /// [`PoolShared::commit_slots`]).
     async fn commit_intent(
         &self,
         control: &mut Control,
         list: Vec<(SpaceId, u32)>,
+    ) -> Result<(), EngineError> {
+        let dirty = control.metadata.dirty.clone();
+        let noted = control.dirty_noted.clone();
+        self.commit_slots(control, list, dirty, noted).await
+    }
+
+    /// Make `list` the write intent and `dirty` the dirty records, durably,
+    /// where `noted` are the dirty records added since the last metadata
+    /// commit: a record of a few KiB in the intent slots of every member
+    /// disk, flushed (see [`terrace_meta::IntentRecord`]), where a metadata
+    /// commit would write all the metadata (megabytes in a large pool). A
+    /// record too long for a slot, a disk failure not yet recorded, or a
+    /// disk that fails this write, goes through a full commit instead,
+    /// which names all of it in the metadata (and the disk failed); import
+    /// reads both.
+    async fn commit_slots(
+        &self,
+        control: &mut Control,
+        list: Vec<(SpaceId, u32)>,
+        dirty: Vec<DirtyRecord>,
+        noted: Vec<(DiskIndex, SpaceId, u32)>,
     ) -> Result<(), EngineError> {
         self.check_open()?;
         self.check_writable()?;
         let record = IntentRecord {
             pool_id: control.metadata.pool_id,
             sequence: control.intent_sequence + 1,
+            generation: control.metadata.generation,
             extents: list,
+            dirty: noted,
         };
         let encoded = match record.encode() {
             Ok(encoded) if !self.conditions_unrecorded(&control.metadata) => encoded,
             _ => {
                 let mut next = control.metadata.clone();
                 next.intent = record.extents;
+                next.dirty = dirty;
                 return self.commit(control, next).await;
             }
         };
@@ -536,14 +553,17 @@ impl PoolShared {
             }
         }
         if failed {
-            // The survivors learn of the failure and get the list with it.
+            // The survivors learn of the failure and get the lists with it.
             control.intent_in_slots = true;
             let mut next = control.metadata.clone();
             next.intent = record.extents;
+            next.dirty = dirty;
             return self.commit(control, next).await;
         }
         control.intent_in_slots = !record.extents.is_empty();
         control.metadata.intent = record.extents;
+        control.metadata.dirty = dirty;
+        control.dirty_noted = record.dirty;
         Ok(())
     }
 
@@ -678,6 +698,7 @@ impl PoolShared {
             }
             if written == members.len() {
                 control.intent_in_metadata = !next.intent.is_empty();
+                control.dirty_noted.clear();
                 control.committed_at_ns = self.env.now_ns();
                 control.metadata = next;
                 return Ok(());
@@ -725,6 +746,31 @@ impl PoolShared {
         join_all(flushes).await;
         self.persist_failures().await
     }
+}
+
+/// Add `extent` of `space` to `disk`'s dirty record; false if it is there.
+pub(crate) fn add_dirty(
+    dirty: &mut Vec<DirtyRecord>,
+    disk: DiskIndex,
+    space: SpaceId,
+    extent: u32,
+) -> bool {
+    let position = match dirty.iter().position(|record| record.disk == disk) {
+        Some(position) => position,
+        None => {
+            dirty.push(DirtyRecord {
+                disk,
+                extents: Vec::new(),
+            });
+            dirty.len() - 1
+        }
+    };
+    let extents = &mut dirty[position].extents;
+    if extents.contains(&(space, extent)) {
+        return false;
+    }
+    extents.push((space, extent));
+    true
 }
 
 fn known_dirty(metadata: &PoolMetadata) -> std::collections::HashSet<(u16, u64, u32)> {

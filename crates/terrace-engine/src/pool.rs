@@ -639,6 +639,16 @@ async fn open(
     let was_clean = metadata.clean;
     let newest = records.iter().max_by_key(|record| record.sequence);
     let mut metadata = metadata;
+    // Dirty records noted since the metadata imported was committed; those
+    // of records written before it, it carries (or dropped since).
+    for record in records
+        .iter()
+        .filter(|r| r.generation >= metadata.generation)
+    {
+        for &(disk, space, extent) in &record.dirty {
+            crate::control::add_dirty(&mut metadata.dirty, disk, space, extent);
+        }
+    }
     if !was_clean {
         for named in records.iter().flat_map(|record| &record.extents) {
             if !metadata.intent.contains(named) {

@@ -66,12 +66,15 @@ pub const INTENT_VERSION: u32 = 1;
 /// Offset of the first write-intent slot, in the reserved room after the
 /// label; the second follows it.
 pub const INTENT_OFFSET: u64 = 64 << 10;
-/// Size of each write-intent slot: room for 5,456 entries.
+/// Size of each write-intent slot: room for 5,456 write-intent entries.
 pub const INTENT_SLOT_BYTES: u64 = 64 << 10;
 /// Size of the write-intent record's header.
 pub const INTENT_HEADER_BYTES: usize = 64;
 /// Bytes of one write-intent entry: a space id and an extent number.
 pub const INTENT_ENTRY_BYTES: usize = 12;
+/// Bytes of one dirty entry in an intent record: a disk index, a space id
+/// and an extent number.
+pub const INTENT_DIRTY_BYTES: usize = 14;
 
 const _: () = assert!(METADATA_OFFSET >= LABEL_BYTES as u64);
 const _: () = assert!(
@@ -373,21 +376,35 @@ fn checked_header<'a>(
     })
 }
 
-/// The write intent as the intent slots keep it: the extents of redundant
-/// spaces without a working log that may have writes in flight, as of
-/// `sequence`. Record `sequence` is written to slot `sequence mod 2` of
-/// every member disk, so a torn write leaves the record before it whole in
-/// the other slot. Import takes each disk's newest whole record and
-/// resyncs the extents any of them names, beside those the metadata's own
-/// list names: a record newer than the last one completed (written to some
-/// disks when the power went) names nothing in flight that the completed
-/// one lacks, since an extent is dropped only once its writes are flushed,
-/// and one older (a disk that was away) only names more.
+/// What the intent slots keep: the write intent (the extents of redundant
+/// spaces without a working log that may have writes in flight) and the
+/// dirty records noted since the last metadata commit (extents written
+/// while a disk was missing), as of `sequence`. Both must be durable before
+/// the writes they name begin, and the slots take them in a write of a few
+/// KiB where a metadata commit writes all of the metadata.
+///
+/// Record `sequence` is written to slot `sequence mod 2` of every member
+/// disk, so a torn write leaves the record before it whole in the other
+/// slot. Import takes each disk's newest whole record:
+/// - its write intent is resynced beside the metadata's own list: a record
+///   newer than the last one completed (written to some disks when the
+///   power went) names nothing in flight that the completed one lacks,
+///   since an extent is dropped only once its writes are flushed, and one
+///   older (a disk that was away) only names more;
+/// - its dirty records are added to the metadata's if the record was
+///   written under the generation imported (or a later one): a metadata
+///   commit after the record carried them already, and may since have
+///   dropped them (the disk caught up).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IntentRecord {
     pub pool_id: PoolId,
     pub sequence: u64,
+    /// The metadata generation in force when the record was written.
+    pub generation: u64,
     pub extents: Vec<(crate::ids::SpaceId, u32)>,
+    /// (disk, space, extent): extents written while the disk was missing,
+    /// noted since the metadata of `generation` was committed.
+    pub dirty: Vec<(crate::ids::DiskIndex, crate::ids::SpaceId, u32)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -398,27 +415,39 @@ pub enum IntentError {
     HeaderChecksum,
     #[error("write-intent format version {version} is not supported")]
     UnknownVersion { version: u32 },
-    #[error("write intent of {entries} extents does not fit a slot of {INTENT_SLOT_BYTES} bytes")]
-    Oversized { entries: u64 },
+    #[error(
+        "write intent of {bytes} bytes of entries does not fit a slot of {INTENT_SLOT_BYTES} bytes"
+    )]
+    Oversized { bytes: u64 },
     #[error("write-intent entries checksum mismatch (torn or damaged write)")]
     PayloadChecksum,
 }
 
 impl IntentRecord {
-    /// The most entries a slot holds.
-    pub const MAX_ENTRIES: usize =
-        (INTENT_SLOT_BYTES as usize - INTENT_HEADER_BYTES) / INTENT_ENTRY_BYTES;
+    /// Bytes of entries a slot holds: 5,456 write-intent entries, or
+    /// 4,676 dirty ones, or a mix.
+    pub const ENTRY_ROOM: usize = INTENT_SLOT_BYTES as usize - INTENT_HEADER_BYTES;
+
+    /// Bytes of the record's entries.
+    pub fn entry_bytes(&self) -> usize {
+        self.extents.len() * INTENT_ENTRY_BYTES + self.dirty.len() * INTENT_DIRTY_BYTES
+    }
 
     /// The record's bytes, zero-padded to a multiple of 4 KiB. Fails if it
     /// does not fit a slot.
     pub fn encode(&self) -> Result<Vec<u8>, IntentError> {
-        if self.extents.len() > Self::MAX_ENTRIES {
+        if self.entry_bytes() > Self::ENTRY_ROOM {
             return Err(IntentError::Oversized {
-                entries: self.extents.len() as u64,
+                bytes: self.entry_bytes() as u64,
             });
         }
         let mut entries = Writer::default();
         for (space, extent) in &self.extents {
+            entries.u64(space.0);
+            entries.u32(*extent);
+        }
+        for (disk, space, extent) in &self.dirty {
+            entries.u16(disk.0);
             entries.u64(space.0);
             entries.u32(*extent);
         }
@@ -429,14 +458,16 @@ impl IntentRecord {
         header.u32(INTENT_HEADER_BYTES as u32);
         header.raw(&self.pool_id.0);
         header.u64(self.sequence);
+        header.u64(self.generation);
         header.u32(self.extents.len() as u32);
+        header.u32(self.dirty.len() as u32);
         header.u32(crc32c::crc32c(&entries));
         let header = header.into_bytes();
         let total = INTENT_HEADER_BYTES + entries.len();
         let mut block = vec![0u8; total.next_multiple_of(LABEL_BYTES)];
         block[..header.len()].copy_from_slice(&header);
-        let checksum = crc32c::crc32c(&block[..48]);
-        block[48..52].copy_from_slice(&checksum.to_le_bytes());
+        let checksum = crc32c::crc32c(&block[..60]);
+        block[60..64].copy_from_slice(&checksum.to_le_bytes());
         block[INTENT_HEADER_BYTES..total].copy_from_slice(&entries);
         Ok(block)
     }
@@ -445,7 +476,7 @@ impl IntentRecord {
     /// at least the record's).
     pub fn decode(slot: &[u8]) -> Result<IntentRecord, IntentError> {
         let field =
-            checked_header(slot, &INTENT_MAGIC, INTENT_HEADER_BYTES, 48).map_err(|fault| {
+            checked_header(slot, &INTENT_MAGIC, INTENT_HEADER_BYTES, 60).map_err(|fault| {
                 match fault {
                     HeaderFault::Empty => IntentError::Empty,
                     HeaderFault::Checksum => IntentError::HeaderChecksum,
@@ -455,36 +486,39 @@ impl IntentRecord {
         if version != INTENT_VERSION || field(12..16) != INTENT_HEADER_BYTES as u64 {
             return Err(IntentError::UnknownVersion { version });
         }
-        let count = field(40..44);
-        if count > Self::MAX_ENTRIES as u64 {
-            return Err(IntentError::Oversized { entries: count });
+        let (intents, dirty) = (field(48..52), field(52..56));
+        let bytes = intents * INTENT_ENTRY_BYTES as u64 + dirty * INTENT_DIRTY_BYTES as u64;
+        if bytes > Self::ENTRY_ROOM as u64 {
+            return Err(IntentError::Oversized { bytes });
         }
-        let end = INTENT_HEADER_BYTES + count as usize * INTENT_ENTRY_BYTES;
+        let end = INTENT_HEADER_BYTES + bytes as usize;
         let Some(entries) = slot.get(INTENT_HEADER_BYTES..end) else {
-            return Err(IntentError::Oversized { entries: count });
+            return Err(IntentError::Oversized { bytes });
         };
-        if crc32c::crc32c(entries) != field(44..48) as u32 {
+        if crc32c::crc32c(entries) != field(56..60) as u32 {
             return Err(IntentError::PayloadChecksum);
         }
         let mut pool_id = [0u8; 16];
         pool_id.copy_from_slice(&slot[16..32]);
-        let extents = entries
-            .chunks_exact(INTENT_ENTRY_BYTES)
-            .map(|entry| {
-                let mut space = [0u8; 8];
-                space.copy_from_slice(&entry[..8]);
-                let mut extent = [0u8; 4];
-                extent.copy_from_slice(&entry[8..]);
-                (
-                    crate::ids::SpaceId(u64::from_le_bytes(space)),
-                    u32::from_le_bytes(extent),
-                )
-            })
-            .collect();
+        let mut reader = Reader::new(entries);
+        let mut extents = Vec::with_capacity(intents as usize);
+        let mut noted = Vec::with_capacity(dirty as usize);
+        let malformed = |_| IntentError::PayloadChecksum;
+        for _ in 0..intents {
+            let space = crate::ids::SpaceId(reader.u64("space").map_err(malformed)?);
+            extents.push((space, reader.u32("extent").map_err(malformed)?));
+        }
+        for _ in 0..dirty {
+            let disk = crate::ids::DiskIndex(reader.u16("disk").map_err(malformed)?);
+            let space = crate::ids::SpaceId(reader.u64("space").map_err(malformed)?);
+            noted.push((disk, space, reader.u32("extent").map_err(malformed)?));
+        }
         Ok(IntentRecord {
             pool_id: PoolId(pool_id),
             sequence: field(32..40),
+            generation: field(40..48),
             extents,
+            dirty: noted,
         })
     }
 }

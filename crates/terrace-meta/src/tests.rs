@@ -697,49 +697,64 @@ fn intent(sequence: u64, extents: u32) -> IntentRecord {
     IntentRecord {
         pool_id: PoolId([5; 16]),
         sequence,
+        generation: sequence + 40,
         extents: (0..extents)
             .map(|e| (SpaceId(u64::from(e % 3) + 1), e))
+            .collect(),
+        dirty: (0..extents / 2)
+            .map(|e| (DiskIndex(e as u16 % 4), SpaceId(9), e))
             .collect(),
     }
 }
 
 #[test]
 fn intent_records_round_trip_and_refuse_damage() {
-    for count in [0, 1, 340, IntentRecord::MAX_ENTRIES as u32] {
+    // 3,445 intent and 1,722 dirty entries fill a slot (65,448 of 65,472
+    // bytes).
+    for count in [0, 1, 340, 3445] {
         let record = intent(7, count);
         let bytes = record.encode().unwrap();
         assert_eq!(bytes.len() % LABEL_BYTES, 0);
         assert!(bytes.len() as u64 <= INTENT_SLOT_BYTES);
         assert_eq!(IntentRecord::decode(&bytes).unwrap(), record);
     }
+    let over = intent(1, 3446);
     assert_eq!(
-        intent(1, IntentRecord::MAX_ENTRIES as u32 + 1).encode(),
+        over.encode(),
         Err(IntentError::Oversized {
-            entries: IntentRecord::MAX_ENTRIES as u64 + 1
+            bytes: over.entry_bytes() as u64
         })
     );
+    assert!(over.entry_bytes() > IntentRecord::ENTRY_ROOM);
     let bytes = intent(9, 100).encode().unwrap();
     assert_eq!(
         IntentRecord::decode(&vec![0; bytes.len()]),
         Err(IntentError::Empty)
     );
-    let mut header = bytes.clone();
-    header[33] ^= 1; // the sequence
+    for field in [33, 41] {
+        // the sequence, the generation
+        let mut header = bytes.clone();
+        header[field] ^= 1;
+        assert_eq!(
+            IntentRecord::decode(&header),
+            Err(IntentError::HeaderChecksum)
+        );
+    }
+    for entry in [64 + 12 * 50, 64 + 12 * 100 + 14 * 20] {
+        // an intent entry, a dirty one
+        let mut entries = bytes.clone();
+        entries[entry] ^= 1;
+        assert_eq!(
+            IntentRecord::decode(&entries),
+            Err(IntentError::PayloadChecksum)
+        );
+    }
+    // Cut short of its counts: as oversized, not a panic.
     assert_eq!(
-        IntentRecord::decode(&header),
-        Err(IntentError::HeaderChecksum)
-    );
-    let mut entries = bytes.clone();
-    entries[64 + 12 * 50] ^= 1;
-    assert_eq!(
-        IntentRecord::decode(&entries),
-        Err(IntentError::PayloadChecksum)
-    );
-    // Cut short (a torn write whose tail is still the old record's zeros
-    // reads as a bad checksum; one shorter than its count, as oversized).
-    assert_eq!(
-        IntentRecord::decode(&bytes[..64 + 12 * 99]),
-        Err(IntentError::Oversized { entries: 100 })
+        IntentRecord::decode(&bytes[..64 + 12 * 100]),
+        Err(IntentError::Oversized {
+            bytes: 12 * 100 + 14 * 50
+        })
     );
 }
 
@@ -772,7 +787,7 @@ fn the_newest_whole_intent_record_of_the_pool_is_read_back() {
         );
         // A torn write of 4 leaves 3 readable.
         let mut torn = intent(4, 40).encode().unwrap();
-        torn[64 + 12 * 20..].fill(0);
+        torn[64 + 12 * 30..].fill(0);
         store::write_intent(device, 4, &torn).await.unwrap();
         assert_eq!(
             store::read_intent(device, &label).await,
