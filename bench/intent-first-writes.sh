@@ -13,7 +13,10 @@
 # writes 4 KiB at `writes` (default 32) offsets 256 MiB apart, each in an
 # extent of its own, then at the same offsets again. Prints the median,
 # least and most IO/s of each pass. BIN picks the binary (default: this
-# checkout's release build). Needs qemu-io.
+# checkout's release build). With DEGRADED=1 the pool is exported and
+# imported without its last file before the writes, so each first write
+# into an extent also notes it dirty for the missing disk; the pool's
+# policy repairs the disk meanwhile unless RETIRE=never. Needs qemu-io.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="${BIN:-target/release/terrace}"
@@ -35,6 +38,12 @@ cli() { "$bin" --control "$work/ctl.sock" "$@"; }
 for _ in $(seq 100); do cli status >/dev/null 2>&1 && break; sleep 0.1; done
 cli pool create p "$work"/d{0..7}.img --slab 16M >/dev/null
 cli space create p vm --layout mirror --size "$space_size" >/dev/null
+if [ -n "${DEGRADED:-}" ]; then
+    cli pool set p --retire-missing "${RETIRE:-auto}" >/dev/null
+    cli pool export p >/dev/null
+    cli pool import --name p "$work"/d{0..6}.img >/dev/null
+    cli pool status p | grep '^status:'
+fi
 cli pool status p | grep 'meta:'
 start=$(date +%s%N)
 cli pool status p >/dev/null
