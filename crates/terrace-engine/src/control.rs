@@ -144,10 +144,20 @@ impl LogMemory {
 /// that a crash finds little to resynchronise.
 pub(crate) const INTENT_IDLE_NS: u64 = 5_000_000_000;
 /// Extents the write intent names at most; beyond, a space is named whole
-/// ([`INTENT_WHOLE_SPACE`]) so the metadata stays small.
+/// ([`INTENT_WHOLE_SPACE`]), so the list stays small (and its record
+/// within an intent slot, beside the dirty records noted since the last
+/// commit).
 const INTENT_EXTENTS_MAX: usize = 1024;
-/// The extent number that stands for every extent of a space.
-pub(crate) const INTENT_WHOLE_SPACE: u32 = u32::MAX;
+pub(crate) use terrace_meta::format::INTENT_WHOLE_SPACE;
+
+/// What import found in the intent slots of the pool's disks.
+#[derive(Default)]
+pub(crate) struct IntentSlots {
+    /// The highest sequence of a record: the next one follows it.
+    pub sequence: u64,
+    /// Whether any disk's newest record names an extent.
+    pub named: bool,
+}
 
 /// The run-time side of the write-intent list.
 #[derive(Default)]
@@ -236,7 +246,7 @@ impl PoolShared {
         read_only: Option<String>,
         disks: Vec<Arc<Disk>>,
         failures_observed: Arc<AtomicU64>,
-        intent_slots: Option<&IntentRecord>,
+        intent_slots: IntentSlots,
     ) -> PoolShared {
         PoolShared {
             env,
@@ -256,8 +266,8 @@ impl PoolShared {
                 activity: Default::default(),
             }),
             control: futures::lock::Mutex::new(Control {
-                intent_sequence: intent_slots.map_or(0, |record| record.sequence),
-                intent_in_slots: intent_slots.is_some_and(|record| !record.extents.is_empty()),
+                intent_sequence: intent_slots.sequence,
+                intent_in_slots: intent_slots.named,
                 intent_in_metadata: !metadata.intent.is_empty(),
                 committed_at_ns: 0,
                 dirty_noted: Vec::new(),
@@ -324,8 +334,8 @@ impl PoolShared {
     }
 
     /// Before writing `extents` of `space` (a redundant space without a
-    /// write-back log): make sure the metadata names them in its write
-    /// intent, committing if it does not yet, and count the write in
+    /// write-back log): make sure the write intent names them durably,
+    /// writing the intent slots if it does not yet, and count the write in
     /// flight until the guard drops. After a crash only extents so named
     /// are resynchronised; an extent stays named while it is written and
     /// is cleared by [`PoolShared::clear_idle_intent`] once idle and
@@ -384,8 +394,8 @@ impl PoolShared {
     }
 
     /// Clear the write intent of extents idle for [`INTENT_IDLE_NS`]: taken
-    /// off the fast path first (a new write commits them again), then every
-    /// disk flushed, then dropped from the metadata unless written since.
+    /// off the fast path first (a new write names them again), then every
+    /// disk flushed, then dropped from the list unless written since.
     pub(crate) async fn clear_idle_intent(&self) -> Result<(), EngineError> {
         if self.read_only.is_some() {
             return Ok(());
@@ -440,7 +450,7 @@ impl PoolShared {
             self.commit_intent(&mut control, list).await?;
         }
         // Naming and clearing write the intent slots, not the metadata;
-        // a commit at least this often while writes come and go keeps the
+        // a commit at least this often while extents are cleared keeps the
         // generation moving, so that a copy of a disk taken more than a
         // few seconds before it left is still found older (see
         // `pool::older_copy`).
@@ -514,8 +524,10 @@ impl PoolShared {
             extents: list,
             dirty: noted,
         };
+        let no_members = control.metadata.members().next().is_none();
         let encoded = match record.encode() {
-            Ok(encoded) if !self.conditions_unrecorded(&control.metadata) => encoded,
+            // (With no member disk, the commit fails with the reason.)
+            Ok(encoded) if !no_members && !self.conditions_unrecorded(&control.metadata) => encoded,
             _ => {
                 let mut next = control.metadata.clone();
                 next.intent = record.extents;

@@ -164,7 +164,7 @@ impl Pool {
     /// resync's job id.
     ///
     /// Every write that left the disk out while it was missing recorded its
-    /// extent first, in a commit under the control lock. That lock is held
+    /// extent first, durably and under the control lock (a dirty record). That lock is held
     /// here from planning the resync until the disk is in service, so a
     /// write either recorded its extent before (the resync covers it) or
     /// finds the disk in service and writes to it.

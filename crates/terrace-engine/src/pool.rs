@@ -328,7 +328,7 @@ impl Pool {
             None,
             runtime,
             failures,
-            None,
+            Default::default(),
         ));
         {
             let mut control = shared.control.lock().await;
@@ -500,7 +500,11 @@ impl Pool {
         let mut next = control.metadata.clone();
         next.clean = true;
         next.intent.clear();
-        self.shared.commit(&mut control, next).await
+        let committed = self.shared.commit(&mut control, next).await;
+        // Closed before the lock is let go: a write waiting for it to name
+        // its extent must not write after the clean commit.
+        self.shared.closed.store(true, Ordering::Release);
+        committed
     }
 }
 
@@ -637,7 +641,14 @@ async fn open(
         })
         .collect();
     let was_clean = metadata.clean;
-    let newest = records.iter().max_by_key(|record| record.sequence);
+    let intent_slots = crate::control::IntentSlots {
+        sequence: records
+            .iter()
+            .map(|record| record.sequence)
+            .max()
+            .unwrap_or(0),
+        named: records.iter().any(|record| !record.extents.is_empty()),
+    };
     let mut metadata = metadata;
     // Dirty records noted since the metadata imported was committed; those
     // of records written before it, it carries (or dropped since).
@@ -663,7 +674,7 @@ async fn open(
         read_only,
         disks,
         failures,
-        newest,
+        intent_slots,
     ));
     let pool = Pool {
         shared,

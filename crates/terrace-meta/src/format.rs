@@ -75,6 +75,9 @@ pub const INTENT_ENTRY_BYTES: usize = 12;
 /// Bytes of one dirty entry in an intent record: a disk index, a space id
 /// and an extent number.
 pub const INTENT_DIRTY_BYTES: usize = 14;
+/// The extent number of a write-intent entry that stands for every extent
+/// of its space.
+pub const INTENT_WHOLE_SPACE: u32 = u32::MAX;
 
 const _: () = assert!(METADATA_OFFSET >= LABEL_BYTES as u64);
 const _: () = assert!(
@@ -386,11 +389,12 @@ fn checked_header<'a>(
 /// Record `sequence` is written to slot `sequence mod 2` of every member
 /// disk, so a torn write leaves the record before it whole in the other
 /// slot. Import takes each disk's newest whole record:
-/// - its write intent is resynced beside the metadata's own list: a record
-///   newer than the last one completed (written to some disks when the
-///   power went) names nothing in flight that the completed one lacks,
-///   since an extent is dropped only once its writes are flushed, and one
-///   older (a disk that was away) only names more;
+/// - its write intent is resynced beside the metadata's own list. Every
+///   member disk holds the last record completed, or one newer that the
+///   power cut short (which names nothing in flight that the completed one
+///   lacks: an extent is dropped only once its writes are flushed), so the
+///   union holds every extent in flight; older records (a disk that was
+///   away) only add extents resynced needlessly;
 /// - its dirty records are added to the metadata's if the record was
 ///   written under the generation imported (or a later one): a metadata
 ///   commit after the record carried them already, and may since have
@@ -416,9 +420,12 @@ pub enum IntentError {
     #[error("write-intent format version {version} is not supported")]
     UnknownVersion { version: u32 },
     #[error(
-        "write intent of {bytes} bytes of entries does not fit a slot of {INTENT_SLOT_BYTES} bytes"
+        "write intent of {bytes} bytes of entries does not fit the {} a slot holds",
+        IntentRecord::ENTRY_ROOM
     )]
     Oversized { bytes: u64 },
+    #[error("write-intent record cut short: its counts need {bytes} bytes of entries")]
+    Truncated { bytes: u64 },
     #[error("write-intent entries checksum mismatch (torn or damaged write)")]
     PayloadChecksum,
 }
@@ -464,6 +471,7 @@ impl IntentRecord {
         header.u32(crc32c::crc32c(&entries));
         let header = header.into_bytes();
         let total = INTENT_HEADER_BYTES + entries.len();
+        // Whole 4 KiB blocks, as every structure here is written.
         let mut block = vec![0u8; total.next_multiple_of(LABEL_BYTES)];
         block[..header.len()].copy_from_slice(&header);
         let checksum = crc32c::crc32c(&block[..60]);
@@ -493,7 +501,7 @@ impl IntentRecord {
         }
         let end = INTENT_HEADER_BYTES + bytes as usize;
         let Some(entries) = slot.get(INTENT_HEADER_BYTES..end) else {
-            return Err(IntentError::Oversized { bytes });
+            return Err(IntentError::Truncated { bytes });
         };
         if crc32c::crc32c(entries) != field(56..60) as u32 {
             return Err(IntentError::PayloadChecksum);
@@ -503,7 +511,8 @@ impl IntentRecord {
         let mut reader = Reader::new(entries);
         let mut extents = Vec::with_capacity(intents as usize);
         let mut noted = Vec::with_capacity(dirty as usize);
-        let malformed = |_| IntentError::PayloadChecksum;
+        // The counts were checked against the entries' length above.
+        let malformed = |_| IntentError::Truncated { bytes };
         for _ in 0..intents {
             let space = crate::ids::SpaceId(reader.u64("space").map_err(malformed)?);
             extents.push((space, reader.u32("extent").map_err(malformed)?));

@@ -81,10 +81,16 @@ pub async fn probe(device: &dyn BlockDevice) -> Probe {
 }
 
 /// Write a label (once, when a disk joins a pool) and make it durable.
+/// The intent slots are zeroed with it: a disk that was in the same pool
+/// before must not bring its old records back.
 pub async fn write_label(device: &dyn BlockDevice, label: &Label) -> Result<(), IoError> {
     let mut block = aligned_buffer(LABEL_BYTES);
     block.copy_from_slice(&label.encode());
     device.write(0, block.freeze(), false).await?;
+    let slots = aligned_buffer(2 * INTENT_SLOT_BYTES as usize);
+    device
+        .write(intent_offset(0), slots.freeze(), false)
+        .await?;
     device.flush().await
 }
 

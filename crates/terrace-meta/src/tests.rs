@@ -749,10 +749,10 @@ fn intent_records_round_trip_and_refuse_damage() {
             Err(IntentError::PayloadChecksum)
         );
     }
-    // Cut short of its counts: as oversized, not a panic.
+    // Cut short of its counts: an error, not a panic.
     assert_eq!(
         IntentRecord::decode(&bytes[..64 + 12 * 100]),
-        Err(IntentError::Oversized {
+        Err(IntentError::Truncated {
             bytes: 12 * 100 + 14 * 50
         })
     );
@@ -801,8 +801,11 @@ fn the_newest_whole_intent_record_of_the_pool_is_read_back() {
         // Another pool's records are not this one's.
         let other = Label {
             pool_id: PoolId([6; 16]),
-            ..label
+            ..label.clone()
         };
         assert_eq!(store::read_intent(device, &other).await, None);
+        // A disk labelled (again) starts with empty slots.
+        write_label(device, &label).await.unwrap();
+        assert_eq!(store::read_intent(device, &label).await, None);
     });
 }

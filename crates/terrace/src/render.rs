@@ -403,6 +403,12 @@ fn intent_line(detail: &SpaceDetail) -> String {
             String::new()
         };
     }
+    if named.len() == detail.extent_map.len() {
+        return format!(
+            "  write intent: every extent named ({}); a crash now resynchronises the whole space\n",
+            named.len()
+        );
+    }
     const SHOWN: usize = 8;
     let mut list = named[..named.len().min(SHOWN)].join(", ");
     if named.len() > SHOWN {

@@ -414,7 +414,7 @@ pub fn space_detail(view: SpaceView, metadata: &PoolMetadata, devices: &[DiskVie
                 .collect()
         })
         .unwrap_or_default();
-    let whole = named.contains(&u32::MAX);
+    let whole = named.contains(&terrace_engine::meta::format::INTENT_WHOLE_SPACE);
     let extent_map = record
         .map(|record| {
             record
