@@ -12,7 +12,7 @@ use terrace_engine::meta::format::{
     data_offset, INTENT_OFFSET, INTENT_SLOT_BYTES, METADATA_SLOT_MIN_BYTES,
 };
 use terrace_engine::meta::store::{self, Probe};
-use terrace_engine::meta::{DiskState, IntentRecord, PoolMetadata, Usage};
+use terrace_engine::meta::{DiskState, IntentRecord, PoolMetadata, SpaceId, Usage};
 use terrace_engine::{verify_space, ImportOptions, Pool, Space, SpaceConfig, SpaceSize};
 
 const DISK_BYTES: u64 = 8 << 20;
@@ -302,5 +302,86 @@ fn a_disk_that_fails_the_intent_write_is_recorded_failed_beside_the_list() {
             assert_eq!(committed.disks[2].state, DiskState::Failed);
         }
         assert_eq!(&space.read(3 * SLAB, 8192).await.unwrap()[..], &data[..]);
+    });
+}
+
+/// With a disk missing, every first write into an extent notes it dirty in
+/// the intent slots until a metadata commit carries the notes. Thousands
+/// of them fill a slot; the note that would not fit goes to a metadata
+/// commit with all the others, and the slots start again from there. A
+/// power cut at the end loses none.
+#[test]
+fn dirty_records_too_many_for_a_slot_go_to_a_metadata_commit() {
+    block_on(async {
+        // 7,500 extents of a 2-way mirror over three disks: about 5,000
+        // of them have a copy on the disk that goes missing.
+        const EXTENTS: u64 = 7_500;
+        let disks = Disks::new(3, (4 << 20) + 5_200 * SLAB);
+        let mut config = small_config("tank");
+        config.metadata_slot_bytes = 1 << 20;
+        let pool = pool_on(config, &disks.devices).await;
+        let mut space = SpaceConfig::new(
+            "m",
+            Layout::Mirror { copies: 2 },
+            SpaceSize::Bytes(EXTENTS * SLAB),
+        );
+        space.columns = Some(1);
+        pool.create_space(space).await.unwrap();
+        pool.close().await.unwrap();
+
+        let pool = Pool::import(env(), disks.devices[..2].to_vec(), ImportOptions::default())
+            .await
+            .unwrap();
+        let space = pool.space("m").unwrap();
+        let first = pool.metadata().await.generation;
+        let mut commits = Vec::new();
+        for extent in 0..EXTENTS {
+            let generation = pool.metadata().await.generation;
+            space
+                .write(extent * SLAB, bytes(vec![extent as u8; 4096]), false)
+                .await
+                .unwrap();
+            if pool.metadata().await.generation != generation {
+                commits.push(extent);
+            }
+        }
+        let metadata = pool.metadata().await;
+        let noted = metadata.dirty.clone();
+        // Exactly the extents with a copy on the missing disk.
+        let id = space.id();
+        let mut expected: Vec<(SpaceId, u32)> = metadata
+            .space("m")
+            .unwrap()
+            .extents
+            .iter()
+            .enumerate()
+            .filter(|(_, extent)| extent.slabs.iter().flatten().any(|slab| slab.disk.0 == 2))
+            .map(|(index, _)| (id, index as u32))
+            .collect();
+        assert_eq!(noted.len(), 1, "{noted:?}");
+        assert_eq!(noted[0].disk.0, 2);
+        let mut found = noted[0].extents.clone();
+        found.sort();
+        expected.sort();
+        assert_eq!(found, expected);
+        let count = found.len();
+        assert!((4_800..5_200).contains(&count), "{count} extents noted");
+        // A slot holds 4,675 notes beside the intent's one entry naming the
+        // whole space: no note needed a commit until the slot was full, and
+        // then one commit took them all.
+        assert_eq!(commits.len(), 1, "commits after writes into {commits:?}");
+        assert_eq!(pool.metadata().await.generation, first + 1);
+        drop(space);
+        drop(pool);
+
+        // Still away; read only, so that nothing import writes notes more.
+        let options = ImportOptions {
+            read_only: true,
+            ..ImportOptions::default()
+        };
+        let pool = Pool::import(env(), disks.devices[..2].to_vec(), options)
+            .await
+            .unwrap();
+        assert_eq!(pool.metadata().await.dirty, noted);
     });
 }
