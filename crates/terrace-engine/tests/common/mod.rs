@@ -93,6 +93,23 @@ pub async fn create_pool(disks: &Disks) -> Pool {
     pool_on(small_config("tank"), &disks.devices).await
 }
 
+/// The dirty records a read-only import of `devices` finds: what a power
+/// cut left durable, with nothing written by the import itself.
+pub async fn dirty_found(
+    devices: &[Arc<dyn BlockDevice>],
+) -> Vec<terrace_engine::meta::DirtyRecord> {
+    let options = terrace_engine::ImportOptions {
+        read_only: true,
+        ..Default::default()
+    };
+    let pool = Pool::import(env(), devices.to_vec(), options)
+        .await
+        .expect("read-only import");
+    let dirty = pool.metadata().await.dirty;
+    pool.close().await.expect("close");
+    dirty
+}
+
 /// A pool of `config` on `devices`, all capacity disks.
 pub async fn pool_on(config: PoolConfig, devices: &[Arc<dyn BlockDevice>]) -> Pool {
     let new_disks = devices.iter().map(|d| NewDisk::new(d.clone())).collect();
