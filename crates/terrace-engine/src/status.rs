@@ -59,6 +59,8 @@ pub struct DiskStatus {
     pub latency_us: u64,
     /// Far slower than its peers: a drive on its way out, or a bad path.
     pub slow: bool,
+    /// Extents written while it was missing: back, it resyncs only these.
+    pub missed_extents: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -336,6 +338,12 @@ impl Pool {
                         && online.len() >= 3
                         && latency_us >= SLOW_FLOOR_US
                         && latency_us > median * SLOW_FACTOR,
+                    missed_extents: metadata
+                        .dirty
+                        .iter()
+                        .filter(|dirty| dirty.disk == disk.index)
+                        .map(|dirty| dirty.extents.len() as u64)
+                        .sum(),
                 }
             })
             .collect()

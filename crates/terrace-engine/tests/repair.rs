@@ -468,8 +468,9 @@ async fn returning_disk_resyncs_only_what_it_missed(crash: bool) {
         1,
         "only the extent written is dirty"
     );
-    // Noted without a metadata commit.
+    // Noted without a metadata commit, and shown.
     assert_eq!(metadata.generation, generation);
+    assert_eq!(pool.status().await.disks[2].missed_extents, 1);
     if crash {
         drop(space);
         drop(pool);
@@ -493,6 +494,7 @@ async fn returning_disk_resyncs_only_what_it_missed(crash: bool) {
     );
     assert_eq!(metadata.disks[2].state, DiskState::Active);
     assert!(metadata.dirty.is_empty());
+    assert_eq!(pool.status().await.disks[2].missed_extents, 0);
     let space = pool.space("m").unwrap();
     check(&space, &model).await;
     assert_redundant(&space).await;

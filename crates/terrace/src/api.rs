@@ -230,6 +230,9 @@ pub struct DiskView {
     pub latency_us: u64,
     /// Far slower than its peers.
     pub slow: bool,
+    /// Extents written while it was missing: back, it resyncs only these.
+    #[serde(default)]
+    pub missed_extents: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

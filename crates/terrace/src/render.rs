@@ -4,7 +4,7 @@ use comfy_table::presets::NOTHING;
 use comfy_table::Table;
 
 use crate::api::{
-    CacheView, CandidateView, ImpactView, ImportableView, JobView, PoolSummary, PoolView,
+    CacheView, CandidateView, DiskView, ImpactView, ImportableView, JobView, PoolSummary, PoolView,
     SpaceDetail, SpaceView,
 };
 use crate::units::{count, format_size};
@@ -96,16 +96,7 @@ pub fn pool_status(pool: &PoolView) -> String {
             format_size(disk.size_bytes),
             used,
             domain,
-            if disk.slow {
-                let slow = format!("SLOW: {} µs per I/O", disk.latency_us);
-                if disk.reason.is_empty() {
-                    slow
-                } else {
-                    format!("{slow}; {}", disk.reason)
-                }
-            } else {
-                disk.reason.clone()
-            },
+            disk_note(disk),
         ]);
     }
     out.push_str(&indent(&disks.to_string()));
@@ -330,6 +321,25 @@ pub fn candidates(devices: &[CandidateView]) -> String {
         ]);
     }
     format!("{table}\n")
+}
+
+/// The NOTE of a disk in `pool status`: slow, why it is out, and what it
+/// missed while away.
+fn disk_note(disk: &DiskView) -> String {
+    let mut notes = Vec::new();
+    if disk.slow {
+        notes.push(format!("SLOW: {} µs per I/O", disk.latency_us));
+    }
+    if !disk.reason.is_empty() {
+        notes.push(disk.reason.clone());
+    }
+    if disk.missed_extents > 0 {
+        notes.push(format!(
+            "{} written since it left (resynced if it returns)",
+            count(disk.missed_extents, "extent")
+        ));
+    }
+    notes.join("; ")
 }
 
 pub fn importable(pools: &[ImportableView]) -> String {

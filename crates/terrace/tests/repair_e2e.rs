@@ -867,6 +867,16 @@ fn a_missing_disk_given_to_disk_add_is_taken_back_and_catches_up() {
     let repair = repair_of(&daemon, victim);
     let written = fio_round(&daemon, "busy", 1);
     assert!(written.success(), "{}", written.describe());
+    // What it missed shows, and is all it will resync.
+    let missed = disk_view(&daemon, "back", victim)["missed_extents"]
+        .as_u64()
+        .unwrap_or(0);
+    assert!(missed > 0, "{}", disk_view(&daemon, "back", victim));
+    let status = daemon.cli_ok(&["pool", "status", "back"]).stdout;
+    assert!(
+        status.contains(&format!("{missed} extent")) && status.contains("written since it left"),
+        "{status}"
+    );
     std::fs::rename(&away, &files[victim]).expect("move it back");
     let path = files[victim].to_str().expect("path");
     let with_usage = daemon.cli(&["disk", "add", "back", &format!("{path},usage=journal")]);
@@ -884,6 +894,7 @@ fn a_missing_disk_given_to_disk_add_is_taken_back_and_catches_up() {
     let again = fio_round(&daemon, "busy", 2);
     assert!(again.success(), "{}", again.describe());
     wait_healthy(&daemon, "busy");
+    assert_eq!(disk_view(&daemon, "back", victim)["missed_extents"], 0);
     let cancelled = job(&daemon, repair["id"].as_u64().expect("job id"));
     assert_eq!(cancelled["state"], "cancelled", "{cancelled}");
     assert!(

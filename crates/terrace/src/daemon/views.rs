@@ -230,6 +230,7 @@ pub fn pool_view(
             node: disk.node.clone(),
             latency_us: disk.latency_us,
             slow: disk.slow,
+            missed_extents: disk.missed_extents,
         })
         .collect();
     let read_only = status.read_only.is_some();
