@@ -16,7 +16,8 @@
 # checkout's release build). With DEGRADED=1 the pool is exported and
 # imported without its last file before the writes, so each first write
 # into an extent also notes it dirty for the missing disk; the pool's
-# policy repairs the disk meanwhile unless RETIRE=never. Needs qemu-io.
+# policy repairs the disk meanwhile unless RETIRE=never, at RATE per second
+# (`--repair-rate`; default 0, unlimited). Needs qemu-io.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin="${BIN:-target/release/terrace}"
@@ -39,7 +40,7 @@ for _ in $(seq 100); do cli status >/dev/null 2>&1 && break; sleep 0.1; done
 cli pool create p "$work"/d{0..7}.img --slab 16M >/dev/null
 cli space create p vm --layout mirror --size "$space_size" >/dev/null
 if [ -n "${DEGRADED:-}" ]; then
-    cli pool set p --retire-missing "${RETIRE:-auto}" >/dev/null
+    cli pool set p --retire-missing "${RETIRE:-auto}" --repair-rate "${RATE:-0}" >/dev/null
     cli pool export p >/dev/null
     cli pool import --name p "$work"/d{0..6}.img >/dev/null
     cli pool status p | grep '^status:'
