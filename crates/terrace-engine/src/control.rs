@@ -19,7 +19,7 @@ use std::sync::{Arc, RwLock, Weak};
 
 use futures::future::join_all;
 use terrace_io::Env;
-use terrace_meta::store::{encode_slot, write_intent, write_slot};
+use terrace_meta::store::{encode_intent, encode_slot, write_intent, write_slot};
 use terrace_meta::{
     Allocator, DirtyRecord, DiskIndex, DiskRecord, DiskState, FaultDomain, IntentRecord,
     PoolMetadata, SlabRef, SpaceId,
@@ -34,12 +34,6 @@ pub(crate) struct Control {
     /// The sequence of the last write-intent record written (see
     /// [`PoolShared::commit_intent`]).
     pub intent_sequence: u64,
-    /// Whether the intent slots may name an extent: the newest record
-    /// written (or found at import) is not empty.
-    pub intent_in_slots: bool,
-    /// Whether the last metadata committed names an extent in its own
-    /// write-intent list.
-    pub intent_in_metadata: bool,
     /// When the last metadata commit ended ([`Env::now_ns`]; 0 before one).
     pub committed_at_ns: u64,
     /// Dirty records added since the last metadata commit: the intent
@@ -150,15 +144,6 @@ pub(crate) const INTENT_IDLE_NS: u64 = 5_000_000_000;
 const INTENT_EXTENTS_MAX: usize = 1024;
 pub(crate) use terrace_meta::format::INTENT_WHOLE_SPACE;
 
-/// What import found in the intent slots of the pool's disks.
-#[derive(Default)]
-pub(crate) struct IntentSlots {
-    /// The highest sequence of a record: the next one follows it.
-    pub sequence: u64,
-    /// Whether any disk's newest record names an extent.
-    pub named: bool,
-}
-
 /// The run-time side of the write-intent list.
 #[derive(Default)]
 pub(crate) struct IntentState {
@@ -246,7 +231,7 @@ impl PoolShared {
         read_only: Option<String>,
         disks: Vec<Arc<Disk>>,
         failures_observed: Arc<AtomicU64>,
-        intent_slots: IntentSlots,
+        intent_sequence: u64,
     ) -> PoolShared {
         PoolShared {
             env,
@@ -266,9 +251,7 @@ impl PoolShared {
                 activity: Default::default(),
             }),
             control: futures::lock::Mutex::new(Control {
-                intent_sequence: intent_slots.sequence,
-                intent_in_slots: intent_slots.named,
-                intent_in_metadata: !metadata.intent.is_empty(),
+                intent_sequence,
                 committed_at_ns: 0,
                 dirty_noted: Vec::new(),
                 metadata,
@@ -313,16 +296,14 @@ impl PoolShared {
             return Ok(());
         }
         let mut control = self.control.lock().await;
-        let mut dirty = control.metadata.dirty.clone();
-        let mut noted = control.dirty_noted.clone();
-        for disk in &unknown {
-            if add_dirty(&mut dirty, *disk, space, extent) {
-                noted.push((*disk, space, extent));
-            }
-        }
-        if noted != control.dirty_noted {
+        let added: Vec<(DiskIndex, SpaceId, u32)> = unknown
+            .iter()
+            .map(|disk| (*disk, space, extent))
+            .filter(|&(disk, space, extent)| !control.metadata.is_dirty(disk, space, extent))
+            .collect();
+        if !added.is_empty() {
             let list = control.metadata.intent.clone();
-            self.commit_slots(&mut control, list, dirty, noted).await?;
+            self.commit_intent(&mut control, list, &added).await?;
         }
         let mut known = self.dirty_known.lock().unwrap_or_else(|e| e.into_inner());
         known.extend(unknown.iter().map(|disk| (disk.0, space.0, extent)));
@@ -384,7 +365,7 @@ impl PoolShared {
             }
         }
         if list != control.metadata.intent {
-            self.commit_intent(&mut control, list).await?;
+            self.commit_intent(&mut control, list, &[]).await?;
         }
         let mut state = self.intent_state();
         state
@@ -447,7 +428,7 @@ impl PoolShared {
             });
         }
         if list != control.metadata.intent {
-            self.commit_intent(&mut control, list).await?;
+            self.commit_intent(&mut control, list, &[]).await?;
         }
         // Naming and clearing write the intent slots, not the metadata;
         // a commit at least this often while extents are cleared keeps the
@@ -466,57 +447,40 @@ impl PoolShared {
     pub(crate) async fn forget_intent(&self) -> Result<(), EngineError> {
         let mut control = self.control.lock().await;
         self.intent_state().durable.clear();
-        self.clear_intent_slots(&mut control).await?;
-        control.metadata.intent.clear();
-        if control.intent_in_metadata {
+        // The import's own commit named in the metadata what it read.
+        let named = !control.metadata.intent.is_empty();
+        self.commit_intent(&mut control, Vec::new(), &[]).await?;
+        if named {
             let next = control.metadata.clone();
             self.commit(&mut control, next).await?;
         }
         Ok(())
     }
 
-    /// Write an empty record to the intent slots if they may name
-    /// anything (close, and after import acted on them).
-    pub(crate) async fn clear_intent_slots(
-        &self,
-        control: &mut Control,
-    ) -> Result<(), EngineError> {
-        if control.intent_in_slots {
-            self.commit_intent(control, Vec::new()).await?;
-        }
-        Ok(())
-    }
-
-    /// Make `list` the write intent, durably (see
-    /// [`PoolShared::commit_slots`]).
-    async fn commit_intent(
-        &self,
-        control: &mut Control,
-        list: Vec<(SpaceId, u32)>,
-    ) -> Result<(), EngineError> {
-        let dirty = control.metadata.dirty.clone();
-        let noted = control.dirty_noted.clone();
-        self.commit_slots(control, list, dirty, noted).await
-    }
-
-    /// Make `list` the write intent and `dirty` the dirty records, durably,
-    /// where `noted` are the dirty records added since the last metadata
-    /// commit: a record of a few KiB in the intent slots of every member
+    /// Make `list` the write intent, and add `added` to the dirty records,
+    /// durably: a record of a few KiB in the intent slots of every member
     /// disk, flushed (see [`terrace_meta::IntentRecord`]), where a metadata
-    /// commit would write all the metadata (megabytes in a large pool). A
-    /// record too long for a slot, a disk failure not yet recorded, or a
-    /// disk that fails this write, goes through a full commit instead,
-    /// which names all of it in the metadata (and the disk failed); import
-    /// reads both.
-    async fn commit_slots(
+    /// commit would write all the metadata (megabytes in a large pool). The
+    /// record carries the dirty records noted since the last metadata
+    /// commit, which the next one carries instead. A record too long for a
+    /// slot, a disk failure not yet recorded, or a disk that fails this
+    /// write, goes through a full commit instead, which names all of it in
+    /// the metadata (and the disk failed); import reads both.
+    pub(crate) async fn commit_intent(
         &self,
         control: &mut Control,
         list: Vec<(SpaceId, u32)>,
-        dirty: Vec<DirtyRecord>,
-        noted: Vec<(DiskIndex, SpaceId, u32)>,
+        added: &[(DiskIndex, SpaceId, u32)],
     ) -> Result<(), EngineError> {
         self.check_open()?;
         self.check_writable()?;
+        let mut dirty = control.metadata.dirty.clone();
+        let mut noted = control.dirty_noted.clone();
+        for &(disk, space, extent) in added {
+            if add_dirty(&mut dirty, disk, space, extent) {
+                noted.push((disk, space, extent));
+            }
+        }
         let record = IntentRecord {
             pool_id: control.metadata.pool_id,
             sequence: control.intent_sequence + 1,
@@ -525,7 +489,7 @@ impl PoolShared {
             dirty: noted,
         };
         let no_members = control.metadata.members().next().is_none();
-        let encoded = match record.encode() {
+        let encoded = match encode_intent(&record) {
             // (With no member disk, the commit fails with the reason.)
             Ok(encoded) if !no_members && !self.conditions_unrecorded(&control.metadata) => encoded,
             _ => {
@@ -535,57 +499,76 @@ impl PoolShared {
                 return self.commit(control, next).await;
             }
         };
-        let disks = self.disks();
-        let members: Vec<&Arc<Disk>> = control
-            .metadata
-            .members()
-            .map(|(index, _)| &disks[usize::from(index.0)])
-            .collect();
-        let writes = members.iter().map(|disk| {
-            let encoded = &encoded;
-            async move {
-                let Some(device) = disk.device() else {
-                    return Err(String::from("no device"));
-                };
-                write_intent(device.as_ref(), record.sequence, encoded)
-                    .await
-                    .map_err(|error| error.to_string())
-            }
-        });
-        let results = join_all(writes).await;
-        control.intent_sequence = record.sequence;
-        let mut failed = false;
-        for (disk, result) in members.iter().zip(&results) {
-            if let Err(error) = result {
-                disk.set_condition(
-                    Condition::Failed,
-                    format!("write-intent write failed: {error}"),
-                );
-                failed = true;
-            }
-        }
-        if failed {
+        let sequence = record.sequence;
+        let (written, _) = self
+            .write_members(&control.metadata, "write-intent", |device, _| {
+                let encoded = encoded.clone();
+                async move { write_intent(device.as_ref(), sequence, encoded).await }
+            })
+            .await;
+        control.intent_sequence = sequence;
+        if written < control.metadata.members().count() {
             // The survivors learn of the failure and get the lists with it.
-            control.intent_in_slots = true;
             let mut next = control.metadata.clone();
             next.intent = record.extents;
             next.dirty = dirty;
             return self.commit(control, next).await;
         }
-        control.intent_in_slots = !record.extents.is_empty();
         control.metadata.intent = record.extents;
         control.metadata.dirty = dirty;
         control.dirty_noted = record.dirty;
         Ok(())
     }
 
+    /// Write to every member disk of `metadata` at once. A disk whose write
+    /// fails is marked failed (`what` says which write). Gives the number
+    /// written and the first error.
+    async fn write_members<F>(
+        &self,
+        metadata: &PoolMetadata,
+        what: &str,
+        write: impl Fn(Arc<dyn terrace_io::BlockDevice>, terrace_meta::Label) -> F,
+    ) -> (usize, Option<String>)
+    where
+        F: std::future::Future<Output = Result<(), terrace_io::IoError>>,
+    {
+        let disks = self.disks();
+        let members: Vec<&Arc<Disk>> = metadata
+            .members()
+            .map(|(index, _)| &disks[usize::from(index.0)])
+            .collect();
+        let writes = members.iter().map(|disk| {
+            let write = &write;
+            async move {
+                let (Some(device), Some(label)) = (disk.device(), disk.label()) else {
+                    return Err(String::from("no device"));
+                };
+                write(device, label)
+                    .await
+                    .map_err(|error| error.to_string())
+            }
+        });
+        let results = join_all(writes).await;
+        let mut written = 0;
+        let mut first_error = None;
+        for (disk, result) in members.iter().zip(results) {
+            match result {
+                Ok(()) => written += 1,
+                Err(error) => {
+                    disk.set_condition(Condition::Failed, format!("{what} write failed: {error}"));
+                    first_error.get_or_insert(error);
+                }
+            }
+        }
+        (written, first_error)
+    }
+
     /// Whether a disk failed or went missing since the metadata said so:
     /// the next commit must record it.
     fn conditions_unrecorded(&self, metadata: &PoolMetadata) -> bool {
-        self.disks().iter().any(|disk| {
-            metadata.disk(disk.index).map(|record| record.state) == Some(DiskState::Active)
-                && matches!(disk.condition(), Condition::Failed | Condition::Missing)
-        })
+        self.disks()
+            .iter()
+            .any(|disk| unrecorded_state(disk, metadata).is_some())
     }
 
     /// Forget the dirty records of a disk that caught up.
@@ -631,17 +614,11 @@ impl PoolShared {
     /// Copy run-time disk conditions (failed, missing) into the metadata.
     fn absorb_conditions(&self, metadata: &mut PoolMetadata) {
         for disk in self.disks() {
-            let record = &mut metadata.disks[usize::from(disk.index.0)];
-            if record.state != DiskState::Active {
-                continue;
+            if let Some(state) = unrecorded_state(&disk, metadata) {
+                let record = &mut metadata.disks[usize::from(disk.index.0)];
+                record.state = state;
+                record.state_reason = disk.reason();
             }
-            let state = match disk.condition() {
-                Condition::Failed => DiskState::Failed,
-                Condition::Missing => DiskState::Missing,
-                Condition::Online | Condition::Standby => continue,
-            };
-            record.state = state;
-            record.state_reason = disk.reason();
         }
     }
 
@@ -670,46 +647,21 @@ impl PoolShared {
                 .map_err(|source| EngineError::MetadataFull { source })?;
             self.metadata_bytes
                 .store(encoded.len() as u64, Ordering::Relaxed);
-            let disks = self.disks();
-            let members: Vec<&Arc<Disk>> = next
-                .members()
-                .map(|(index, _)| &disks[usize::from(index.0)])
-                .collect();
-            let writes = members.iter().map(|disk| {
-                let encoded = encoded.clone();
-                async move {
-                    let (Some(device), Some(label)) = (disk.device(), disk.label()) else {
-                        return Err(String::from("no device"));
-                    };
-                    write_slot(device.as_ref(), &label, next.generation, encoded)
-                        .await
-                        .map_err(|error| error.to_string())
-                }
-            });
-            let results = join_all(writes).await;
-            let mut written = 0;
-            for (disk, result) in members.iter().zip(&results) {
-                match result {
-                    Ok(()) => written += 1,
-                    Err(error) => disk.set_condition(
-                        Condition::Failed,
-                        format!("metadata write failed: {error}"),
-                    ),
-                }
-            }
+            let generation = next.generation;
+            let (written, error) = self
+                .write_members(&next, "metadata", |device, label| {
+                    let encoded = encoded.clone();
+                    async move { write_slot(device.as_ref(), &label, generation, encoded).await }
+                })
+                .await;
             if written == 0 {
                 control.metadata.generation = next.generation;
                 return Err(EngineError::CommitFailed {
                     pool: self.name.clone(),
-                    detail: results
-                        .into_iter()
-                        .filter_map(Result::err)
-                        .next()
-                        .unwrap_or_else(|| "no member disks".into()),
+                    detail: error.unwrap_or_else(|| "no member disks".into()),
                 });
             }
-            if written == members.len() {
-                control.intent_in_metadata = !next.intent.is_empty();
+            if written == next.members().count() {
                 control.dirty_noted.clear();
                 control.committed_at_ns = self.env.now_ns();
                 control.metadata = next;
@@ -757,6 +709,19 @@ impl PoolShared {
             .map(|disk| disk.flush());
         join_all(flushes).await;
         self.persist_failures().await
+    }
+}
+
+/// The state a disk's run-time condition calls for, where its record
+/// still says active: failed or missing.
+fn unrecorded_state(disk: &Disk, metadata: &PoolMetadata) -> Option<DiskState> {
+    if metadata.disk(disk.index)?.state != DiskState::Active {
+        return None;
+    }
+    match disk.condition() {
+        Condition::Failed => Some(DiskState::Failed),
+        Condition::Missing => Some(DiskState::Missing),
+        Condition::Online | Condition::Standby => None,
     }
 }
 

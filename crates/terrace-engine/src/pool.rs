@@ -328,7 +328,7 @@ impl Pool {
             None,
             runtime,
             failures,
-            Default::default(),
+            0,
         ));
         {
             let mut control = shared.control.lock().await;
@@ -496,7 +496,9 @@ impl Pool {
         }
         let mut control = self.shared.control.lock().await;
         // Flushed above, and no write runs after close: nothing in flight.
-        self.shared.clear_intent_slots(&mut control).await?;
+        self.shared
+            .commit_intent(&mut control, Vec::new(), &[])
+            .await?;
         let mut next = control.metadata.clone();
         next.clean = true;
         next.intent.clear();
@@ -641,14 +643,11 @@ async fn open(
         })
         .collect();
     let was_clean = metadata.clean;
-    let intent_slots = crate::control::IntentSlots {
-        sequence: records
-            .iter()
-            .map(|record| record.sequence)
-            .max()
-            .unwrap_or(0),
-        named: records.iter().any(|record| !record.extents.is_empty()),
-    };
+    let intent_sequence = records
+        .iter()
+        .map(|record| record.sequence)
+        .max()
+        .unwrap_or(0);
     let mut metadata = metadata;
     // Dirty records noted since the metadata imported was committed; those
     // of records written before it, it carries (or dropped since).
@@ -674,7 +673,7 @@ async fn open(
         read_only,
         disks,
         failures,
-        intent_slots,
+        intent_sequence,
     ));
     let pool = Pool {
         shared,
@@ -720,12 +719,7 @@ async fn open(
     }
     if !was_clean && pool.shared.read_only.is_none() {
         for space in pool.spaces() {
-            let named: Vec<u32> = metadata
-                .intent
-                .iter()
-                .filter(|(id, _)| *id == space.id())
-                .map(|&(_, extent)| extent)
-                .collect();
+            let named = metadata.intent_of(space.id());
             let whole = named.contains(&crate::control::INTENT_WHOLE_SPACE);
             // A log accounts for what was written through it; what was
             // written while it had failed (write-through) is named in the

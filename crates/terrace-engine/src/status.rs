@@ -338,12 +338,7 @@ impl Pool {
                         && online.len() >= 3
                         && latency_us >= SLOW_FLOOR_US
                         && latency_us > median * SLOW_FACTOR,
-                    missed_extents: metadata
-                        .dirty
-                        .iter()
-                        .filter(|dirty| dirty.disk == disk.index)
-                        .map(|dirty| dirty.extents.len() as u64)
-                        .sum(),
+                    missed_extents: metadata.dirty_of(disk.index).count() as u64,
                 }
             })
             .collect()

@@ -347,6 +347,30 @@ impl PoolMetadata {
             .map(|(index, disk)| (DiskIndex(index as u16), disk))
     }
 
+    /// The extents of `space` its write intent names (with
+    /// [`crate::format::INTENT_WHOLE_SPACE`] for all of them).
+    pub fn intent_of(&self, space: SpaceId) -> Vec<u32> {
+        self.intent
+            .iter()
+            .filter(|(id, _)| *id == space)
+            .map(|&(_, extent)| extent)
+            .collect()
+    }
+
+    /// The extents written while `disk` was missing.
+    pub fn dirty_of(&self, disk: DiskIndex) -> impl Iterator<Item = (SpaceId, u32)> + '_ {
+        self.dirty
+            .iter()
+            .filter(move |record| record.disk == disk)
+            .flat_map(|record| record.extents.iter().copied())
+    }
+
+    /// Whether `extent` of `space` is recorded written while `disk` was
+    /// missing.
+    pub fn is_dirty(&self, disk: DiskIndex, space: SpaceId, extent: u32) -> bool {
+        self.dirty_of(disk).any(|dirty| dirty == (space, extent))
+    }
+
     pub fn space(&self, name: &str) -> Option<&SpaceRecord> {
         self.spaces.iter().find(|space| space.name == name)
     }

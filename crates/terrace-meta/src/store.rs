@@ -17,8 +17,8 @@ use terrace_io::{aligned_buffer, BlockDevice, Bytes, IoError, DIRECT_IO_ALIGNMEN
 
 use crate::codec;
 use crate::format::{
-    intent_offset, slot_offset, IntentRecord, Label, LabelError, SlotError, SlotHeader,
-    INTENT_SLOT_BYTES, LABEL_BYTES, SLOT_HEADER_BYTES, SLOT_VERSION,
+    intent_offset, slot_offset, IntentError, IntentRecord, Label, LabelError, SlotError,
+    SlotHeader, INTENT_SLOT_BYTES, LABEL_BYTES, SLOT_HEADER_BYTES, SLOT_VERSION,
 };
 use crate::model::PoolMetadata;
 
@@ -139,17 +139,24 @@ pub async fn write_slot(
     device.flush().await
 }
 
-/// Write an encoded write-intent record (see [`IntentRecord::encode`]) of
+/// Encode a write-intent record once, in a buffer every disk's write can
+/// share. Fails, before any I/O, if it does not fit a slot.
+pub fn encode_intent(record: &IntentRecord) -> Result<Bytes, IntentError> {
+    let encoded = record.encode()?;
+    let mut buffer = aligned_buffer(encoded.len());
+    buffer.copy_from_slice(&encoded);
+    Ok(buffer.freeze())
+}
+
+/// Write an encoded write-intent record (see [`encode_intent`]) of
 /// `sequence` and flush: when this returns Ok it is durable on this device.
 pub async fn write_intent(
     device: &dyn BlockDevice,
     sequence: u64,
-    encoded: &[u8],
+    encoded: Bytes,
 ) -> Result<(), IoError> {
-    let mut buffer = aligned_buffer(encoded.len());
-    buffer.copy_from_slice(encoded);
     device
-        .write(intent_offset(sequence % 2), buffer.freeze(), false)
+        .write(intent_offset(sequence % 2), encoded, false)
         .await?;
     device.flush().await
 }

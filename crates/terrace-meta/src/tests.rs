@@ -4,7 +4,7 @@ use std::sync::Arc;
 use futures::executor::block_on;
 use proptest::prelude::*;
 use terrace_io::memory::MemoryDevice;
-use terrace_io::BlockDevice;
+use terrace_io::{BlockDevice, Bytes};
 use terrace_layout::{Geometry, Layout};
 
 use crate::codec::DecodeError;
@@ -776,7 +776,7 @@ fn the_newest_whole_intent_record_of_the_pool_is_read_back() {
         assert_eq!(store::read_intent(device, &label).await, None);
         for sequence in 1..=3 {
             let record = intent(sequence, sequence as u32 * 10);
-            store::write_intent(device, sequence, &record.encode().unwrap())
+            store::write_intent(device, sequence, store::encode_intent(&record).unwrap())
                 .await
                 .unwrap();
         }
@@ -788,13 +788,15 @@ fn the_newest_whole_intent_record_of_the_pool_is_read_back() {
         // A torn write of 4 leaves 3 readable.
         let mut torn = intent(4, 40).encode().unwrap();
         torn[64 + 12 * 30..].fill(0);
-        store::write_intent(device, 4, &torn).await.unwrap();
+        store::write_intent(device, 4, Bytes::from(torn))
+            .await
+            .unwrap();
         assert_eq!(
             store::read_intent(device, &label).await,
             Some(intent(3, 30))
         );
         // A newer whole record wins whichever slot it is in.
-        store::write_intent(device, 5, &intent(5, 0).encode().unwrap())
+        store::write_intent(device, 5, store::encode_intent(&intent(5, 0)).unwrap())
             .await
             .unwrap();
         assert_eq!(store::read_intent(device, &label).await, Some(intent(5, 0)));

@@ -300,12 +300,7 @@ fn log_moves(metadata: &PoolMetadata, reserved: &BTreeSet<SlabRef>) -> Vec<MoveR
 /// A returning disk catches up in place on the extents written while it
 /// was away.
 fn resync_moves(metadata: &PoolMetadata, disk: DiskIndex) -> Vec<MoveRecord> {
-    let dirty: BTreeSet<(terrace_meta::SpaceId, u32)> = metadata
-        .dirty
-        .iter()
-        .filter(|record| record.disk == disk)
-        .flat_map(|record| record.extents.iter().copied())
-        .collect();
+    let dirty: BTreeSet<(terrace_meta::SpaceId, u32)> = metadata.dirty_of(disk).collect();
     let mut moves = Vec::new();
     for space in &metadata.spaces {
         for (extent, record) in space.extents.iter().enumerate() {

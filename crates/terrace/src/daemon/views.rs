@@ -405,15 +405,8 @@ fn explanation(view: &SpaceView, slab_bytes: u64) -> Vec<String> {
 pub fn space_detail(view: SpaceView, metadata: &PoolMetadata, devices: &[DiskView]) -> SpaceDetail {
     let record = metadata.space(&view.name);
     let extent_bytes = u64::from(view.data_columns) * metadata.slab_bytes;
-    let named: Vec<u32> = record
-        .map(|record| {
-            metadata
-                .intent
-                .iter()
-                .filter(|(space, _)| *space == record.id)
-                .map(|&(_, extent)| extent)
-                .collect()
-        })
+    let named = record
+        .map(|record| metadata.intent_of(record.id))
         .unwrap_or_default();
     let whole = named.contains(&terrace_engine::meta::format::INTENT_WHOLE_SPACE);
     let extent_map = record
