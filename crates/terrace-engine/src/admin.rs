@@ -555,7 +555,6 @@ pub(crate) fn targets(
     extents: &[ExtentRecord],
 ) -> Result<Vec<Arc<[Target]>>, EngineError> {
     let disks = shared.disks();
-    let data_start = terrace_meta::format::data_offset(shared.metadata_slot_bytes);
     extents
         .iter()
         .map(|extent| {
@@ -567,7 +566,7 @@ pub(crate) fn targets(
             Ok(slabs
                 .iter()
                 .map(|slab| {
-                    let base = data_start + u64::from(slab.slab.0) * metadata.slab_bytes;
+                    let base = shared.slab_base(slab.slab, metadata.slab_bytes);
                     Target::single(disks[usize::from(slab.disk.0)].clone(), base)
                 })
                 .collect::<Arc<[Target]>>())

@@ -22,7 +22,7 @@ use terrace_io::Env;
 use terrace_meta::store::{encode_intent, encode_slot, write_intent, write_slot};
 use terrace_meta::{
     Allocator, DirtyRecord, DiskIndex, DiskRecord, DiskState, FaultDomain, IntentRecord,
-    PoolMetadata, SlabRef, SpaceId,
+    PoolMetadata, SlabIndex, SlabRef, SpaceId,
 };
 
 use crate::disk::{Condition, Disk};
@@ -210,6 +210,17 @@ impl PoolShared {
         if epoch.strong_count() > 0 {
             retired.extend(slabs.into_iter().map(|slab| (slab, epoch.clone())));
         }
+    }
+
+    /// Where slab `slab` of a disk of this pool begins on it.
+    pub(crate) fn slab_base(&self, slab: SlabIndex, slab_bytes: u64) -> u64 {
+        terrace_meta::format::data_offset(self.metadata_slot_bytes) + u64::from(slab.0) * slab_bytes
+    }
+
+    /// The slab a location beginning at `base` on a disk of this pool lies in.
+    pub(crate) fn slab_at(&self, base: u64, slab_bytes: u64) -> SlabIndex {
+        let data_start = terrace_meta::format::data_offset(self.metadata_slot_bytes);
+        SlabIndex(((base - data_start) / slab_bytes) as u32)
     }
 
     /// An allocator over `metadata`'s free slabs of the disks `eligible`

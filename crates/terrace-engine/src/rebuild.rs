@@ -10,7 +10,6 @@
 //! `target.rs`), so the destination stays current behind the watermark.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
 use terrace_io::{aligned_buffer, BytesMut};
 use terrace_layout::{Layout, RowSpan};
@@ -19,10 +18,6 @@ use crate::error::EngineError;
 use crate::row::RowIo;
 use crate::space::Space;
 use crate::target::Location;
-
-fn same_place(a: &Location, b: &Location) -> bool {
-    Arc::ptr_eq(&a.disk, &b.disk) && a.base == b.base
-}
 
 /// The content of one row of `slot`, from anywhere but `destination`.
 async fn row_content(
@@ -37,7 +32,7 @@ async fn row_content(
     let elsewhere = target
         .locations
         .iter()
-        .find(|location| !same_place(location, destination) && location.valid_for(io.row));
+        .find(|location| !location.same_place(destination) && location.valid_for(io.row));
     if let Some(source) = elsewhere {
         let (buffer, result) = source
             .disk

@@ -35,7 +35,7 @@ use bytes::Buf;
 use futures::future::join_all;
 use terrace_io::{aligned_buffer, BlockDevice, Bytes, BytesMut};
 use terrace_layout::{Geometry, Layout, RowSpan, BLOCK_BYTES};
-use terrace_meta::{DiskIndex, SlabIndex, SlabRef, SpaceId};
+use terrace_meta::{DiskIndex, SlabRef, SpaceId};
 
 use crate::disk::{Condition, Disk};
 
@@ -328,10 +328,9 @@ impl Space {
 
     /// The slab a location of this space lies in.
     fn slab_of(&self, location: &Location) -> SlabRef {
-        let data_start = terrace_meta::format::data_offset(self.pool.metadata_slot_bytes);
         SlabRef {
             disk: location.disk.index,
-            slab: SlabIndex(((location.base - data_start) / self.geometry.slab_bytes()) as u32),
+            slab: self.pool.slab_at(location.base, self.geometry.slab_bytes()),
         }
     }
 

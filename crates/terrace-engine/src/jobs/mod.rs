@@ -445,8 +445,6 @@ impl Pool {
 
     /// Make the targets of a job's pending moves locations of their slots.
     pub(crate) fn install_job(&self, job: &JobRecord) {
-        let metadata_slab = self.shared.metadata_slot_bytes;
-        let data_start = terrace_meta::format::data_offset(metadata_slab);
         let disks = self.shared.disks();
         for step in job.moves.iter().filter(|step| !step.done) {
             let Some(space) = self.space_by_id(step.space) else {
@@ -457,7 +455,7 @@ impl Pool {
             let slab_bytes = space.geometry().slab_bytes();
             let location = Location {
                 disk: disks[usize::from(step.target.disk.0)].clone(),
-                base: data_start + u64::from(step.target.slab.0) * slab_bytes,
+                base: self.shared.slab_base(step.target.slab, slab_bytes),
                 valid_below: Some(mark),
             };
             let in_place = matches!(job.kind, JobKind::Resync { .. });
@@ -553,10 +551,10 @@ fn log_moves_off_lost(metadata: &PoolMetadata, disk: DiskIndex) -> Vec<usize> {
     (0..metadata.jobs.len())
         .filter(|&position| {
             let job = &metadata.jobs[position];
-            let mut sources = move_sources(metadata, job.moves.iter().filter(|m| !m.done));
             job.is_active()
                 && job.kind == JobKind::LogsToJournal
-                && sources.any(|source| source == disk)
+                && move_sources(metadata, job.moves.iter().filter(|m| !m.done))
+                    .any(|source| source == disk)
         })
         .collect()
 }

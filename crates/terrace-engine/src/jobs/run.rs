@@ -477,9 +477,8 @@ fn find_destination(
     slot: u16,
     mark: &Arc<std::sync::atomic::AtomicU64>,
 ) -> Option<Location> {
-    let map = space.map();
     // None once the space is deleted (its map is empty then).
-    map.extents.get(extent as usize)?[usize::from(slot)]
+    space.current_extent(u64::from(extent))?[usize::from(slot)]
         .locations
         .iter()
         .find(|location| {
