@@ -23,8 +23,7 @@ use terrace_meta::format::{
 use terrace_meta::quorum::{self, Candidate};
 use terrace_meta::store::{self, Probe};
 use terrace_meta::{
-    DiskId, DiskIndex, DiskRecord, DiskState, IntentRecord, Media, PoolId, PoolMetadata,
-    PoolSettings, Usage,
+    DiskId, DiskIndex, DiskRecord, DiskState, IntentRecord, Media, PoolId, PoolMetadata, Usage,
 };
 
 use crate::control::PoolShared;
@@ -288,23 +287,7 @@ impl Pool {
         check_new_disks(&disks, data_start + config.slab_bytes, None).await?;
         let now = env.wall_clock_ns();
         let pool_id = PoolId(random_id(env.as_ref()));
-        let mut metadata = PoolMetadata {
-            pool_id,
-            name: config.name.clone(),
-            generation: 0,
-            created_ns: now,
-            committed_ns: now,
-            slab_bytes: config.slab_bytes,
-            clean: false,
-            next_space_id: 1,
-            disks: Vec::new(),
-            spaces: Vec::new(),
-            settings: PoolSettings::default(),
-            next_job_id: 1,
-            jobs: Vec::new(),
-            dirty: Vec::new(),
-            intent: Vec::new(),
-        };
+        let mut metadata = PoolMetadata::new(pool_id, config.name.clone(), config.slab_bytes, now);
         let failures = Arc::new(AtomicU64::new(0));
         let shape = Shape {
             pool_id,

@@ -143,23 +143,13 @@ mod tests {
             missing_since: 0,
         };
         let mut metadata = PoolMetadata {
-            pool_id: PoolId([1; 16]),
-            name: "tank".into(),
             generation: 1,
-            created_ns: 1,
-            committed_ns: 1,
-            slab_bytes,
             clean: true,
             next_space_id: 2,
             disks: (0..8)
                 .map(|index| disk(index, if index < 4 { small } else { large }))
                 .collect(),
-            spaces: Vec::new(),
-            settings: PoolSettings::default(),
-            next_job_id: 1,
-            jobs: Vec::new(),
-            dirty: Vec::new(),
-            intent: Vec::new(),
+            ..PoolMetadata::new(PoolId([1; 16]), "tank".into(), slab_bytes, 1)
         };
         let layout = Layout::Mirror { copies: 2 };
         let geometry = Geometry::new(layout, 1, 256 << 10, slab_bytes).unwrap();

@@ -333,6 +333,27 @@ pub struct PoolMetadata {
 }
 
 impl PoolMetadata {
+    /// A pool without disks or spaces, before its first commit.
+    pub fn new(pool_id: PoolId, name: String, slab_bytes: u64, created_ns: u64) -> PoolMetadata {
+        PoolMetadata {
+            pool_id,
+            name,
+            generation: 0,
+            created_ns,
+            committed_ns: created_ns,
+            slab_bytes,
+            clean: false,
+            next_space_id: 1,
+            disks: Vec::new(),
+            spaces: Vec::new(),
+            settings: PoolSettings::default(),
+            next_job_id: 1,
+            jobs: Vec::new(),
+            dirty: Vec::new(),
+            intent: Vec::new(),
+        }
+    }
+
     pub fn disk(&self, index: DiskIndex) -> Option<&DiskRecord> {
         self.disks.get(usize::from(index.0))
     }

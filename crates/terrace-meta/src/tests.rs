@@ -41,21 +41,11 @@ fn disk(index: u8, slab_count: u32) -> DiskRecord {
 
 fn metadata(disks: usize, slab_count: u32) -> PoolMetadata {
     PoolMetadata {
-        pool_id: PoolId([0xab; 16]),
-        name: "tank".into(),
         generation: 7,
-        created_ns: 1,
         committed_ns: 2,
-        slab_bytes: SLAB,
         clean: true,
-        next_space_id: 1,
         disks: (0..disks).map(|i| disk(i as u8, slab_count)).collect(),
-        spaces: Vec::new(),
-        settings: PoolSettings::default(),
-        next_job_id: 1,
-        jobs: Vec::new(),
-        dirty: Vec::new(),
-        intent: Vec::new(),
+        ..PoolMetadata::new(PoolId([0xab; 16]), "tank".into(), SLAB, 1)
     }
 }
 
