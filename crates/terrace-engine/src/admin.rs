@@ -218,6 +218,7 @@ impl Pool {
             .remove(name)
         {
             space.mark_deleted();
+            self.shared.crash_resync.forget(space.id());
             if let Some(journal) = space.journal() {
                 journal.log().mark_deleted();
                 self.logs

@@ -62,6 +62,8 @@ pub struct PoolShared {
     dirty_known: std::sync::Mutex<std::collections::HashSet<(u16, u64, u32)>>,
     /// Write intent of spaces without a log (see [`PoolShared::begin_intent`]).
     intent: std::sync::Mutex<IntentState>,
+    /// Mirror extents left to resynchronise since an unclean shutdown.
+    pub(crate) crash_resync: crate::crash_resync::CrashResync,
     /// Memory the write-back logs of the pool's spaces hold their dirty
     /// data in (see [`LogMemory`]).
     pub(crate) log_memory: LogMemory,
@@ -261,6 +263,7 @@ impl PoolShared {
                     .collect(),
                 activity: Default::default(),
             }),
+            crash_resync: Default::default(),
             control: futures::lock::Mutex::new(Control {
                 intent_sequence,
                 committed_at_ns: 0,
@@ -295,12 +298,22 @@ impl PoolShared {
         extent: u32,
         disks: &[DiskIndex],
     ) -> Result<(), EngineError> {
-        let unknown: Vec<DiskIndex> = {
+        let notes: Vec<_> = disks.iter().map(|disk| (*disk, space, extent)).collect();
+        self.note_dirty_all(&notes).await
+    }
+
+    /// [`PoolShared::note_dirty`] for many (disk, space, extent) at once:
+    /// one record for all of them.
+    pub(crate) async fn note_dirty_all(
+        &self,
+        notes: &[(DiskIndex, SpaceId, u32)],
+    ) -> Result<(), EngineError> {
+        let unknown: Vec<(DiskIndex, SpaceId, u32)> = {
             let known = self.dirty_known.lock().unwrap_or_else(|e| e.into_inner());
-            disks
+            notes
                 .iter()
                 .copied()
-                .filter(|disk| !known.contains(&(disk.0, space.0, extent)))
+                .filter(|(disk, space, extent)| !known.contains(&(disk.0, space.0, *extent)))
                 .collect()
         };
         if unknown.is_empty() || self.read_only.is_some() {
@@ -309,7 +322,7 @@ impl PoolShared {
         let mut control = self.control.lock().await;
         let added: Vec<(DiskIndex, SpaceId, u32)> = unknown
             .iter()
-            .map(|disk| (*disk, space, extent))
+            .copied()
             .filter(|&(disk, space, extent)| !control.metadata.is_dirty(disk, space, extent))
             .collect();
         if !added.is_empty() {
@@ -317,7 +330,11 @@ impl PoolShared {
             self.commit_intent(&mut control, list, &added).await?;
         }
         let mut known = self.dirty_known.lock().unwrap_or_else(|e| e.into_inner());
-        known.extend(unknown.iter().map(|disk| (disk.0, space.0, extent)));
+        known.extend(
+            unknown
+                .iter()
+                .map(|(disk, space, extent)| (disk.0, space.0, *extent)),
+        );
         Ok(())
     }
 
@@ -400,6 +417,10 @@ impl PoolShared {
                 .iter()
                 .copied()
                 .filter(|key| {
+                    // Named until resynchronised after a crash.
+                    if self.crash_resync.holds(*key) {
+                        return false;
+                    }
                     let idle = |&(in_flight, last): &(u32, u64)| {
                         in_flight == 0 && now.saturating_sub(last) >= INTENT_IDLE_NS
                     };
@@ -453,14 +474,18 @@ impl PoolShared {
         Ok(())
     }
 
-    /// After the write intent has been acted on (import): drop it all,
-    /// from the intent slots and from the metadata.
-    pub(crate) async fn forget_intent(&self) -> Result<(), EngineError> {
+    /// After the write intent has been acted on (import): drop it all but
+    /// `keep` (what is left to resynchronise in the background), from the
+    /// intent slots and from the metadata.
+    pub(crate) async fn forget_intent(&self, keep: Vec<(SpaceId, u32)>) -> Result<(), EngineError> {
         let mut control = self.control.lock().await;
-        self.intent_state().durable.clear();
+        self.intent_state().durable = keep
+            .iter()
+            .map(|(space, extent)| (space.0, *extent))
+            .collect();
         // The import's own commit named in the metadata what it read.
         let named = !control.metadata.intent.is_empty();
-        self.commit_intent(&mut control, Vec::new(), &[]).await?;
+        self.commit_intent(&mut control, keep, &[]).await?;
         if named {
             let next = control.metadata.clone();
             self.commit(&mut control, next).await?;

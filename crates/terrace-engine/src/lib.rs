@@ -19,6 +19,7 @@
 mod admin;
 pub mod cache;
 mod control;
+mod crash_resync;
 mod departures;
 mod disk;
 mod error;

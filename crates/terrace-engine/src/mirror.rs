@@ -15,6 +15,9 @@
 //! The price: a range within one region, read often, is read from one
 //! copy.
 //!
+//! After an unclean shutdown, a row not yet resynchronised is
+//! resynchronised before it is read (see [`crate::crash_resync`]).
+//!
 //! Writes go to every online copy holding the lock on the bytes they
 //! write, so concurrent writers of a block leave all copies equal; a write
 //! succeeds while each of its pieces reached at least one copy.
@@ -45,6 +48,19 @@ pub async fn read(
     span: &RowSpan,
     buffer: BytesMut,
 ) -> (BytesMut, Result<(), EngineError>) {
+    // Since a crash, a row is read only once its copies agree.
+    if io
+        .space
+        .pool
+        .crash_resync
+        .wanted(io.space.id, io.extent, io.row)
+    {
+        let resynced =
+            crate::resync::resync_crashed_row(io.space, io.extent, io.row, io.lock_held).await;
+        if let Err(error) = resynced {
+            return (buffer, Err(error));
+        }
+    }
     read_pieces(io, span, buffer, |piece, part| read_piece(io, piece, part)).await
 }
 

@@ -17,13 +17,15 @@ use std::sync::{Arc, RwLock};
 
 use futures::future::join_all;
 use terrace_io::{BlockDevice, Env};
+use terrace_layout::Layout;
 use terrace_meta::format::{
     data_offset, Label, METADATA_SLOT_DEFAULT_BYTES, METADATA_SLOT_MIN_BYTES,
 };
 use terrace_meta::quorum::{self, Candidate};
 use terrace_meta::store::{self, Probe};
 use terrace_meta::{
-    DiskId, DiskIndex, DiskRecord, DiskState, IntentRecord, Media, PoolId, PoolMetadata, Usage,
+    DiskId, DiskIndex, DiskRecord, DiskState, IntentRecord, Media, PoolId, PoolMetadata, SpaceId,
+    Usage,
 };
 
 use crate::control::PoolShared;
@@ -473,18 +475,33 @@ impl Pool {
     }
 
     async fn close_inner(&self) -> Result<(), EngineError> {
+        // What a crash left a mirror to resynchronise, taken before the
+        // flush: a row the background pass finishes after it may not be
+        // durable.
+        let owed_before = self.shared.crash_resync.owed();
         self.shared.flush_disks().await?;
         if self.shared.read_only.is_some() {
             return Ok(());
         }
         let mut control = self.shared.control.lock().await;
         // Flushed above, and no write runs after close: nothing in flight.
+        // What is still owed stays named, and the pool is left unclean, so
+        // that the next import (of any build) resynchronises it.
+        let owed: Vec<(SpaceId, u32)> = control
+            .metadata
+            .intent
+            .iter()
+            .copied()
+            .filter(|(space, extent)| {
+                crate::crash_resync::covers(owed_before.iter(), (space.0, *extent))
+            })
+            .collect();
         self.shared
-            .commit_intent(&mut control, Vec::new(), &[])
+            .commit_intent(&mut control, owed.clone(), &[])
             .await?;
         let mut next = control.metadata.clone();
-        next.clean = true;
-        next.intent.clear();
+        next.clean = owed.is_empty();
+        next.intent = owed;
         let committed = self.shared.commit(&mut control, next).await;
         // Closed before the lock is let go: a write waiting for it to name
         // its extent must not write after the clean commit.
@@ -701,27 +718,75 @@ async fn open(
         }
     }
     if !was_clean && pool.shared.read_only.is_none() {
+        // What stays named in the write intent: mirror extents left to
+        // resynchronise while the pool serves.
+        let mut keep = Vec::new();
         for space in pool.spaces() {
-            let named = metadata.intent_of(space.id());
+            let id = space.id();
+            let named = metadata.intent_of(id);
             let whole = named.contains(&crate::control::INTENT_WHOLE_SPACE);
+            let extent_bytes = space.geometry().extent_data_bytes();
+            let extents = space.map().extents.len() as u32;
             // A log accounts for what was written through it; what was
             // written while it had failed (write-through) is named in the
-            // write intent, so those extents are resynced too.
-            if !whole && (accounted.contains(space.name()) || space.uses_intent()) {
-                // Only the extents named can have been cut mid-write.
-                let extent_bytes = space.geometry().extent_data_bytes();
-                for extent in named {
+            // write intent, so those extents are resynced too. Only the
+            // extents named can have been cut mid-write.
+            let by_intent = !whole && (accounted.contains(space.name()) || space.uses_intent());
+            let cut: Vec<u32> = if by_intent {
+                named
+                    .into_iter()
+                    .filter(|extent| *extent < extents)
+                    .collect()
+            } else {
+                (0..extents).collect()
+            };
+            if matches!(space.geometry().layout(), Layout::Mirror { .. }) {
+                // Rows past the end of the space (in its last extent) are
+                // never read or written.
+                let row_bytes = space.geometry().row_data_bytes();
+                let rows = |extent: u32| {
+                    let start = u64::from(extent) * extent_bytes;
+                    let within = space.size_bytes().saturating_sub(start).div_ceil(row_bytes);
+                    (extent, within.min(space.geometry().rows_per_extent()))
+                };
+                pool.shared
+                    .crash_resync
+                    .note(id, cut.iter().map(|extent| rows(*extent)));
+                // A disk out of service now (a disk returning here is
+                // welcomed back below) may have lost, to the power cut,
+                // writes it took before it left: unflushed, unrecorded.
+                // Its copies of these extents catch up when it returns, as
+                // a resynchronisation before serving would have recorded.
+                let map = space.map();
+                let notes: Vec<(DiskIndex, SpaceId, u32)> = cut
+                    .iter()
+                    .flat_map(|&extent| {
+                        map.extents[extent as usize]
+                            .iter()
+                            .map(|target| &target.home().disk)
+                            .filter(|disk| {
+                                matches!(disk.condition(), Condition::Missing | Condition::Standby)
+                            })
+                            .map(move |disk| (disk.index, id, extent))
+                    })
+                    .collect();
+                pool.shared.note_dirty_all(&notes).await?;
+                if by_intent {
+                    keep.extend(cut.iter().map(|extent| (id, *extent)));
+                } else if !cut.is_empty() {
+                    keep.push((id, crate::control::INTENT_WHOLE_SPACE));
+                }
+            } else if by_intent {
+                for extent in cut {
                     let offset = u64::from(extent) * extent_bytes;
-                    if offset < space.size_bytes() {
-                        crate::resync::resync_range(&space, offset, extent_bytes).await?;
-                    }
+                    crate::resync::resync_range(&space, offset, extent_bytes).await?;
                 }
             } else {
                 crate::resync::resync_space(&space).await?;
             }
         }
         pool.shared.flush_disks().await?;
-        pool.shared.forget_intent().await?;
+        pool.shared.forget_intent(keep).await?;
     }
     if pool.shared.read_only.is_none() {
         pool.welcome_back(&metadata).await?;

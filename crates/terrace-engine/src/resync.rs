@@ -7,8 +7,9 @@
 //! outcomes for writes that were never flushed, and flushed rows already
 //! agree, so nothing acknowledged changes.
 //!
-//! Today every row is resynchronised after an unclean shutdown; a log of
-//! dirty regions will narrow that to the rows written recently.
+//! After an unclean shutdown only the extents the write intent names are
+//! resynchronised (or the whole space, where it was named whole); a
+//! mirror's while it serves (see [`crate::crash_resync`]).
 //!
 //! A parity row with a data column missing cannot be checked: its parity is
 //! the only record of the missing data. Such rows are left alone (and
@@ -92,6 +93,11 @@ async fn walk_rows(
             length: space.geometry.row_data_bytes(),
             request_offset: 0,
         };
+        if pass == Pass::Verify && space.pool.crash_resync.wanted(space.id, extent, row) {
+            // Not yet resynchronised since a crash: its copies may differ.
+            report.skipped_rows += 1;
+            continue;
+        }
         let io = space.row_io(&map, &span);
         // A repair leaves out disks not in service; one that comes back
         // (a disk returning at an import is welcomed only after recovery
@@ -114,6 +120,49 @@ async fn walk_rows(
     }
     space.pool.persist_failures().await?;
     Ok(report)
+}
+
+/// Resynchronise `row` of `extent` of a mirror after an unclean shutdown
+/// if it still wants it (see [`crate::crash_resync`]): under the row's
+/// lock, which the caller may hold already (`lock_held`: a sub-block
+/// write reading its edges, whose own record of missing disks covers the
+/// extent).
+pub(crate) async fn resync_crashed_row(
+    space: &Space,
+    extent: u64,
+    row: u64,
+    lock_held: bool,
+) -> Result<(), EngineError> {
+    if !space.pool.crash_resync.wanted(space.id, extent, row) {
+        return Ok(());
+    }
+    let row_bytes = space.geometry.row_data_bytes();
+    let (_writing, _guard) = if lock_held {
+        (None, None)
+    } else {
+        let offset = extent * space.geometry.extent_data_bytes() + row * row_bytes;
+        let writing = space.track_missing(&space.map(), offset, row_bytes).await?;
+        (Some(writing), Some(space.locks.lock((extent, row)).await))
+    };
+    // Another reader, the background pass or a move may have done it
+    // while this one waited for the lock.
+    if !space.pool.crash_resync.wanted(space.id, extent, row) {
+        return Ok(());
+    }
+    // The slots' places as they are under the lock.
+    let map = space.map();
+    if extent < map.extents.len() as u64 {
+        let span = RowSpan {
+            extent,
+            row,
+            row_offset: 0,
+            length: row_bytes,
+            request_offset: 0,
+        };
+        check_row(&space.row_io(&map, &span), Pass::Repair).await;
+    }
+    space.pool.crash_resync.done(space.id, extent, row);
+    Ok(())
 }
 
 enum RowState {

@@ -99,13 +99,198 @@ fn after_a_crash_a_mirror_resyncs_only_the_extents_it_was_writing() {
             .await
             .unwrap();
         let space = pool.space("m").unwrap();
+        // The pool serves before extent 3 is resynchronised; a check
+        // skips its rows meanwhile.
+        assert_eq!(pool.resync_extents_left(id), 1);
+        // Idle, but left to resynchronise: it stays named.
+        pool.clear_idle_intent().await.unwrap();
+        assert_eq!(pool.metadata().await.intent, vec![(id, 3)]);
+        let rows = space.geometry().rows_per_extent();
+        let report = verify_space(&space).await.unwrap();
+        assert_eq!(extents_of(&report.mismatched_rows), vec![7]);
+        assert_eq!(report.skipped_rows, rows);
+        pool.resync_after_crash().await.unwrap();
+        assert_eq!(pool.resync_extents_left(id), 0);
         let report = verify_space(&space).await.unwrap();
         assert_eq!(
             extents_of(&report.mismatched_rows),
             vec![7],
             "extent 3 was resynchronised, extent 7 left as it was"
         );
+        assert_eq!(report.skipped_rows, 0);
+        pool.clear_idle_intent().await.unwrap();
         assert!(pool.metadata().await.intent.is_empty());
+    });
+}
+
+/// Wait (running the jobs) until the write intent names nothing.
+async fn intent_clears(pool: &Pool) {
+    with_jobs(pool, async {
+        for _ in 0..100 {
+            if pool.metadata().await.intent.is_empty() {
+                return;
+            }
+            env().sleep(100_000_000).await;
+        }
+        panic!(
+            "write intent never cleared: {:?}",
+            pool.metadata().await.intent
+        );
+    })
+    .await;
+}
+
+/// A mirror torn by a crash in extent 3 (its first copy new, its second
+/// old), imported again: the pool serves at once, with extent 3 left to
+/// resynchronise.
+async fn torn_and_imported(disks: &Disks) -> (Pool, std::sync::Arc<Space>) {
+    let (pool, space) = mirror(disks).await;
+    space
+        .write(0, bytes(Rng(10).bytes(SPACE_BYTES as usize)), false)
+        .await
+        .unwrap();
+    drop(space);
+    pool.close().await.unwrap();
+    let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
+        .await
+        .unwrap();
+    let space = pool.space("m").unwrap();
+    space
+        .write(3 * SLAB + 8192, bytes(Rng(11).bytes(4096)), false)
+        .await
+        .unwrap();
+    tear(disks, &pool, "m", 3).await;
+    drop(space);
+    drop(pool);
+    let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
+        .await
+        .unwrap();
+    let space = pool.space("m").unwrap();
+    assert_eq!(pool.resync_extents_left(space.id()), 1);
+    (pool, space)
+}
+
+/// A row read before the background pass reaches it is resynchronised
+/// first: what a client read is what every copy holds, so losing the copy
+/// it happened to be read from changes nothing.
+#[test]
+fn a_row_read_before_its_resync_reads_the_same_from_every_copy() {
+    block_on(async {
+        let disks = Disks::new(3, DISK_BYTES);
+        let (pool, space) = torn_and_imported(&disks).await;
+        let read = space.read(3 * SLAB, 4096).await.unwrap();
+        assert_eq!(&read[..], &[0xee; 4096][..], "the first copy is the source");
+        let second = pool.metadata().await.space("m").unwrap().extents[3]
+            .slabs
+            .clone()
+            .unwrap()[1]
+            .disk;
+        disks.faults[usize::from(second.0)].lose();
+        assert_eq!(space.read(3 * SLAB, 4096).await.unwrap(), read);
+        // Only the row read was resynchronised; the rest is left.
+        assert_eq!(pool.resync_extents_left(space.id()), 1);
+    });
+}
+
+/// A crash before the background pass ends leaves the extent named: the
+/// next import finds it still to resynchronise.
+#[test]
+fn a_crash_during_the_resync_after_a_crash_leaves_it_to_the_next_import() {
+    block_on(async {
+        let disks = Disks::new(3, DISK_BYTES);
+        let (pool, space) = torn_and_imported(&disks).await;
+        let id = space.id();
+        assert_eq!(pool.metadata().await.intent, vec![(id, 3)]);
+        drop(space);
+        drop(pool);
+        let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
+            .await
+            .unwrap();
+        let space = pool.space("m").unwrap();
+        assert_eq!(pool.resync_extents_left(id), 1);
+        pool.resync_after_crash().await.unwrap();
+        let report = verify_space(&space).await.unwrap();
+        assert_eq!(report.mismatched_rows, vec![]);
+        assert_eq!(report.skipped_rows, 0);
+        intent_clears(&pool).await;
+    });
+}
+
+/// A pool closed before the background pass ends still owes the resync:
+/// it is left unclean with the extent named, and the next import
+/// resynchronises what is left.
+#[test]
+fn a_close_before_the_resync_after_a_crash_ends_leaves_it_owed() {
+    block_on(async {
+        let disks = Disks::new(3, DISK_BYTES);
+        let (pool, space) = torn_and_imported(&disks).await;
+        let id = space.id();
+        drop(space);
+        pool.close().await.unwrap();
+        for device in &disks.devices {
+            let (record, metadata) = on_disk(device.as_ref()).await;
+            assert_eq!(record.extents, vec![(id, 3)]);
+            assert!(!metadata.clean, "an older build resyncs it too");
+        }
+        let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(pool.resync_extents_left(id), 1);
+        pool.resync_after_crash().await.unwrap();
+        let space = pool.space("m").unwrap();
+        let report = verify_space(&space).await.unwrap();
+        assert_eq!(report.mismatched_rows, vec![]);
+        assert_eq!(report.skipped_rows, 0);
+        drop(space);
+        pool.close().await.unwrap();
+        for device in &disks.devices {
+            assert!(on_disk(device.as_ref()).await.1.clean);
+        }
+        let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(pool.resync_extents_left(id), 0, "nothing owed any more");
+        assert!(pool.metadata().await.intent.is_empty());
+    });
+}
+
+/// Writes made while the extent waits for its resync, and a move of one of
+/// its copies meanwhile, leave every copy in agreement and the data as
+/// written.
+#[test]
+fn writes_and_moves_before_the_resync_after_a_crash_leave_the_copies_agreeing() {
+    block_on(async {
+        let disks = Disks::new(3, DISK_BYTES);
+        let (pool, space) = torn_and_imported(&disks).await;
+        let written = Rng(12).bytes(8192);
+        space
+            .write(3 * SLAB + 4096, bytes(written.clone()), false)
+            .await
+            .unwrap();
+        // Move the extent's second copy to the third disk (evacuating its
+        // disk): its rows are filled from the first copy.
+        let second = pool.metadata().await.space("m").unwrap().extents[3]
+            .slabs
+            .clone()
+            .unwrap()[1]
+            .disk;
+        with_jobs(&pool, async {
+            pool.start_evacuation(second).await.unwrap();
+            jobs_settle(&pool).await;
+        })
+        .await;
+        pool.resync_after_crash().await.unwrap();
+        let report = verify_space(&space).await.unwrap();
+        assert_eq!(report.mismatched_rows, vec![]);
+        assert_eq!(report.skipped_rows, 0);
+        assert_eq!(
+            &space.read(3 * SLAB, 4096).await.unwrap()[..],
+            &[0xee; 4096][..]
+        );
+        assert_eq!(
+            &space.read(3 * SLAB + 4096, 8192).await.unwrap()[..],
+            &written[..]
+        );
     });
 }
 

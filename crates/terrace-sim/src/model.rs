@@ -14,11 +14,20 @@
 //! history (a flush or FUA write moves the baseline forward, so flushed data
 //! can never be lost). Contents are generated patterns, so a sector names the
 //! write it came from.
+//!
+//! A block is unsettled from a crash until it is first read or written
+//! again: its first read may return any content of its history, which
+//! becomes its baseline, and no flush counts writes from before it settled
+//! (what the disks hold of them is still any of the history). So a check need not read the
+//! whole space at each import: reads the clients make later settle blocks,
+//! while the pool resynchronises behind them.
 
 /// Bytes per block: the space's I/O granularity.
 pub const BLOCK_BYTES: u64 = 4096;
 /// Crash tearing granularity.
 pub const SECTOR_BYTES: usize = 512;
+/// A block not read or written since the last crash.
+const UNSETTLED: u64 = u64::MAX;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Content {
@@ -79,6 +88,10 @@ struct Entry {
 #[derive(Debug)]
 pub struct Model {
     blocks: Vec<Vec<Entry>>,
+    /// Per block: the first acknowledgement a flush may count on since the
+    /// last crash ([`UNSETTLED`] until it is read or written again). What
+    /// was written before it is still any of the history on the disks.
+    settled_at: Vec<u64>,
     next_ack: u64,
     next_tag: u64,
 }
@@ -101,6 +114,7 @@ impl Model {
                     }]
                 })
                 .collect(),
+            settled_at: vec![0; blocks as usize],
             next_ack: 1,
             next_tag: 1,
         }
@@ -128,6 +142,10 @@ impl Model {
                 content,
                 acked: None,
             });
+            let settled_at = &mut self.settled_at[block as usize];
+            if *settled_at == UNSETTLED {
+                *settled_at = self.next_ack;
+            }
         }
         (
             Pending {
@@ -164,11 +182,12 @@ impl Model {
 
     /// A flush issued at `point` completed.
     pub fn flushed(&mut self, point: u64) {
-        for history in &mut self.blocks {
-            if let Some(newest_covered) = history
-                .iter()
-                .rposition(|entry| entry.acked.is_some_and(|acked| acked < point))
-            {
+        for (history, &settled_at) in self.blocks.iter_mut().zip(&self.settled_at) {
+            if let Some(newest_covered) = history.iter().rposition(|entry| {
+                entry
+                    .acked
+                    .is_some_and(|acked| acked < point && acked >= settled_at)
+            }) {
                 history.drain(..newest_covered);
             }
         }
@@ -195,6 +214,21 @@ impl Model {
         Ok(())
     }
 
+    /// The power was cut: every block is unsettled.
+    pub fn crashed(&mut self) {
+        self.settled_at.fill(UNSETTLED);
+    }
+
+    /// A read of `block` returned `bytes`: the current content, or, if the
+    /// block is unsettled, any of its history (see [`Model::recover`]).
+    pub fn observe(&mut self, block: u64, bytes: &[u8]) -> Result<(), String> {
+        if self.settled_at[block as usize] == UNSETTLED {
+            self.recover(block, bytes)
+        } else {
+            self.check_current(block, bytes)
+        }
+    }
+
     /// After a crash: every sector must come from the block's history. The
     /// observed bytes become the new durable baseline.
     pub fn recover(&mut self, block: u64, bytes: &[u8]) -> Result<(), String> {
@@ -214,6 +248,7 @@ impl Model {
             content: Content::Bytes(bytes.to_vec()),
             acked: Some(0),
         }];
+        self.settled_at[block as usize] = 0;
         Ok(())
     }
 }
@@ -254,5 +289,35 @@ mod tests {
             "FUA data must survive"
         );
         assert!(fua.recover(0, &data).is_ok());
+    }
+
+    #[test]
+    fn an_unsettled_block_keeps_its_history_until_read_or_written() {
+        let mut model = Model::new(2);
+        let (first, one) = model.issue_write(0, 2, false);
+        model.acknowledge(first, false);
+        model.crashed();
+        // A flush after the crash covers nothing of what the crash left.
+        let point = model.flush_point();
+        model.flushed(point);
+        assert!(model.observe(0, &vec![0u8; 4096]).is_ok(), "never durable");
+        assert!(model.observe(0, &one[..4096]).is_err(), "settled as read");
+        // Written after the crash: the write is what reads return.
+        let (second, two) = model.issue_write(1, 1, false);
+        model.acknowledge(second, false);
+        assert!(model.observe(1, &one[4096..]).is_err());
+        assert!(model.observe(1, &two).is_ok());
+        // A flush issued before that write settled the block makes nothing
+        // of it durable: after a crash the block may still be any of it.
+        let mut late = Model::new(1);
+        let (first, _) = late.issue_write(0, 1, false);
+        late.acknowledge(first, false);
+        late.crashed();
+        let point = late.flush_point();
+        let (second, _) = late.issue_write(0, 1, false);
+        late.acknowledge(second, false);
+        late.flushed(point);
+        late.crashed();
+        assert!(late.observe(0, &vec![0u8; 4096]).is_ok());
     }
 }

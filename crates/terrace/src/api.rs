@@ -310,6 +310,9 @@ pub struct SpaceView {
     /// The write-back cache, if the space has one.
     #[serde(default)]
     pub cache: Option<CacheView>,
+    /// Mirror extents left to resynchronise since an unclean shutdown.
+    #[serde(default)]
+    pub resync_extents_left: u64,
 }
 
 /// A space's write-back cache: where its log lives and how full it is.

@@ -653,7 +653,7 @@ pub fn render(request: &Request, result: serde_json::Value) -> Result<String, Cl
         }
         Request::PoolSet { .. } => render::pool_status(&parse::<PoolView>(result)?),
         Request::SpaceVerify { .. } => format!(
-            "space {}: {} rows checked, {} mismatched, {} skipped (a needed disk is offline, or still being caught up or rebuilt)\n",
+            "space {}: {} rows checked, {} mismatched, {} skipped (a needed disk is offline, still being caught up or rebuilt, or not yet resynchronised after an unclean shutdown)\n",
             result["space"].as_str().unwrap_or_default(),
             result["rows"],
             result["mismatched_rows"],

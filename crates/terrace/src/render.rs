@@ -106,9 +106,17 @@ pub fn pool_status(pool: &PoolView) -> String {
     } else {
         out.push_str(&indent(&space_table(&pool.spaces).to_string()));
         out.push('\n');
-        for space in pool.spaces.iter().filter(|s| s.cache.is_some()) {
+        for space in pool
+            .spaces
+            .iter()
+            .filter(|s| s.cache.is_some() || s.resync_extents_left > 0)
+        {
             out.push_str(&format!("  {}:\n", space.name));
-            out.push_str(&indent(&cache_lines(space)));
+            let mut lines = resync_line(space);
+            if space.cache.is_some() {
+                lines.insert_str(0, &cache_lines(space));
+            }
+            out.push_str(&indent(&lines));
             out.push('\n');
         }
     }
@@ -395,6 +403,18 @@ pub fn cache_lines(space: &SpaceView) -> String {
     out
 }
 
+/// What is left of a mirror's resync after an unclean shutdown, if any.
+pub fn resync_line(space: &SpaceView) -> String {
+    match space.resync_extents_left {
+        0 => String::new(),
+        left => format!(
+            "  resync after an unclean shutdown: {} of {} left; a row is resynchronised before it is first read\n",
+            count(left, "extent"),
+            space.extents
+        ),
+    }
+}
+
 /// Which extents of a space the write intent names, if it keeps one (a
 /// redundant space without a log) or names any (a log that failed).
 fn intent_line(detail: &SpaceDetail) -> String {
@@ -449,6 +469,7 @@ pub fn space_detail(detail: &SpaceDetail) -> String {
         out.push_str(&format!("  {line}\n"));
     }
     out.push_str(&cache_lines(space));
+    out.push_str(&resync_line(space));
     out.push_str(&intent_line(detail));
     out.push_str("\nextents:\n");
     let mut table = table(&[

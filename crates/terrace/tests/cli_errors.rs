@@ -378,7 +378,7 @@ const DISK: [(&str, &str); 12] = [
     ("node", "string"),
 ];
 
-const SPACE: [(&str, &str); 19] = [
+const SPACE: [(&str, &str); 20] = [
     ("pool", "string"),
     ("name", "string"),
     ("layout", "string"),
@@ -398,6 +398,7 @@ const SPACE: [(&str, &str); 19] = [
     ("survives", "number?"),
     ("read_only", "bool"),
     ("export", "string"),
+    ("resync_extents_left", "number"),
 ];
 
 #[test]

@@ -125,7 +125,16 @@ impl Pool {
                 }
             }
         });
-        futures::future::join(policy, join_all(workers)).await;
+        // Mirror rows left since an unclean shutdown, beside the moves.
+        let resync = async {
+            while self.running_jobs() {
+                match self.resync_after_crash().await {
+                    Ok(()) => break,
+                    Err(_) => self.shared.env.sleep(IDLE_POLL_NS).await,
+                }
+            }
+        };
+        futures::future::join3(policy, join_all(workers), resync).await;
     }
 
     fn running_jobs(&self) -> bool {

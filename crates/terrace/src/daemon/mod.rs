@@ -9,8 +9,9 @@
 //! Shutdown (SIGTERM, SIGINT, or `Shutdown` on the control socket): stop
 //! accepting, let NBD connections finish the requests they have in flight,
 //! then close every pool (flush, mark clean). A SIGKILL skips all that; the
-//! next start finds the pools not closed cleanly and resynchronises them,
-//! and nothing acknowledged after a flush is lost.
+//! next start finds the pools not closed cleanly and resynchronises them
+//! (mirrors in the background, while they serve), and nothing acknowledged
+//! after a flush is lost.
 
 pub mod candidates;
 pub mod catalog;
@@ -215,7 +216,12 @@ async fn serve(
         let _ = server.await;
     }
     for entry in daemon.registry.all() {
+        let owed = entry.pool.resync_extents_pending();
         match entry.pool.close().await {
+            Ok(()) if owed > 0 => log(format!(
+                "pool {} closed; {owed} mirror extent(s) still owed a resync after an unclean shutdown, resumed at the next import",
+                entry.pool.name()
+            )),
             Ok(()) => log(format!("pool {} closed cleanly", entry.pool.name())),
             Err(error) => log(format!("pool {}: {error}", entry.pool.name())),
         }

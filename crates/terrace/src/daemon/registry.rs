@@ -453,6 +453,25 @@ pub fn start_pool_tasks(pool: &Arc<Pool>) {
     tokio::spawn(async move { runner.run_jobs().await });
     let destager = pool.clone();
     tokio::spawn(async move { destager.run_cache().await });
+    let left = pool.resync_extents_pending();
+    if left > 0 {
+        super::log(format!(
+            "pool {}: serving; {left} mirror extent(s) left by an unclean shutdown are resynchronised in the background (a row read first is resynchronised on the spot)",
+            pool.name()
+        ));
+        let resyncing = pool.clone();
+        tokio::spawn(async move {
+            while resyncing.is_open() && resyncing.resync_extents_pending() > 0 {
+                tokio::time::sleep(WATCH_INTERVAL).await;
+            }
+            if resyncing.is_open() {
+                super::log(format!(
+                    "pool {}: resync after the unclean shutdown done",
+                    resyncing.name()
+                ));
+            }
+        });
+    }
     let watched = pool.clone();
     tokio::spawn(async move {
         while watched.is_open() {

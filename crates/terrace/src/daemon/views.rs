@@ -157,6 +157,7 @@ pub fn space_view(pool: &str, space: &SpaceStatus, read_only: bool, export: Stri
         read_only,
         export,
         nbd_connections: 0,
+        resync_extents_left: space.resync_extents_left,
         cache: space
             .cache
             .as_ref()

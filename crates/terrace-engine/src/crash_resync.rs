@@ -1,0 +1,251 @@
+//! Mirrors resynchronised after an unclean shutdown while they serve.
+//!
+//! A power cut can leave a mirror row with its copies different: a write
+//! cut between them. Only extents the write intent names can hold such a
+//! row (or every extent, where a space was named whole or a log could not
+//! account for it). Import does not resynchronise a mirror's extents
+//! before the pool serves; it notes them here and returns, and:
+//!
+//! - a read of a row not yet resynchronised resynchronises it first, under
+//!   the row's lock: what a client reads is then what every copy holds, so
+//!   a copy lost later cannot change it;
+//! - the job runner's pass ([`crate::Pool::resync_after_crash`]) goes
+//!   through the rest, a few rows at a time;
+//! - a move meanwhile may copy a row's other version to its target: the
+//!   row's resync compares every location of every copy, so it mends the
+//!   target too;
+//! - a check counts rows not yet resynchronised as skipped: their copies
+//!   may differ, and either is a valid outcome of a write never flushed;
+//! - the extents stay named in the write intent until every row is done and
+//!   the disks are flushed (the idle clearing of the intent does that), so
+//!   a crash during the pass finds them again; a close before then keeps
+//!   them named and the pool unclean.
+//!
+//! Writes need nothing: they reach every copy, and a row resynchronised
+//! stays in agreement. Parity spaces are still resynchronised at import:
+//! there, stale parity would feed partial-row updates and reconstruction
+//! (they name extents only without a working log: `--cache 0`, or a log
+//! that failed).
+//!
+//! ```text
+//!   import ─ note named extents ─ serve
+//!                 │                 └─ read of row r: resync r (locked), then read
+//!                 └─ job runner: resync rows left ─ extent done ─ intent cleared once idle
+//! ```
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use terrace_meta::format::INTENT_WHOLE_SPACE;
+use terrace_meta::SpaceId;
+
+use crate::error::EngineError;
+use crate::pool::Pool;
+use futures::future::join_all;
+
+/// Rows of one extent still to resynchronise.
+struct RowsLeft {
+    /// One bit per row of the extent, set once the row is done.
+    done: Vec<u64>,
+    rows: u64,
+    left: u64,
+}
+
+impl RowsLeft {
+    fn new(rows: u64) -> RowsLeft {
+        RowsLeft {
+            done: vec![0; rows.div_ceil(64) as usize],
+            rows,
+            left: rows,
+        }
+    }
+
+    /// Rows past the end of the space count as done.
+    fn is_done(&self, row: u64) -> bool {
+        row >= self.rows || self.done[(row / 64) as usize] & (1 << (row % 64)) != 0
+    }
+}
+
+/// The extents of mirror spaces left to resynchronise since an unclean
+/// shutdown.
+#[derive(Default)]
+pub(crate) struct CrashResync {
+    /// Extents in `extents`: the read path's fast check.
+    pending: AtomicUsize,
+    extents: Mutex<HashMap<(u64, u32), RowsLeft>>,
+}
+
+impl CrashResync {
+    fn extents(&self) -> std::sync::MutexGuard<'_, HashMap<(u64, u32), RowsLeft>> {
+        self.extents.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Note `extents` of `space` to resynchronise, each with the rows it
+    /// has within the space.
+    pub(crate) fn note(&self, space: SpaceId, extents: impl IntoIterator<Item = (u32, u64)>) {
+        let mut map = self.extents();
+        for (extent, rows) in extents.into_iter().filter(|(_, rows)| *rows > 0) {
+            map.entry((space.0, extent))
+                .or_insert_with(|| RowsLeft::new(rows));
+        }
+        self.pending.store(map.len(), Ordering::Release);
+    }
+
+    /// Extents left, every space.
+    pub(crate) fn extents_pending(&self) -> u64 {
+        self.pending.load(Ordering::Acquire) as u64
+    }
+
+    /// Whether `row` of `extent` of `space` is still to resynchronise.
+    pub(crate) fn wanted(&self, space: SpaceId, extent: u64, row: u64) -> bool {
+        if self.pending.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        self.extents()
+            .get(&(space.0, extent as u32))
+            .is_some_and(|rows| !rows.is_done(row))
+    }
+
+    /// `row` of `extent` of `space` agrees again; the extent leaves the
+    /// list with its last row.
+    pub(crate) fn done(&self, space: SpaceId, extent: u64, row: u64) {
+        let mut map = self.extents();
+        let key = (space.0, extent as u32);
+        let Some(rows) = map.get_mut(&key) else {
+            return;
+        };
+        if rows.is_done(row) {
+            return;
+        }
+        rows.done[(row / 64) as usize] |= 1 << (row % 64);
+        rows.left -= 1;
+        if rows.left == 0 {
+            map.remove(&key);
+            self.pending.store(map.len(), Ordering::Release);
+        }
+    }
+
+    /// Drop what is left of `space` (deleted).
+    pub(crate) fn forget(&self, space: SpaceId) {
+        let mut map = self.extents();
+        map.retain(|key, _| key.0 != space.0);
+        self.pending.store(map.len(), Ordering::Release);
+    }
+
+    /// Whether the write-intent entry `key` (an extent, or a whole space)
+    /// covers an extent still to resynchronise: it stays named.
+    pub(crate) fn holds(&self, key: (u64, u32)) -> bool {
+        self.pending.load(Ordering::Acquire) > 0 && covers(self.extents().keys(), key)
+    }
+
+    /// The extents still to resynchronise now, as (space, extent).
+    pub(crate) fn owed(&self) -> Vec<(u64, u32)> {
+        self.extents().keys().copied().collect()
+    }
+
+    /// Extents of `space` still to resynchronise.
+    pub(crate) fn extents_left(&self, space: SpaceId) -> u64 {
+        if self.pending.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
+        self.extents().keys().filter(|key| key.0 == space.0).count() as u64
+    }
+
+    /// The next extent for the background pass (the lowest), and the rows
+    /// it still has to do.
+    pub(crate) fn next(&self) -> Option<(SpaceId, u32, Vec<u64>)> {
+        let map = self.extents();
+        let (&key, rows) = map.iter().min_by_key(|(key, _)| **key)?;
+        let left = (0..rows.rows).filter(|&row| !rows.is_done(row)).collect();
+        Some((SpaceId(key.0), key.1, left))
+    }
+}
+
+/// Whether the write-intent entry `key` (an extent, or a whole space)
+/// covers one of `extents`.
+pub(crate) fn covers<'a>(
+    mut extents: impl Iterator<Item = &'a (u64, u32)>,
+    key: (u64, u32),
+) -> bool {
+    if key.1 == INTENT_WHOLE_SPACE {
+        extents.any(|other| other.0 == key.0)
+    } else {
+        extents.any(|other| *other == key)
+    }
+}
+
+/// Rows the background pass resynchronises at once, so that the drives
+/// see a queue rather than one row's reads and writes at a time.
+const ROWS_AT_ONCE: usize = 8;
+
+impl Pool {
+    /// Resynchronise every mirror row left since an unclean shutdown (see
+    /// the module doc); the job runner runs it, and it returns at once when
+    /// nothing is left. An extent stays named in the write intent until
+    /// the runner's idle clearing has flushed it.
+    pub async fn resync_after_crash(&self) -> Result<(), EngineError> {
+        while let Some((id, extent, rows)) = self.shared.crash_resync.next() {
+            self.shared.check_open()?;
+            let Some(space) = self.spaces().into_iter().find(|space| space.id() == id) else {
+                // Deleted.
+                self.shared.crash_resync.forget(id);
+                continue;
+            };
+            for batch in rows.chunks(ROWS_AT_ONCE) {
+                let resyncs = batch.iter().map(|&row| {
+                    crate::resync::resync_crashed_row(&space, u64::from(extent), row, false)
+                });
+                for resynced in join_all(resyncs).await {
+                    resynced?;
+                }
+            }
+            self.shared.persist_failures().await?;
+        }
+        Ok(())
+    }
+
+    /// Extents of `space` left to resynchronise since an unclean shutdown.
+    pub fn resync_extents_left(&self, space: SpaceId) -> u64 {
+        self.shared.crash_resync.extents_left(space)
+    }
+
+    /// Extents of every space left to resynchronise since an unclean
+    /// shutdown.
+    pub fn resync_extents_pending(&self) -> u64 {
+        self.shared.crash_resync.extents_pending()
+    }
+
+    /// Clear the write intent of extents idle for long enough, now, as the
+    /// job runner does every so often.
+    pub async fn clear_idle_intent(&self) -> Result<(), EngineError> {
+        self.shared.clear_idle_intent().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_extent_leaves_with_its_last_row() {
+        let resync = CrashResync::default();
+        let space = SpaceId(7);
+        resync.note(space, [(2, 3), (5, 3)]);
+        assert!(resync.wanted(space, 2, 0));
+        assert!(!resync.wanted(space, 3, 0));
+        assert!(resync.holds((7, INTENT_WHOLE_SPACE)));
+        resync.done(space, 2, 1);
+        resync.done(space, 2, 1);
+        assert_eq!(resync.next(), Some((space, 2, vec![0, 2])));
+        resync.done(space, 2, 0);
+        resync.done(space, 2, 2);
+        assert!(!resync.wanted(space, 2, 0));
+        assert!(!resync.holds((7, 2)));
+        assert!(resync.holds((7, 5)));
+        assert_eq!(resync.extents_left(space), 1);
+        resync.forget(space);
+        assert_eq!(resync.next(), None);
+        assert!(!resync.holds((7, INTENT_WHOLE_SPACE)));
+    }
+}
