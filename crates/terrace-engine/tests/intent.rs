@@ -61,44 +61,10 @@ fn extents_of(rows: &[(u64, u64)]) -> Vec<u64> {
 fn after_a_crash_a_mirror_resyncs_only_the_extents_it_was_writing() {
     block_on(async {
         let disks = Disks::new(3, DISK_BYTES);
-        let (pool, space) = mirror(&disks).await;
-        let data = Rng(1).bytes(SPACE_BYTES as usize);
-        space.write(0, bytes(data), false).await.unwrap();
-        drop(space);
-        pool.close().await.unwrap();
-        assert!(
-            Pool::import(env(), disks.devices.clone(), ImportOptions::default())
-                .await
-                .unwrap()
-                .metadata()
-                .await
-                .intent
-                .is_empty(),
-            "a clean close leaves no write intent"
-        );
-
-        let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
-            .await
-            .unwrap();
-        let space = pool.space("m").unwrap();
-        // Extent 3 is being written when the power goes.
-        space
-            .write(3 * SLAB + 8192, bytes(Rng(2).bytes(8192)), false)
-            .await
-            .unwrap();
+        // Extent 7, not written since the last clean point, differs too
+        // (damage no crash explains).
+        let (pool, space) = torn_and_imported(&disks, &[7]).await;
         let id = space.id();
-        assert_eq!(pool.metadata().await.intent, vec![(id, 3)]);
-        // Torn: its copies differ; extent 7, not written since the last
-        // clean point, differs too (damage no crash explains).
-        tear(&disks, &pool, "m", 3).await;
-        tear(&disks, &pool, "m", 7).await;
-        drop(space);
-        drop(pool);
-
-        let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
-            .await
-            .unwrap();
-        let space = pool.space("m").unwrap();
         // The pool serves before extent 3 is resynchronised; a check
         // skips its rows meanwhile.
         assert_eq!(pool.resync_extents_left(id), 1);
@@ -140,10 +106,17 @@ async fn intent_clears(pool: &Pool) {
     .await;
 }
 
+/// Every row of `space` checked, and its copies agree.
+async fn copies_agree(space: &Space) {
+    let report = verify_space(space).await.unwrap();
+    assert_eq!(report.mismatched_rows, vec![]);
+    assert_eq!(report.skipped_rows, 0);
+}
+
 /// A mirror torn by a crash in extent 3 (its first copy new, its second
-/// old), imported again: the pool serves at once, with extent 3 left to
-/// resynchronise.
-async fn torn_and_imported(disks: &Disks) -> (Pool, std::sync::Arc<Space>) {
+/// old; also in the extents `damaged`), imported again: the pool serves at
+/// once, with extent 3 left to resynchronise.
+async fn torn_and_imported(disks: &Disks, damaged: &[usize]) -> (Pool, std::sync::Arc<Space>) {
     let (pool, space) = mirror(disks).await;
     space
         .write(0, bytes(Rng(10).bytes(SPACE_BYTES as usize)), false)
@@ -154,19 +127,38 @@ async fn torn_and_imported(disks: &Disks) -> (Pool, std::sync::Arc<Space>) {
     let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
         .await
         .unwrap();
+    assert!(
+        pool.metadata().await.intent.is_empty(),
+        "a clean close leaves no write intent"
+    );
     let space = pool.space("m").unwrap();
+    // Extent 3 is being written when the power goes.
     space
-        .write(3 * SLAB + 8192, bytes(Rng(11).bytes(4096)), false)
+        .write(3 * SLAB + 8192, bytes(Rng(11).bytes(8192)), false)
         .await
         .unwrap();
+    assert_eq!(pool.metadata().await.intent, vec![(space.id(), 3)]);
     tear(disks, &pool, "m", 3).await;
+    for &extent in damaged {
+        tear(disks, &pool, "m", extent).await;
+    }
+    let (pool, space) = cut_and_import(disks, pool, space).await;
+    assert_eq!(pool.resync_extents_left(space.id()), 1);
+    (pool, space)
+}
+
+/// The power goes (nothing closed), and the pool is imported again.
+async fn cut_and_import(
+    disks: &Disks,
+    pool: Pool,
+    space: std::sync::Arc<Space>,
+) -> (Pool, std::sync::Arc<Space>) {
     drop(space);
     drop(pool);
     let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
         .await
         .unwrap();
     let space = pool.space("m").unwrap();
-    assert_eq!(pool.resync_extents_left(space.id()), 1);
     (pool, space)
 }
 
@@ -177,7 +169,7 @@ async fn torn_and_imported(disks: &Disks) -> (Pool, std::sync::Arc<Space>) {
 fn a_row_read_before_its_resync_reads_the_same_from_every_copy() {
     block_on(async {
         let disks = Disks::new(3, DISK_BYTES);
-        let (pool, space) = torn_and_imported(&disks).await;
+        let (pool, space) = torn_and_imported(&disks, &[]).await;
         let read = space.read(3 * SLAB, 4096).await.unwrap();
         assert_eq!(&read[..], &[0xee; 4096][..], "the first copy is the source");
         let second = pool.metadata().await.space("m").unwrap().extents[3]
@@ -198,20 +190,13 @@ fn a_row_read_before_its_resync_reads_the_same_from_every_copy() {
 fn a_crash_during_the_resync_after_a_crash_leaves_it_to_the_next_import() {
     block_on(async {
         let disks = Disks::new(3, DISK_BYTES);
-        let (pool, space) = torn_and_imported(&disks).await;
+        let (pool, space) = torn_and_imported(&disks, &[]).await;
         let id = space.id();
         assert_eq!(pool.metadata().await.intent, vec![(id, 3)]);
-        drop(space);
-        drop(pool);
-        let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
-            .await
-            .unwrap();
-        let space = pool.space("m").unwrap();
+        let (pool, space) = cut_and_import(&disks, pool, space).await;
         assert_eq!(pool.resync_extents_left(id), 1);
         pool.resync_after_crash().await.unwrap();
-        let report = verify_space(&space).await.unwrap();
-        assert_eq!(report.mismatched_rows, vec![]);
-        assert_eq!(report.skipped_rows, 0);
+        copies_agree(&space).await;
         intent_clears(&pool).await;
     });
 }
@@ -223,7 +208,7 @@ fn a_crash_during_the_resync_after_a_crash_leaves_it_to_the_next_import() {
 fn a_close_before_the_resync_after_a_crash_ends_leaves_it_owed() {
     block_on(async {
         let disks = Disks::new(3, DISK_BYTES);
-        let (pool, space) = torn_and_imported(&disks).await;
+        let (pool, space) = torn_and_imported(&disks, &[]).await;
         let id = space.id();
         drop(space);
         pool.close().await.unwrap();
@@ -238,9 +223,7 @@ fn a_close_before_the_resync_after_a_crash_ends_leaves_it_owed() {
         assert_eq!(pool.resync_extents_left(id), 1);
         pool.resync_after_crash().await.unwrap();
         let space = pool.space("m").unwrap();
-        let report = verify_space(&space).await.unwrap();
-        assert_eq!(report.mismatched_rows, vec![]);
-        assert_eq!(report.skipped_rows, 0);
+        copies_agree(&space).await;
         drop(space);
         pool.close().await.unwrap();
         for device in &disks.devices {
@@ -261,7 +244,7 @@ fn a_close_before_the_resync_after_a_crash_ends_leaves_it_owed() {
 fn writes_and_moves_before_the_resync_after_a_crash_leave_the_copies_agreeing() {
     block_on(async {
         let disks = Disks::new(3, DISK_BYTES);
-        let (pool, space) = torn_and_imported(&disks).await;
+        let (pool, space) = torn_and_imported(&disks, &[]).await;
         let written = Rng(12).bytes(8192);
         space
             .write(3 * SLAB + 4096, bytes(written.clone()), false)
@@ -280,9 +263,7 @@ fn writes_and_moves_before_the_resync_after_a_crash_leave_the_copies_agreeing() 
         })
         .await;
         pool.resync_after_crash().await.unwrap();
-        let report = verify_space(&space).await.unwrap();
-        assert_eq!(report.mismatched_rows, vec![]);
-        assert_eq!(report.skipped_rows, 0);
+        copies_agree(&space).await;
         assert_eq!(
             &space.read(3 * SLAB, 4096).await.unwrap()[..],
             &[0xee; 4096][..]
@@ -313,19 +294,7 @@ fn write_intent_is_cleared_once_extents_are_idle_and_flushed() {
             .unwrap();
         assert_eq!(pool.metadata().await.generation, generation);
         // Idle for longer than the intent lasts: the job runner clears it.
-        with_jobs(&pool, async {
-            for _ in 0..100 {
-                if pool.metadata().await.intent.is_empty() {
-                    return;
-                }
-                env().sleep(100_000_000).await;
-            }
-            panic!(
-                "write intent never cleared: {:?}",
-                pool.metadata().await.intent
-            );
-        })
-        .await;
+        intent_clears(&pool).await;
         // Written again: named again.
         space
             .write(5 * SLAB, bytes(Rng(5).bytes(4096)), false)
