@@ -74,7 +74,8 @@ fn after_a_crash_a_mirror_resyncs_only_the_extents_it_was_writing() {
         let rows = space.geometry().rows_per_extent();
         let report = verify_space(&space).await.unwrap();
         assert_eq!(extents_of(&report.mismatched_rows), vec![7]);
-        assert_eq!(report.skipped_rows, rows);
+        assert_eq!(report.unsynced_rows, rows);
+        assert_eq!(report.skipped_rows, 0);
         pool.resync_after_crash().await.unwrap();
         assert_eq!(pool.resync_extents_left(id), 0);
         let report = verify_space(&space).await.unwrap();
@@ -111,6 +112,7 @@ async fn copies_agree(space: &Space) {
     let report = verify_space(space).await.unwrap();
     assert_eq!(report.mismatched_rows, vec![]);
     assert_eq!(report.skipped_rows, 0);
+    assert_eq!(report.unsynced_rows, 0);
 }
 
 /// A mirror torn by a crash in extent 3 (its first copy new, its second

@@ -652,13 +652,21 @@ pub fn render(request: &Request, result: serde_json::Value) -> Result<String, Cl
             render::jobs(&[parse::<JobView>(result)?])
         }
         Request::PoolSet { .. } => render::pool_status(&parse::<PoolView>(result)?),
-        Request::SpaceVerify { .. } => format!(
-            "space {}: {} rows checked, {} mismatched, {} skipped (a needed disk is offline, still being caught up or rebuilt, or not yet resynchronised after an unclean shutdown)\n",
-            result["space"].as_str().unwrap_or_default(),
-            result["rows"],
-            result["mismatched_rows"],
-            result["skipped_rows"],
-        ),
+        Request::SpaceVerify { .. } => {
+            let unsynced = match result["unsynced_rows"].as_u64().unwrap_or(0) {
+                0 => String::new(),
+                n => format!(
+                    "; {n} not checked yet: an unclean shutdown left them to resynchronise, which is under way"
+                ),
+            };
+            format!(
+                "space {}: {} rows checked, {} mismatched, {} skipped (a needed disk is offline, or still being caught up or rebuilt){unsynced}\n",
+                result["space"].as_str().unwrap_or_default(),
+                result["rows"],
+                result["mismatched_rows"],
+                result["skipped_rows"],
+            )
+        }
         Request::SpaceCreate(_) | Request::SpaceResize { .. } | Request::SpaceCache { .. } => {
             let space: SpaceView = parse(result)?;
             // The cache is what `space cache` changed, and a creation may

@@ -150,6 +150,10 @@ fn data_survives_sigkill_after_flush_and_sigterm_without_one() {
         waited += 1;
     };
     assert!(line.contains("no extent named"), "{line}");
+    let check = daemon.cli_json(&["space", "verify", "mirror"]);
+    assert_eq!(check["mismatched_rows"], 0, "{check}");
+    assert_eq!(check["unsynced_rows"], 0, "{check}");
+    assert!(check["rows"].as_u64().unwrap_or(0) > 0, "{check}");
 
     // More patterns, no explicit flush, then a clean stop.
     let second = ["write -P 0x6d 1M 2M", "write -P 0x6e 60M 4M"];

@@ -112,6 +112,7 @@ async fn handle(daemon: &Arc<Daemon>, request: Request) -> Answer {
                 "rows": report.rows,
                 "mismatched_rows": report.mismatched_rows.len(),
                 "skipped_rows": report.skipped_rows,
+                "unsynced_rows": report.unsynced_rows,
             }))
         }
         Request::SpaceCache { pool, name, bytes } => {
