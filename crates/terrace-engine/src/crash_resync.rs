@@ -67,29 +67,89 @@ impl RowsLeft {
     }
 }
 
+/// How far a space's resync after an unclean shutdown has gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResyncProgress {
+    /// Extents owed at the import, and left.
+    pub extents_total: u64,
+    pub extents_left: u64,
+    /// Bytes of the space's rows owed at the import, and resynchronised
+    /// since.
+    pub bytes_total: u64,
+    pub bytes_done: u64,
+    /// Bytes per second since the import.
+    pub rate_bytes_per_second: u64,
+    /// Seconds to the end at that rate, once there is one.
+    pub eta_seconds: Option<u64>,
+}
+
+/// A space's share of the resync.
+struct SpaceShare {
+    extents_total: u64,
+    row_bytes: u64,
+    rows_total: u64,
+    rows_done: u64,
+    started_ns: u64,
+}
+
+#[derive(Default)]
+struct State {
+    extents: HashMap<(u64, u32), RowsLeft>,
+    spaces: HashMap<u64, SpaceShare>,
+}
+
+impl State {
+    fn forget_done_spaces(&mut self) {
+        let extents = &self.extents;
+        self.spaces
+            .retain(|space, _| extents.keys().any(|key| key.0 == *space));
+    }
+}
+
 /// The extents of mirror spaces left to resynchronise since an unclean
 /// shutdown.
 #[derive(Default)]
 pub(crate) struct CrashResync {
-    /// Extents in `extents`: the read path's fast check.
+    /// Extents in `state`: the read path's fast check.
     pending: AtomicUsize,
-    extents: Mutex<HashMap<(u64, u32), RowsLeft>>,
+    state: Mutex<State>,
 }
 
 impl CrashResync {
-    fn extents(&self) -> std::sync::MutexGuard<'_, HashMap<(u64, u32), RowsLeft>> {
-        self.extents.lock().unwrap_or_else(|e| e.into_inner())
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Note `extents` of `space` to resynchronise, each with the rows it
-    /// has within the space.
-    pub(crate) fn note(&self, space: SpaceId, extents: impl IntoIterator<Item = (u32, u64)>) {
-        let mut map = self.extents();
+    /// Note `extents` of `space` to resynchronise, each with the rows (of
+    /// `row_bytes`) it has within the space, at `now_ns`.
+    pub(crate) fn note(
+        &self,
+        space: SpaceId,
+        extents: impl IntoIterator<Item = (u32, u64)>,
+        row_bytes: u64,
+        now_ns: u64,
+    ) {
+        let mut state = self.state();
+        let (mut extents_total, mut rows_total) = (0, 0);
         for (extent, rows) in extents.into_iter().filter(|(_, rows)| *rows > 0) {
-            map.entry((space.0, extent))
-                .or_insert_with(|| RowsLeft::new(rows));
+            state.extents.entry((space.0, extent)).or_insert_with(|| {
+                extents_total += 1;
+                rows_total += rows;
+                RowsLeft::new(rows)
+            });
         }
-        self.pending.store(map.len(), Ordering::Release);
+        if rows_total > 0 {
+            let share = state.spaces.entry(space.0).or_insert(SpaceShare {
+                extents_total: 0,
+                row_bytes,
+                rows_total: 0,
+                rows_done: 0,
+                started_ns: now_ns,
+            });
+            share.extents_total += extents_total;
+            share.rows_total += rows_total;
+        }
+        self.pending.store(state.extents.len(), Ordering::Release);
     }
 
     /// Extents left, every space.
@@ -102,7 +162,8 @@ impl CrashResync {
         if self.pending.load(Ordering::Acquire) == 0 {
             return false;
         }
-        self.extents()
+        self.state()
+            .extents
             .get(&(space.0, extent as u32))
             .is_some_and(|rows| !rows.is_done(row))
     }
@@ -110,9 +171,9 @@ impl CrashResync {
     /// `row` of `extent` of `space` agrees again; the extent leaves the
     /// list with its last row.
     pub(crate) fn done(&self, space: SpaceId, extent: u64, row: u64) {
-        let mut map = self.extents();
+        let mut state = self.state();
         let key = (space.0, extent as u32);
-        let Some(rows) = map.get_mut(&key) else {
+        let Some(rows) = state.extents.get_mut(&key) else {
             return;
         };
         if rows.is_done(row) {
@@ -120,28 +181,34 @@ impl CrashResync {
         }
         rows.done[(row / 64) as usize] |= 1 << (row % 64);
         rows.left -= 1;
-        if rows.left == 0 {
-            map.remove(&key);
-            self.pending.store(map.len(), Ordering::Release);
+        let finished = rows.left == 0;
+        if let Some(share) = state.spaces.get_mut(&space.0) {
+            share.rows_done += 1;
+        }
+        if finished {
+            state.extents.remove(&key);
+            state.forget_done_spaces();
+            self.pending.store(state.extents.len(), Ordering::Release);
         }
     }
 
     /// Drop what is left of `space` (deleted).
     pub(crate) fn forget(&self, space: SpaceId) {
-        let mut map = self.extents();
-        map.retain(|key, _| key.0 != space.0);
-        self.pending.store(map.len(), Ordering::Release);
+        let mut state = self.state();
+        state.extents.retain(|key, _| key.0 != space.0);
+        state.forget_done_spaces();
+        self.pending.store(state.extents.len(), Ordering::Release);
     }
 
     /// Whether the write-intent entry `key` (an extent, or a whole space)
     /// covers an extent still to resynchronise: it stays named.
     pub(crate) fn holds(&self, key: (u64, u32)) -> bool {
-        self.pending.load(Ordering::Acquire) > 0 && covers(self.extents().keys(), key)
+        self.pending.load(Ordering::Acquire) > 0 && covers(self.state().extents.keys(), key)
     }
 
     /// The extents still to resynchronise now, as (space, extent).
     pub(crate) fn owed(&self) -> Vec<(u64, u32)> {
-        self.extents().keys().copied().collect()
+        self.state().extents.keys().copied().collect()
     }
 
     /// Extents of `space` still to resynchronise.
@@ -149,14 +216,41 @@ impl CrashResync {
         if self.pending.load(Ordering::Acquire) == 0 {
             return 0;
         }
-        self.extents().keys().filter(|key| key.0 == space.0).count() as u64
+        let state = self.state();
+        state.extents.keys().filter(|key| key.0 == space.0).count() as u64
+    }
+
+    /// How far `space`'s resync has gone at `now_ns`, while it has one.
+    pub(crate) fn progress(&self, space: SpaceId, now_ns: u64) -> Option<ResyncProgress> {
+        if self.pending.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let state = self.state();
+        let share = state.spaces.get(&space.0)?;
+        let bytes_total = share.rows_total * share.row_bytes;
+        let bytes_done = share.rows_done * share.row_bytes;
+        let elapsed_ns = now_ns.saturating_sub(share.started_ns);
+        let rate_bytes_per_second = if elapsed_ns == 0 {
+            0
+        } else {
+            (u128::from(bytes_done) * 1_000_000_000 / u128::from(elapsed_ns)) as u64
+        };
+        Some(ResyncProgress {
+            extents_total: share.extents_total,
+            extents_left: state.extents.keys().filter(|key| key.0 == space.0).count() as u64,
+            bytes_total,
+            bytes_done,
+            rate_bytes_per_second,
+            eta_seconds: (rate_bytes_per_second > 0)
+                .then(|| (bytes_total - bytes_done).div_ceil(rate_bytes_per_second)),
+        })
     }
 
     /// The next extent for the background pass (the lowest), and the rows
     /// it still has to do.
     pub(crate) fn next(&self) -> Option<(SpaceId, u32, Vec<u64>)> {
-        let map = self.extents();
-        let (&key, rows) = map.iter().min_by_key(|(key, _)| **key)?;
+        let state = self.state();
+        let (&key, rows) = state.extents.iter().min_by_key(|(key, _)| **key)?;
         let left = (0..rows.rows).filter(|&row| !rows.is_done(row)).collect();
         Some((SpaceId(key.0), key.1, left))
     }
@@ -231,13 +325,21 @@ mod tests {
     fn an_extent_leaves_with_its_last_row() {
         let resync = CrashResync::default();
         let space = SpaceId(7);
-        resync.note(space, [(2, 3), (5, 3)]);
+        resync.note(space, [(2, 3), (5, 3)], 4096, 0);
         assert!(resync.wanted(space, 2, 0));
         assert!(!resync.wanted(space, 3, 0));
         assert!(resync.holds((7, INTENT_WHOLE_SPACE)));
         resync.done(space, 2, 1);
         resync.done(space, 2, 1);
         assert_eq!(resync.next(), Some((space, 2, vec![0, 2])));
+        let progress = resync.progress(space, 2_000_000_000).unwrap();
+        assert_eq!(
+            (progress.bytes_total, progress.bytes_done),
+            (6 * 4096, 4096)
+        );
+        assert_eq!((progress.extents_total, progress.extents_left), (2, 2));
+        assert_eq!(progress.rate_bytes_per_second, 2048);
+        assert_eq!(progress.eta_seconds, Some(10));
         resync.done(space, 2, 0);
         resync.done(space, 2, 2);
         assert!(!resync.wanted(space, 2, 0));
@@ -246,6 +348,7 @@ mod tests {
         assert_eq!(resync.extents_left(space), 1);
         resync.forget(space);
         assert_eq!(resync.next(), None);
+        assert_eq!(resync.progress(space, 0), None);
         assert!(!resync.holds((7, INTENT_WHOLE_SPACE)));
     }
 }

@@ -44,6 +44,7 @@ mod units;
 mod zero;
 
 pub use admin::{default_fault_domain, SpaceConfig, SpaceCreated, SpaceSize};
+pub use crash_resync::ResyncProgress;
 pub use disk::Condition;
 pub use error::EngineError;
 pub use jobs::{JobAction, JobStatus, JOB_HISTORY_MAX};

@@ -749,9 +749,12 @@ async fn open(
                     let within = space.size_bytes().saturating_sub(start).div_ceil(row_bytes);
                     (extent, within.min(space.geometry().rows_per_extent()))
                 };
-                pool.shared
-                    .crash_resync
-                    .note(id, cut.iter().map(|extent| rows(*extent)));
+                pool.shared.crash_resync.note(
+                    id,
+                    cut.iter().map(|extent| rows(*extent)),
+                    row_bytes,
+                    pool.shared.env.now_ns(),
+                );
                 // A disk out of service now (a disk returning here is
                 // welcomed back below) may have lost, to the power cut,
                 // writes it took before it left: unflushed, unrecorded.

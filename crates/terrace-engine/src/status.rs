@@ -104,9 +104,9 @@ pub struct SpaceStatus {
     pub health: SpaceHealth,
     /// The write-back cache, if the space has one.
     pub cache: Option<CacheInfo>,
-    /// Mirror extents left to resynchronise since an unclean shutdown
-    /// (see [`crate::Pool::resync_after_crash`]).
-    pub resync_extents_left: u64,
+    /// A mirror's resync after an unclean shutdown, while it runs (see
+    /// [`crate::Pool::resync_after_crash`]).
+    pub resync: Option<crate::ResyncProgress>,
 }
 
 /// A space's write-back cache as status shows it.
@@ -475,7 +475,10 @@ fn space_status(
         fault_domain: record.fault_domain,
         failures_tolerated: record.layout.failures_tolerated(),
         health,
-        resync_extents_left: space.pool.crash_resync.extents_left(space.id),
+        resync: space
+            .pool
+            .crash_resync
+            .progress(space.id, space.pool.env.now_ns()),
         cache: space.journal().map(|journal| {
             let log = journal.log();
             let mut log_disks: Vec<u16> = metadata

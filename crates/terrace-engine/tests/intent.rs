@@ -181,8 +181,18 @@ fn a_row_read_before_its_resync_reads_the_same_from_every_copy() {
             .disk;
         disks.faults[usize::from(second.0)].lose();
         assert_eq!(space.read(3 * SLAB, 4096).await.unwrap(), read);
-        // Only the row read was resynchronised; the rest is left.
+        // Only the row read was resynchronised; the rest is left, and the
+        // space's status says how much.
         assert_eq!(pool.resync_extents_left(space.id()), 1);
+        let status = pool.status().await;
+        let progress = status.spaces[0].resync.expect("a resync under way");
+        let rows = space.geometry().rows_per_extent();
+        let row_bytes = space.geometry().row_data_bytes();
+        assert_eq!((progress.extents_total, progress.extents_left), (1, 1));
+        assert_eq!(progress.bytes_total, rows * row_bytes);
+        assert_eq!(progress.bytes_done, row_bytes);
+        pool.resync_after_crash().await.unwrap();
+        assert_eq!(pool.status().await.spaces[0].resync, None);
     });
 }
 

@@ -310,9 +310,22 @@ pub struct SpaceView {
     /// The write-back cache, if the space has one.
     #[serde(default)]
     pub cache: Option<CacheView>,
-    /// Mirror extents left to resynchronise since an unclean shutdown.
+    /// Mirror extents left to resynchronise since an unclean shutdown (of
+    /// those owed at the import), and how far that resync has gone (bytes
+    /// of the rows owed at the import, bytes done, bytes per second since,
+    /// seconds left).
     #[serde(default)]
     pub resync_extents_left: u64,
+    #[serde(default)]
+    pub resync_extents_total: u64,
+    #[serde(default)]
+    pub resync_bytes_total: u64,
+    #[serde(default)]
+    pub resync_bytes_done: u64,
+    #[serde(default)]
+    pub resync_rate_bytes_per_second: u64,
+    #[serde(default)]
+    pub resync_eta_seconds: Option<u64>,
 }
 
 /// A space's write-back cache: where its log lives and how full it is.

@@ -405,14 +405,25 @@ pub fn cache_lines(space: &SpaceView) -> String {
 
 /// What is left of a mirror's resync after an unclean shutdown, if any.
 pub fn resync_line(space: &SpaceView) -> String {
-    match space.resync_extents_left {
-        0 => String::new(),
-        left => format!(
-            "  resync after an unclean shutdown: {} of {} left; a row is resynchronised before it is first read\n",
-            count(left, "extent"),
-            space.extents
-        ),
+    if space.resync_extents_left == 0 {
+        return String::new();
     }
+    let percent = (space.resync_bytes_done * 100)
+        .checked_div(space.resync_bytes_total)
+        .unwrap_or(0);
+    let pace = match space.resync_eta_seconds {
+        Some(eta) => format!(
+            " at {}/s, {} left",
+            format_size(space.resync_rate_bytes_per_second),
+            duration(eta)
+        ),
+        None => String::new(),
+    };
+    format!(
+        "  resync after an unclean shutdown: {percent}% done ({} of {} left){pace}; a row is resynchronised before it is first read\n",
+        space.resync_extents_left,
+        count(space.resync_extents_total, "extent"),
+    )
 }
 
 /// Which extents of a space the write intent names, if it keeps one (a
@@ -528,6 +539,38 @@ mod tests {
         assert_eq!(
             line,
             "  prep: the write-back log of space vm, 2G of 8G written (25%)"
+        );
+    }
+
+    /// A mirror's resync after an unclean shutdown shows its share done
+    /// and, once it has a rate, its pace; none shows nothing.
+    #[test]
+    fn a_resync_after_an_unclean_shutdown_shows_its_progress() {
+        let mut space: SpaceView = serde_json::from_value(serde_json::json!({
+            "pool": "tank", "name": "m", "layout": "mirror",
+            "layout_description": "2-way mirror", "copies": 2, "redundancy": 0,
+            "columns": 1, "data_columns": 1, "columns_reason": "", "interleave_bytes": 262144,
+            "size_bytes": 4u64 << 30, "raw_bytes": 8u64 << 30, "extents": 16,
+            "fault_domain": "disk", "failures_tolerated": 1, "health": "healthy",
+            "repair_job": null, "repair_percent": null, "survives": 1,
+            "read_only": false, "export": "m"
+        }))
+        .expect("a space view");
+        assert_eq!(resync_line(&space), "");
+        space.resync_extents_left = 12;
+        space.resync_extents_total = 16;
+        space.resync_bytes_total = 4 << 30;
+        space.resync_bytes_done = 1 << 30;
+        assert_eq!(
+            resync_line(&space),
+            "  resync after an unclean shutdown: 25% done (12 of 16 extents left); a row is resynchronised before it is first read\n"
+        );
+        space.resync_rate_bytes_per_second = 128 << 20;
+        space.resync_eta_seconds = Some(24);
+        assert!(
+            resync_line(&space).contains("25% done (12 of 16 extents left) at 128M/s, 24s left;"),
+            "{}",
+            resync_line(&space)
         );
     }
 

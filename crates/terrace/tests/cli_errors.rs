@@ -378,7 +378,7 @@ const DISK: [(&str, &str); 12] = [
     ("node", "string"),
 ];
 
-const SPACE: [(&str, &str); 20] = [
+const SPACE: [(&str, &str); 25] = [
     ("pool", "string"),
     ("name", "string"),
     ("layout", "string"),
@@ -399,6 +399,11 @@ const SPACE: [(&str, &str); 20] = [
     ("read_only", "bool"),
     ("export", "string"),
     ("resync_extents_left", "number"),
+    ("resync_extents_total", "number"),
+    ("resync_bytes_total", "number"),
+    ("resync_bytes_done", "number"),
+    ("resync_rate_bytes_per_second", "number"),
+    ("resync_eta_seconds", "number?"),
 ];
 
 #[test]

@@ -157,7 +157,12 @@ pub fn space_view(pool: &str, space: &SpaceStatus, read_only: bool, export: Stri
         read_only,
         export,
         nbd_connections: 0,
-        resync_extents_left: space.resync_extents_left,
+        resync_extents_left: space.resync.map_or(0, |r| r.extents_left),
+        resync_extents_total: space.resync.map_or(0, |r| r.extents_total),
+        resync_bytes_total: space.resync.map_or(0, |r| r.bytes_total),
+        resync_bytes_done: space.resync.map_or(0, |r| r.bytes_done),
+        resync_rate_bytes_per_second: space.resync.map_or(0, |r| r.rate_bytes_per_second),
+        resync_eta_seconds: space.resync.and_then(|r| r.eta_seconds),
         cache: space
             .cache
             .as_ref()
