@@ -255,7 +255,7 @@ impl Pool {
         // before the commit: it records the disk's state from its
         // condition, which must not say missing any more.
         for job in &cancelled {
-            self.uninstall_job(job);
+            self.uninstall_job(&control, job);
         }
         disk.attach(device, label);
         self.install_job(&job);
@@ -265,7 +265,7 @@ impl Pool {
                 Condition::Missing,
                 "taken back, but the pool's metadata could not record it",
             );
-            self.uninstall_job(&job);
+            self.uninstall_job(&control, &job);
             for job in &cancelled {
                 self.install_job(job);
             }

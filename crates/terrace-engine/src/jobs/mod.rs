@@ -263,7 +263,7 @@ impl Pool {
         self.shared.commit(&mut control, next).await?;
         // Under the lock, as their targets are free once committed.
         for job in &cancelled {
-            self.uninstall_job(job);
+            self.uninstall_job(&control, job);
         }
         drop(held);
         drop(control);
@@ -370,7 +370,7 @@ impl Pool {
         self.shared.commit(&mut control, next).await?;
         if let Some(job) = cancelled {
             // Under the lock, as its targets are free once committed.
-            self.uninstall_job(&job);
+            self.uninstall_job(&control, &job);
         }
         drop(control);
         if state == JobState::Running {
@@ -471,7 +471,11 @@ impl Pool {
     }
 
     /// Drop the extra locations of a cancelled or failed job's moves.
-    pub(crate) fn uninstall_job(&self, job: &JobRecord) {
+    /// Only under the control lock (`_held`), after the commit that frees
+    /// their targets and before the lock goes: the map epochs retire the
+    /// targets as the map stops naming them, and an allocation planned in
+    /// between would see them free while requests still write them.
+    pub(crate) fn uninstall_job(&self, _held: &crate::control::Control, job: &JobRecord) {
         for step in job.moves.iter().filter(|step| !step.done) {
             let key = (step.space, step.extent, step.slot);
             self.shared.job_runtime.forget(&key);

@@ -602,7 +602,7 @@ impl Pool {
         // Under the lock: the old slabs are free in the metadata now, and
         // are retired from allocations as the map stops naming them.
         for (kind, step) in &settled {
-            self.settle_move(*kind, step);
+            self.settle_move(&control, *kind, step);
         }
         drop(control);
         for kind in completed {
@@ -610,8 +610,15 @@ impl Pool {
         }
     }
 
-    /// Point the run-time slot at its new home alone.
-    fn settle_move(&self, kind: JobKind, step: &terrace_meta::MoveRecord) {
+    /// Point the run-time slot at its new home alone. Only under the
+    /// control lock (`_held`), after the commit that frees the old slab
+    /// (see [`Pool::uninstall_job`]).
+    fn settle_move(
+        &self,
+        _held: &crate::control::Control,
+        kind: JobKind,
+        step: &terrace_meta::MoveRecord,
+    ) {
         let key = (step.space, step.extent, step.slot);
         self.shared.job_runtime.forget(&key);
         let Some(space) = self.space_by_id(step.space) else {
@@ -697,7 +704,7 @@ impl Pool {
         trim_history(&mut next);
         if self.shared.commit(&mut control, next).await.is_ok() {
             // Under the lock, as its targets are free once committed.
-            self.uninstall_job(&failed);
+            self.uninstall_job(&control, &failed);
         }
     }
 
@@ -726,7 +733,7 @@ impl Pool {
         // Under the lock, as the old target is free once committed.
         let mut only = old.clone();
         only.moves = vec![old.moves[index].clone()];
-        self.uninstall_job(&only);
+        self.uninstall_job(&control, &only);
         let mut install = fresh;
         install.moves = vec![install.moves[index].clone()];
         self.install_job(&install);
