@@ -10,7 +10,8 @@
 //!   the row's lock: what a client reads is then what every copy holds, so
 //!   a copy lost later cannot change it;
 //! - the job runner's pass ([`crate::Pool::resync_after_crash`]) goes
-//!   through the rest, a few rows at a time;
+//!   through the rest, a few rows at a time, paced by the pool's repair
+//!   rate;
 //! - a move meanwhile may copy a row's other version to its target: the
 //!   row's resync compares every location of every copy, so it mends the
 //!   target too;
@@ -286,7 +287,20 @@ impl Pool {
                 self.shared.crash_resync.forget(id);
                 continue;
             };
+            let row_bytes = space.geometry().row_data_bytes();
             for batch in rows.chunks(ROWS_AT_ONCE) {
+                // Paced by the pool's repair rate, in one budget with the
+                // jobs' moves; reads that meet owed rows are not.
+                let rate = self
+                    .shared
+                    .control
+                    .lock()
+                    .await
+                    .metadata
+                    .settings
+                    .repair_rate_bytes_per_second;
+                self.wait_turn(rate, batch.len() as u64 * row_bytes).await;
+                self.shared.check_open()?;
                 let resyncs = batch.iter().map(|&row| {
                     crate::resync::resync_crashed_row(&space, u64::from(extent), row, false)
                 });

@@ -196,6 +196,36 @@ fn a_row_read_before_its_resync_reads_the_same_from_every_copy() {
     });
 }
 
+/// The background pass keeps to the pool's repair rate (one budget with
+/// the jobs' moves); a read that meets an owed row does not wait for it.
+#[test]
+fn the_resync_after_a_crash_keeps_to_the_repair_rate() {
+    block_on(async {
+        let disks = Disks::new(3, DISK_BYTES);
+        let (pool, space) = torn_and_imported(&disks, &[]).await;
+        pool.set_settings(terrace_engine::meta::PoolSettings {
+            repair_rate_bytes_per_second: 1,
+            ..pool.metadata().await.settings
+        })
+        .await
+        .unwrap();
+        // A batch of rows passes at once, the next waits for its turn:
+        // hours at a byte a second.
+        let pass = Box::pin(pool.resync_after_crash());
+        let wait = Box::pin(env().sleep(200_000_000));
+        match futures::future::select(pass, wait).await {
+            futures::future::Either::Left(_) => panic!("the pass ignored the repair rate"),
+            futures::future::Either::Right(_) => {}
+        }
+        assert_eq!(pool.resync_extents_left(space.id()), 1);
+        let last = space.geometry().rows_per_extent() - 1;
+        let row_bytes = space.geometry().row_data_bytes();
+        space.read(3 * SLAB + last * row_bytes, 4096).await.unwrap();
+        let progress = pool.status().await.spaces[0].resync.expect("under way");
+        assert!(progress.bytes_done < progress.bytes_total);
+    });
+}
+
 /// A crash before the background pass ends leaves the extent named: the
 /// next import finds it still to resynchronise.
 #[test]

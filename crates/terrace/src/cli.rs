@@ -118,8 +118,8 @@ pub enum PoolCommand {
         /// Repair many extents at once (parallel) or one at a time.
         #[arg(long, value_parser = ["parallel", "sequential"])]
         repair: Option<String>,
-        /// Repair and move bandwidth limit per second, e.g. 200M (at least
-        /// 1M); 0 or unlimited = none.
+        /// Repair, move and crash-resync bandwidth limit per second, e.g.
+        /// 200M (at least 1M); 0 or unlimited = none.
         #[arg(long, value_parser = parse_rate)]
         repair_rate: Option<u64>,
     },

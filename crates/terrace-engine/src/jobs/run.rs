@@ -336,9 +336,10 @@ impl Pool {
     }
 
     /// Wait until the pool's rate limit lets `bytes` more be moved: every
-    /// move books its step before it copies, so however many moves run at
-    /// once, no more than one step passes the limit. True if it waited.
-    async fn wait_turn(&self, rate: u64, bytes: u64) -> bool {
+    /// move (and each batch of the resync after a crash) books its step
+    /// before it copies, so however many run at once, no more than one
+    /// step passes the limit. True if it waited.
+    pub(crate) async fn wait_turn(&self, rate: u64, bytes: u64) -> bool {
         if rate == 0 {
             return false;
         }
