@@ -15,8 +15,9 @@
 //! - a move meanwhile may copy a row's other version to its target: the
 //!   row's resync compares every location of every copy, so it mends the
 //!   target too;
-//! - a check counts rows not yet resynchronised as skipped: their copies
-//!   may differ, and either is a valid outcome of a write never flushed;
+//! - a check leaves rows not yet resynchronised out and counts them
+//!   (`unsynced_rows`): their copies may differ, and either is a valid
+//!   outcome of a write never flushed;
 //! - the extents stay named in the write intent until every row is done and
 //!   the disks are flushed (the idle clearing of the intent does that), so
 //!   a crash during the pass finds them again; a close before then keeps
@@ -100,6 +101,10 @@ struct State {
 }
 
 impl State {
+    fn extents_of(&self, space: SpaceId) -> u64 {
+        self.extents.keys().filter(|key| key.0 == space.0).count() as u64
+    }
+
     fn forget_done_spaces(&mut self) {
         let extents = &self.extents;
         self.spaces
@@ -217,8 +222,7 @@ impl CrashResync {
         if self.pending.load(Ordering::Acquire) == 0 {
             return 0;
         }
-        let state = self.state();
-        state.extents.keys().filter(|key| key.0 == space.0).count() as u64
+        self.state().extents_of(space)
     }
 
     /// How far `space`'s resync has gone at `now_ns`, while it has one.
@@ -238,7 +242,7 @@ impl CrashResync {
         };
         Some(ResyncProgress {
             extents_total: share.extents_total,
-            extents_left: state.extents.keys().filter(|key| key.0 == space.0).count() as u64,
+            extents_left: state.extents_of(space),
             bytes_total,
             bytes_done,
             rate_bytes_per_second,

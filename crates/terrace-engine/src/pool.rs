@@ -485,8 +485,9 @@ impl Pool {
         }
         let mut control = self.shared.control.lock().await;
         // Flushed above, and no write runs after close: nothing in flight.
-        // What is still owed stays named, and the pool is left unclean, so
-        // that the next import (of any build) resynchronises it.
+        // What is still owed stays named (in the slots and, by this
+        // commit, the metadata), and the pool is left unclean, so that the
+        // next import (of any build) resynchronises it.
         let owed: Vec<(SpaceId, u32)> = control
             .metadata
             .intent
@@ -496,12 +497,10 @@ impl Pool {
                 crate::crash_resync::covers(owed_before.iter(), (space.0, *extent))
             })
             .collect();
-        self.shared
-            .commit_intent(&mut control, owed.clone(), &[])
-            .await?;
+        let clean = owed.is_empty();
+        self.shared.commit_intent(&mut control, owed, &[]).await?;
         let mut next = control.metadata.clone();
-        next.clean = owed.is_empty();
-        next.intent = owed;
+        next.clean = clean;
         let committed = self.shared.commit(&mut control, next).await;
         // Closed before the lock is let go: a write waiting for it to name
         // its extent must not write after the clean commit.
@@ -764,13 +763,9 @@ async fn open(
                 let notes: Vec<(DiskIndex, SpaceId, u32)> = cut
                     .iter()
                     .flat_map(|&extent| {
-                        map.extents[extent as usize]
-                            .iter()
-                            .map(|target| &target.home().disk)
-                            .filter(|disk| {
-                                matches!(disk.condition(), Condition::Missing | Condition::Standby)
-                            })
-                            .map(move |disk| (disk.index, id, extent))
+                        crate::space::out_of_service(&map.extents[extent as usize], &[])
+                            .into_iter()
+                            .map(move |disk| (disk, id, extent))
                     })
                     .collect();
                 pool.shared.note_dirty_all(&notes).await?;

@@ -12,7 +12,7 @@
 use std::sync::atomic::Ordering;
 
 use terrace_io::{aligned_buffer, BytesMut};
-use terrace_layout::{Layout, RowSpan};
+use terrace_layout::Layout;
 
 use crate::error::EngineError;
 use crate::row::RowIo;
@@ -94,13 +94,7 @@ pub(crate) async fn fill_rows(
     let fills = rows.clone().map(|row| {
         let map = &map;
         async move {
-            let span = RowSpan {
-                extent,
-                row,
-                row_offset: 0,
-                length: geometry.row_data_bytes(),
-                request_offset: 0,
-            };
+            let span = geometry.whole_row(extent, row);
             let io = RowIo {
                 lock_held: true,
                 ..space.row_io(map, &span)

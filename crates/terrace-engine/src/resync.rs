@@ -17,7 +17,7 @@
 
 use futures::future::join_all;
 use terrace_io::{aligned_buffer, BytesMut};
-use terrace_layout::{Layout, RowSpan};
+use terrace_layout::Layout;
 
 use crate::error::EngineError;
 use crate::row::RowIo;
@@ -89,13 +89,7 @@ async fn walk_rows(
         if extent >= map.extents.len() as u64 {
             continue;
         }
-        let span = RowSpan {
-            extent,
-            row,
-            row_offset: 0,
-            length: space.geometry.row_data_bytes(),
-            request_offset: 0,
-        };
+        let span = space.geometry.whole_row(extent, row);
         if pass == Pass::Verify && space.pool.crash_resync.wanted(space.id, extent, row) {
             // Not yet resynchronised since a crash: its copies may differ.
             report.unsynced_rows += 1;
@@ -155,13 +149,7 @@ pub(crate) async fn resync_crashed_row(
     // The slots' places as they are under the lock.
     let map = space.map();
     if extent < map.extents.len() as u64 {
-        let span = RowSpan {
-            extent,
-            row,
-            row_offset: 0,
-            length: row_bytes,
-            request_offset: 0,
-        };
+        let span = space.geometry.whole_row(extent, row);
         check_row(&space.row_io(&map, &span), Pass::Repair).await;
     }
     space.pool.crash_resync.done(space.id, extent, row);

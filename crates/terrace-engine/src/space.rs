@@ -560,18 +560,7 @@ impl Space {
         }
         let extent_bytes = self.geometry.extent_data_bytes();
         for extent in offset / extent_bytes..=(offset + length - 1) / extent_bytes {
-            let missing: Vec<DiskIndex> = map.extents[extent as usize]
-                .iter()
-                .map(|target| &target.home().disk)
-                .filter(|disk| match disk.condition() {
-                    // Standby: present but stale (a disk returning at an
-                    // import is welcomed back only after recovery wrote).
-                    Condition::Missing | Condition::Standby => true,
-                    Condition::Online => leaving.contains(&disk.index),
-                    Condition::Failed => false,
-                })
-                .map(|disk| disk.index)
-                .collect();
+            let missing = out_of_service(&map.extents[extent as usize], &leaving);
             if !missing.is_empty() {
                 // Boxed: a commit's state would otherwise enlarge every write.
                 Box::pin(self.pool.note_dirty(self.id, extent as u32, &missing)).await?;
@@ -833,6 +822,23 @@ impl Space {
         }
         Ok(())
     }
+}
+
+/// The disks holding slots of an extent (`targets`) that a write to it
+/// misses and must record dirty for: missing, present but out of service
+/// (Standby: a disk returning at an import is welcomed back only after
+/// recovery wrote), or `leaving`.
+pub(crate) fn out_of_service(targets: &[Target], leaving: &[DiskIndex]) -> Vec<DiskIndex> {
+    targets
+        .iter()
+        .map(|target| &target.home().disk)
+        .filter(|disk| match disk.condition() {
+            Condition::Missing | Condition::Standby => true,
+            Condition::Online => leaving.contains(&disk.index),
+            Condition::Failed => false,
+        })
+        .map(|disk| disk.index)
+        .collect()
 }
 
 /// Every location of every slot of `extents`.

@@ -203,12 +203,7 @@ fn the_resync_after_a_crash_keeps_to_the_repair_rate() {
     block_on(async {
         let disks = Disks::new(3, DISK_BYTES);
         let (pool, space) = torn_and_imported(&disks, &[]).await;
-        pool.set_settings(terrace_engine::meta::PoolSettings {
-            repair_rate_bytes_per_second: 1,
-            ..pool.metadata().await.settings
-        })
-        .await
-        .unwrap();
+        set_repair_rate(&pool, 1).await;
         // A batch of rows passes at once, the next waits for its turn:
         // hours at a byte a second.
         let pass = Box::pin(pool.resync_after_crash());

@@ -69,15 +69,6 @@ async fn wait_for_missing_disks(pool: &Pool) {
     .unwrap();
 }
 
-async fn set_repair_rate(pool: &Pool, rate: u64) {
-    pool.set_settings(terrace_engine::meta::PoolSettings {
-        repair_rate_bytes_per_second: rate,
-        ..pool.metadata().await.settings
-    })
-    .await
-    .unwrap();
-}
-
 /// An 8 MiB 2-way mirror "m" over `columns`, in 4 KiB interleave units so
 /// that a move has many rows, filled from `seed`.
 async fn small_mirror(pool: &Pool, columns: u32, seed: u64) -> (Arc<Space>, Model) {

@@ -270,6 +270,17 @@ impl Geometry {
         u64::from(self.data_columns()) * self.interleave_bytes
     }
 
+    /// The whole of `row` of `extent`, as one span.
+    pub fn whole_row(&self, extent: u64, row: u64) -> RowSpan {
+        RowSpan {
+            extent,
+            row,
+            row_offset: 0,
+            length: self.row_data_bytes(),
+            request_offset: 0,
+        }
+    }
+
     pub fn rows_per_extent(&self) -> u64 {
         self.slab_bytes / self.interleave_bytes
     }

@@ -356,3 +356,14 @@ impl Gate {
         self.wait.lock().unwrap().take()
     }
 }
+
+/// Limit the pool's repairs, moves and resync after a crash to `rate`
+/// bytes per second (0: none).
+pub async fn set_repair_rate(pool: &Pool, rate: u64) {
+    pool.set_settings(terrace_engine::meta::PoolSettings {
+        repair_rate_bytes_per_second: rate,
+        ..pool.metadata().await.settings
+    })
+    .await
+    .unwrap();
+}

@@ -447,7 +447,8 @@ const WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A pool's background work: its job runner, its write-back caches'
 /// destaging, and a watcher that marks disks whose file or device vanished
-/// missing. All end with the pool.
+/// missing (and logs the end of a resync after an unclean shutdown). All
+/// end with the pool.
 pub fn start_pool_tasks(pool: &Arc<Pool>) {
     let runner = pool.clone();
     tokio::spawn(async move { runner.run_jobs().await });
@@ -459,23 +460,19 @@ pub fn start_pool_tasks(pool: &Arc<Pool>) {
             "pool {}: serving; {left} mirror extent(s) left by an unclean shutdown are resynchronised in the background (a row read first is resynchronised on the spot)",
             pool.name()
         ));
-        let resyncing = pool.clone();
-        tokio::spawn(async move {
-            while resyncing.is_open() && resyncing.resync_extents_pending() > 0 {
-                tokio::time::sleep(WATCH_INTERVAL).await;
-            }
-            if resyncing.is_open() {
-                super::log(format!(
-                    "pool {}: resync after the unclean shutdown done",
-                    resyncing.name()
-                ));
-            }
-        });
     }
     let watched = pool.clone();
     tokio::spawn(async move {
+        let mut resyncing = left > 0;
         while watched.is_open() {
             tokio::time::sleep(WATCH_INTERVAL).await;
+            if resyncing && watched.resync_extents_pending() == 0 && watched.is_open() {
+                resyncing = false;
+                super::log(format!(
+                    "pool {}: resync after the unclean shutdown done",
+                    watched.name()
+                ));
+            }
             for (index, device) in watched.online_devices() {
                 if device.starts_with('/') && !std::path::Path::new(&device).exists() {
                     let _ = watched
