@@ -7,8 +7,9 @@
 //! before the pool serves; it notes them here and returns, and:
 //!
 //! - a read of a row not yet resynchronised resynchronises it first, under
-//!   the row's lock: what a client reads is then what every copy holds, so
-//!   a copy lost later cannot change it;
+//!   the row's lock, the copies it rewrites durable (FUA) before the read
+//!   returns: what a client reads is then what every copy holds, so
+//!   neither a copy lost later nor a power cut can change it;
 //! - the job runner's pass ([`crate::Pool::resync_after_crash`]) goes
 //!   through the rest, a few rows at a time, paced by the pool's repair
 //!   rate;

@@ -236,10 +236,15 @@ async fn check_row(io: &RowIo<'_>, pass: Pass) -> RowState {
         (true, false) => RowState::Agrees,
     };
     if pass == Pass::Repair {
+        // Durable before the row counts as done: a read may return the
+        // source's version at once, and a power cut that dropped the fix
+        // from a disk's cache would bring the other version back, to be
+        // read if the source's disk is lost (a mirror row resynchronised
+        // on read after a crash is not resynchronised before serving).
         join_all(
             fixes
                 .into_iter()
-                .map(|(slot, bytes)| io.write(slot, 0, bytes.freeze(), false)),
+                .map(|(slot, bytes)| io.write(slot, 0, bytes.freeze(), true)),
         )
         .await;
     }

@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use terrace_engine::io::crash::CrashDevice;
 use terrace_engine::io::fault::{FaultControls, FaultDevice};
 use terrace_engine::io::memory::MemoryDevice;
 use terrace_engine::io::{BlockDevice, BoxFuture, Bytes, BytesMut, Env, IoResult, SystemEnv};
@@ -43,15 +44,28 @@ impl Rng {
     }
 }
 
-/// Memory disks wrapped in fault injectors.
+/// Memory disks wrapped in fault injectors; with [`Disks::with_power`], a
+/// volatile cache between the two that a power cut can lose.
 pub struct Disks {
     pub memory: Vec<Arc<MemoryDevice>>,
     pub faults: Vec<FaultControls>,
     pub devices: Vec<Arc<dyn BlockDevice>>,
+    /// The volatile caches ([`Disks::with_power`] only).
+    pub caches: Vec<Arc<CrashDevice>>,
 }
 
 impl Disks {
     pub fn new(count: usize, size_bytes: u64) -> Disks {
+        Disks::stacked(count, size_bytes, false)
+    }
+
+    /// Disks whose writes stay volatile until flushed (or written FUA):
+    /// [`Disks::power_cut`] drops them.
+    pub fn with_power(count: usize, size_bytes: u64) -> Disks {
+        Disks::stacked(count, size_bytes, true)
+    }
+
+    fn stacked(count: usize, size_bytes: u64, cached: bool) -> Disks {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let memory: Vec<Arc<MemoryDevice>> = (0..count)
             .map(|_| {
@@ -59,8 +73,26 @@ impl Disks {
                 Arc::new(MemoryDevice::new(format!("memory:{number}"), size_bytes))
             })
             .collect();
-        let wrapped: Vec<FaultDevice> =
-            memory.iter().map(|m| FaultDevice::new(m.clone())).collect();
+        let caches: Vec<Arc<CrashDevice>> = if cached {
+            memory
+                .iter()
+                .map(|m| Arc::new(CrashDevice::new(m.clone())))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let below: Vec<Arc<dyn BlockDevice>> = if cached {
+            caches
+                .iter()
+                .map(|c| c.clone() as Arc<dyn BlockDevice>)
+                .collect()
+        } else {
+            memory
+                .iter()
+                .map(|m| m.clone() as Arc<dyn BlockDevice>)
+                .collect()
+        };
+        let wrapped: Vec<FaultDevice> = below.into_iter().map(FaultDevice::new).collect();
         let faults = wrapped.iter().map(FaultDevice::controls).collect();
         let devices = wrapped
             .into_iter()
@@ -70,6 +102,15 @@ impl Disks {
             memory,
             faults,
             devices,
+            caches,
+        }
+    }
+
+    /// The power goes: every write not yet flushed is lost.
+    pub fn power_cut(&self) {
+        const DROPPED: u64 = 1;
+        for cache in &self.caches {
+            cache.crash(&mut || DROPPED).unwrap();
         }
     }
 
