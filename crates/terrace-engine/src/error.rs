@@ -26,6 +26,13 @@ pub enum EngineError {
     },
     #[error("no disks given")]
     NoDisks,
+    #[error(
+        "none of the disks given holds capacity: every one has usage {usages}; a pool needs \
+         at least one disk of usage auto (the default) or manual. To give one disk its own \
+         usage, write it after the disk (for example ssd.img,usage=journal) instead of \
+         --usage, which sets every disk's"
+    )]
+    NoCapacityDisks { usages: String },
     #[error("{device} is given twice")]
     DuplicateDisk { device: String },
     #[error("{device} is already a disk of pool {pool_name}; nothing was changed")]

@@ -285,6 +285,7 @@ impl Pool {
         if disks.is_empty() {
             return Err(EngineError::NoDisks);
         }
+        refuse_without_capacity(&disks)?;
         let data_start = data_offset(config.metadata_slot_bytes);
         check_new_disks(&disks, data_start + config.slab_bytes, None).await?;
         let now = env.wall_clock_ns();
@@ -581,6 +582,25 @@ fn no_metadata(members: &[(Arc<dyn BlockDevice>, Label, &Probe)]) -> EngineError
             .unwrap_or_default(),
         detail,
     }
+}
+
+/// A pool whose disks all have a usage that takes no spaces' data
+/// (journal, hot spare, retired) could hold nothing: most likely `--usage`
+/// meant for one disk was given for all.
+fn refuse_without_capacity(disks: &[NewDisk]) -> Result<(), EngineError> {
+    if disks
+        .iter()
+        .any(|disk| matches!(disk.usage, Usage::Auto | Usage::Manual))
+    {
+        return Ok(());
+    }
+    let usages: BTreeSet<String> = disks
+        .iter()
+        .map(|disk| disk.usage.name().to_string())
+        .collect();
+    Err(EngineError::NoCapacityDisks {
+        usages: usages.into_iter().collect::<Vec<_>>().join(" or "),
+    })
 }
 
 /// Build the run-time pool from chosen metadata and the devices present.

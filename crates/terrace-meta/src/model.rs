@@ -32,6 +32,19 @@ pub enum Usage {
     Retired,
 }
 
+impl Usage {
+    /// As users write it (`--usage`, `DISK,usage=U`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Usage::Auto => "auto",
+            Usage::Manual => "manual",
+            Usage::HotSpare => "hot-spare",
+            Usage::Journal => "journal",
+            Usage::Retired => "retired",
+        }
+    }
+}
+
 /// What the metadata knows of a disk's condition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DiskState {

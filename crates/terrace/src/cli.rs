@@ -28,12 +28,14 @@ fn parse_rate(text: &str) -> Result<u64, String> {
 /// `path,media=...` attributes win).
 #[derive(Args, Debug, Clone, Default)]
 pub struct DiskDefaults {
-    /// Media of the disks: hdd, ssd, unknown, or auto (the default: what
-    /// the device says, a block device's queue/rotational or a drive
-    /// model's kind; a plain file is unknown).
+    /// Media of every disk given (one disk's own: DISK,media=M): hdd, ssd,
+    /// unknown, or auto (the default: what the device says, a block
+    /// device's queue/rotational or a drive model's kind; a plain file is
+    /// unknown).
     #[arg(long)]
     media: Option<String>,
-    /// What the pool may use the disks for: auto, manual, hot-spare, journal, retired.
+    /// What the pool may use every disk given for (one disk's own:
+    /// DISK,usage=U): auto, manual, hot-spare, journal, retired.
     #[arg(long)]
     usage: Option<String>,
     /// Enclosure (fault domain) label.

@@ -125,6 +125,13 @@ fn refused_commands_say_why_and_change_nothing() {
         1,
         &[&b0, "twice"],
     );
+    // --usage is every disk's: a pool of journal disks alone holds nothing.
+    setup.refused(
+        &format!("pool create beta {b0} {b1} --usage journal --slab 8M"),
+        None,
+        1,
+        &["holds capacity", "usage journal", "ssd.img,usage=journal"],
+    );
     // A model override the model does not have; one before its model.
     setup.refused(
         &format!("pool create beta {b0},model=ssd-sata,units=4,bogus=1 {b1} --slab 8M"),

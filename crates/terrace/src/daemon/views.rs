@@ -3,7 +3,7 @@
 use terrace_engine::layout::Layout;
 use terrace_engine::meta::{
     DiskIndex, DiskState, FaultDomain, JobKind, Media, PoolMetadata, PoolSettings, RepairPolicy,
-    RetireMissing, Usage,
+    RetireMissing,
 };
 use terrace_engine::{
     Condition, DiskStatus, JobStatus, PoolHealth, PoolStatus, SpaceHealth, SpaceStatus,
@@ -20,16 +20,6 @@ pub fn media_name(media: Media) -> &'static str {
         Media::Hdd => "hdd",
         Media::Ssd => "ssd",
         Media::Unknown => "unknown",
-    }
-}
-
-pub fn usage_name(usage: Usage) -> &'static str {
-    match usage {
-        Usage::Auto => "auto",
-        Usage::Manual => "manual",
-        Usage::HotSpare => "hot-spare",
-        Usage::Journal => "journal",
-        Usage::Retired => "retired",
     }
 }
 
@@ -228,7 +218,7 @@ pub fn pool_view(
             state: disk_state_name(disk).into(),
             reason: disk.reason.clone(),
             media: media_name(disk.media).into(),
-            usage: usage_name(disk.usage).into(),
+            usage: disk.usage.name().into(),
             size_bytes: disk.size_bytes,
             slabs_total: disk.slabs_total,
             slabs_used: disk.slabs_used,
