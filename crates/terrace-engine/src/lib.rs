@@ -48,6 +48,7 @@ pub use crash_resync::ResyncProgress;
 pub use disk::Condition;
 pub use error::EngineError;
 pub use jobs::{JobAction, JobStatus, JOB_HISTORY_MAX};
+pub use membership::LabelLeft;
 pub use mirror::{
     stream_reach_bytes as mirror_stream_reach_bytes, READ_REGION_BYTES as MIRROR_READ_REGION_BYTES,
 };

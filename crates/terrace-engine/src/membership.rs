@@ -11,9 +11,9 @@ use futures::future::join_all;
 use terrace_io::BlockDevice;
 use terrace_meta::format::data_offset;
 use terrace_meta::store;
-use terrace_meta::{DiskIndex, DiskState, JobKind, JobRecord, PoolSettings, Usage};
+use terrace_meta::{DiskIndex, DiskState, JobKind, JobRecord, PoolId, PoolSettings, Usage};
 
-use crate::disk::Condition;
+use crate::disk::{Condition, Disk};
 use crate::error::EngineError;
 use crate::jobs::{cancelled_by_return, repair_kept_for};
 use crate::pool::{check_new_disks, write_labels, NewDisk, Pool, Shape};
@@ -336,35 +336,87 @@ impl Pool {
         self.shared.commit(&mut control, next).await
     }
 
-    /// Destroy the pool: flush, then erase the label of every present disk
-    /// so each reads as blank again. All data in the pool is gone.
-    pub async fn destroy(&self) -> Result<(), EngineError> {
+    /// Destroy the pool: erase the label of each of its disks that can be
+    /// written, so each reads as blank again, and close it. All data in
+    /// the pool is gone. Refused, changing nothing, while the pool is
+    /// closed or read-only; past that it completes whatever its disks do,
+    /// and names the disks whose label it left (see [`LabelLeft`]).
+    ///
+    /// A failed disk is not written: its first error is final (a dead
+    /// disk's write may hang, fail or be lost), and whether its label went
+    /// could not be known. A missing disk is not here to write. Their
+    /// labels still name the pool; the metadata beside them names member
+    /// sets of which they are a minority, so an import of them alone
+    /// offers the pool read-only at most, and a new pool refuses them as
+    /// another pool's until they are wiped.
+    pub async fn destroy(&self) -> Result<Vec<LabelLeft>, EngineError> {
         self.shared.check_open()?;
         self.shared.check_writable()?;
-        self.shared.flush_disks().await?;
+        let metadata = {
+            // Closed under the control lock, as by close: a commit under
+            // way ends first, and none starts after to write to a disk
+            // whose label is going.
+            let control = self.shared.control.lock().await;
+            self.shared
+                .closed
+                .store(true, std::sync::atomic::Ordering::Release);
+            control.metadata.clone()
+        };
         let disks = self.shared.disks();
-        let devices: Vec<Arc<dyn BlockDevice>> = disks
-            .iter()
-            .filter_map(|disk| disk.device().map(|d| d.inner().clone()))
-            .collect();
-        self.shared
-            .closed
-            .store(true, std::sync::atomic::Ordering::Release);
-        self.spaces
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
-        for result in join_all(
-            devices
-                .iter()
-                .map(|device| store::erase_label(device.as_ref())),
-        )
-        .await
-        {
-            result?;
+        let ours = disks.iter().filter(|disk| {
+            metadata
+                .disk(disk.index)
+                .is_some_and(|record| record.state != DiskState::Removed)
+        });
+        let pool_id = metadata.pool_id;
+        let erasures = ours.map(|disk| async move {
+            let result = erase_own_label(disk, pool_id).await;
+            (disk, result)
+        });
+        let mut left = Vec::new();
+        for (disk, result) in join_all(erasures).await {
+            if let Err(reason) = result {
+                let path_hint = metadata.disks[usize::from(disk.index.0)].path_hint.clone();
+                left.push(LabelLeft {
+                    disk: disk.index,
+                    path: disk.device_name().unwrap_or(path_hint),
+                    reason,
+                });
+            }
         }
-        drop(devices);
-        self.shared.release_devices();
-        Ok(())
+        self.let_go();
+        Ok(left)
     }
+}
+
+/// A disk of a destroyed pool whose label was left in place: it still
+/// names the pool, and should be wiped before it is used again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LabelLeft {
+    pub disk: DiskIndex,
+    /// Its device, or where the pool last saw it.
+    pub path: String,
+    pub reason: String,
+}
+
+/// Erase `disk`'s label if it is this pool's (a disk let go of and since
+/// given to another pool is not this pool's to erase); why not otherwise.
+async fn erase_own_label(disk: &Disk, pool: PoolId) -> Result<(), String> {
+    let device = match (disk.condition(), disk.device()) {
+        (Condition::Online | Condition::Standby, Some(device)) => device,
+        (Condition::Failed, _) => return Err(format!("failed, not written: {}", disk.reason())),
+        _ => return Err(format!("not present: {}", disk.reason())),
+    };
+    let found = store::read_label(device.as_ref())
+        .await
+        .map_err(|error| format!("erasing it failed: {error}"))?;
+    let own = found.is_ok_and(|label| {
+        label.pool_id == pool && disk.label().is_some_and(|own| own.disk_id == label.disk_id)
+    });
+    if own {
+        store::erase_label(device.as_ref())
+            .await
+            .map_err(|error| format!("erasing it failed: {error}"))?;
+    }
+    Ok(())
 }

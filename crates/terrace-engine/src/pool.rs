@@ -459,10 +459,33 @@ impl Pool {
 
     /// Flush everything and mark the pool cleanly closed. Afterwards every
     /// operation on the pool or its spaces fails with `Closed`.
+    /// Closed even when that fails: the error says what was not recorded
+    /// (a pool whose clean commit failed is resynchronised at its next
+    /// import), and the pool is let go of all the same.
     pub async fn close(&self) -> Result<(), EngineError> {
         self.shared.check_open()?;
         let result = self.close_inner().await;
+        self.let_go();
+        result
+    }
+
+    /// Whether the pool was closed (exported or destroyed), even by a close
+    /// or destroy that then reported an error.
+    pub fn is_closed(&self) -> bool {
+        self.shared.check_open().is_err()
+    }
+
+    /// The end of a close or a destroy: the pool is closed, its spaces and
+    /// logs are forgotten, and its disks let go of their devices.
+    pub(crate) fn let_go(&self) {
         self.shared.closed.store(true, Ordering::Release);
+        self.forget_spaces();
+        self.shared.release_devices();
+    }
+
+    /// Spaces point back at the pool (through their journals); dropping
+    /// the maps breaks the cycle.
+    fn forget_spaces(&self) {
         for space in self.spaces() {
             space.set_journal(None);
         }
@@ -471,8 +494,6 @@ impl Pool {
             .unwrap_or_else(|e| e.into_inner())
             .clear();
         self.logs.write().unwrap_or_else(|e| e.into_inner()).clear();
-        self.shared.release_devices();
-        result
     }
 
     async fn close_inner(&self) -> Result<(), EngineError> {
@@ -512,15 +533,7 @@ impl Pool {
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        // Spaces point back at the pool; dropping the maps breaks the cycle.
-        for space in self.spaces() {
-            space.set_journal(None);
-        }
-        self.spaces
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
-        self.logs.write().unwrap_or_else(|e| e.into_inner()).clear();
+        self.forget_spaces();
     }
 }
 

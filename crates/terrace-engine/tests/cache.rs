@@ -460,6 +460,97 @@ fn journal_disks_failing_cost_no_data() {
     });
 }
 
+/// A pool whose journal disks failed (every write refused, as by a full
+/// backing filesystem) is destroyed all the same: every label that can be
+/// written is erased, the failed disks are named with their labels left,
+/// and the pool is closed and lets go of every device. A capacity disk
+/// whose failure nothing had seen yet is named too, when its erasure fails.
+/// The labels left name a pool their metadata says they are a minority of:
+/// imported alone, they offer it read-only at most.
+#[test]
+fn destroying_a_pool_with_failed_journal_disks_erases_the_rest() {
+    block_on(async {
+        let (devices, faults) = fault_devices("jdestroy-");
+        let pool = Pool::create(env(), small_config("tank"), journal_pool_disks(&devices))
+            .await
+            .unwrap();
+        let space = pool
+            .create_space(cached("s", Layout::Parity { redundancy: 1 }, 2 << 20))
+            .await
+            .unwrap()
+            .space;
+        let mut model = Model::new(space.size_bytes());
+        let mut rng = Rng(11);
+        write_randomly(&space, &mut model, &mut rng, 20).await;
+        for journal_disk in &faults[6..9] {
+            journal_disk.fail_writes(0..u64::MAX);
+        }
+        write_randomly(&space, &mut model, &mut rng, 40).await;
+        assert!(space.journal().unwrap().status().write_through.is_some());
+        let failed: BTreeSet<usize> = pool
+            .status()
+            .await
+            .disks
+            .iter()
+            .filter(|disk| disk.condition == terrace_engine::Condition::Failed)
+            .map(|disk| usize::from(disk.index))
+            .collect();
+        assert!(
+            failed.len() >= 2 && failed.iter().all(|&disk| disk >= 6),
+            "failed: {failed:?}"
+        );
+        // Disk 0 fails too, unseen until the destroy writes to it.
+        faults[0].fail_writes(0..u64::MAX);
+        drop(space);
+
+        let left = pool.destroy().await.expect("destroyed");
+        let named: BTreeSet<usize> = left.iter().map(|l| usize::from(l.disk.0)).collect();
+        let mut expected: BTreeSet<usize> = (6..9).collect();
+        expected.insert(0);
+        assert_eq!(named, expected, "{left:?}");
+        for label in &left {
+            let erasing = label.reason.contains("erasing it failed");
+            let failed_before = label.reason.starts_with("failed");
+            assert!(
+                if label.disk.0 == 0 {
+                    erasing
+                } else {
+                    failed_before || erasing
+                },
+                "{label:?}"
+            );
+            assert_eq!(label.path, devices[usize::from(label.disk.0)].name());
+        }
+        assert!(pool.is_closed());
+        assert!(pool.spaces().is_empty());
+        assert!(matches!(
+            pool.destroy().await,
+            Err(terrace_engine::EngineError::Closed { .. })
+        ));
+        for (index, device) in devices.iter().enumerate() {
+            assert_eq!(
+                Arc::strong_count(device),
+                1,
+                "disk {index} is still held by the destroyed pool"
+            );
+        }
+        for fault in &faults {
+            fault.clear();
+        }
+        let report = terrace_engine::scan(&devices).await;
+        for (index, found) in report.iter().enumerate() {
+            let blank = found.kind == terrace_engine::DeviceKind::Blank;
+            assert_eq!(blank, !expected.contains(&index), "disk {index}: {found:?}");
+        }
+        // What the labels left find: a minority, never a pool read-write.
+        let ghosts: Vec<Arc<dyn BlockDevice>> =
+            expected.iter().map(|&i| devices[i].clone()).collect();
+        if let Ok(ghost) = Pool::import(env(), ghosts, ImportOptions::default()).await {
+            assert!(ghost.read_only_reason().is_some());
+        }
+    });
+}
+
 /// The cache grows and shrinks while writers keep going; nothing fails and
 /// everything reads back.
 #[test]

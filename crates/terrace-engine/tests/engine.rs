@@ -858,7 +858,11 @@ fn disks_join_spaces_grow_usage_changes_and_pools_are_destroyed() {
             .all(|&b| b == 9));
         let report = terrace_engine::scan(&all).await;
         assert!(report.iter().all(|r| matches!(&r.kind, terrace_engine::DeviceKind::Member { pool_name, .. } if pool_name == "tank")));
-        pool.destroy().await.unwrap();
+        assert_eq!(
+            pool.destroy().await.unwrap(),
+            vec![],
+            "a healthy pool leaves no label"
+        );
         let report = terrace_engine::scan(&all).await;
         assert!(report
             .iter()

@@ -57,14 +57,11 @@ pub async fn probe(device: &dyn BlockDevice) -> Probe {
     if device.size_bytes() < LABEL_BYTES as u64 {
         return Probe::Blank;
     }
-    let (block, result) = device.read(0, aligned_buffer(LABEL_BYTES)).await;
-    if let Err(error) = result {
-        return Probe::Unreadable(error);
-    }
-    let label = match Label::decode(&block) {
-        Ok(label) => label,
-        Err(LabelError::Blank) => return Probe::Blank,
-        Err(error) => return Probe::Damaged(error),
+    let label = match read_label(device).await {
+        Err(error) => return Probe::Unreadable(error),
+        Ok(Ok(label)) => label,
+        Ok(Err(LabelError::Blank)) => return Probe::Blank,
+        Ok(Err(error)) => return Probe::Damaged(error),
     };
     if device.size_bytes() < label.data_offset {
         return Probe::Damaged(LabelError::Inconsistent {
@@ -78,6 +75,14 @@ pub async fn probe(device: &dyn BlockDevice) -> Probe {
         label,
         slots: Box::new([first, second]),
     }
+}
+
+/// Read and decode the label of `device` (the caller made sure the device
+/// is at least a label long).
+pub async fn read_label(device: &dyn BlockDevice) -> Result<Result<Label, LabelError>, IoError> {
+    let (block, result) = device.read(0, aligned_buffer(LABEL_BYTES)).await;
+    result?;
+    Ok(Label::decode(&block))
 }
 
 /// Write a label (once, when a disk joins a pool) and make it durable.

@@ -691,6 +691,13 @@ pub fn render(request: &Request, result: serde_json::Value) -> Result<String, Cl
                 space.export
             )
         }
+        Request::PoolDestroy { name, .. } => {
+            let mut text = format!("destroyed: {name}\n");
+            for left in result["labels_left"].as_array().into_iter().flatten() {
+                text += &format!("label left on {}\n", left.as_str().unwrap_or_default());
+            }
+            text
+        }
         Request::SpaceList { .. } => render::space_list(&parse::<Vec<SpaceView>>(result)?),
         Request::SpaceShow { .. } => render::space_detail(&parse::<SpaceDetail>(result)?),
         _ => match result.as_object() {

@@ -5,7 +5,7 @@
 mod common;
 
 use common::nbd::{Connection, Outcome, CMD_FLAG_FUA, CMD_FLUSH, CMD_WRITE};
-use common::{command, random_bytes, run, skip_without, Daemon, GIB, MIB};
+use common::{command, random_bytes, run, run_ok, skip_without, Daemon, GIB, MIB};
 
 /// Run qemu-io commands on `uri`; fail on any failed command or pattern.
 #[track_caller]
@@ -513,5 +513,168 @@ fn sigkill_during_writes_keeps_every_flushed_batch() {
         }
         connection.disconnect();
     }
+    daemon.stop();
+}
+
+/// A tmpfs of a few MiB mounted in the test's folder, whose files can be
+/// made to refuse every write as a full filesystem does (ENOSPC), reading
+/// back zeroes. Unmounted (lazily: a daemon may still hold its files) on
+/// drop.
+struct FullingFolder {
+    dir: std::path::PathBuf,
+}
+
+impl FullingFolder {
+    /// None (after saying why) where tmpfs cannot be mounted (not root).
+    fn mount(daemon: &Daemon, test: &str) -> Option<FullingFolder> {
+        let dir = daemon.temp().join("full");
+        std::fs::create_dir_all(&dir).expect("mount point");
+        let answer = run(command("mount")
+            .args(["-t", "tmpfs", "-o", "size=64m", "tmpfs"])
+            .arg(&dir));
+        if !answer.success() {
+            common::note(format!("SKIPPED: {test} needs to mount a tmpfs (root)"));
+            return None;
+        }
+        Some(FullingFolder { dir })
+    }
+
+    /// `count` sparse 1 GiB disk files in the folder.
+    fn disk_files(&self, prefix: &str, count: usize) -> Vec<std::path::PathBuf> {
+        (0..count)
+            .map(|i| {
+                let path = self.dir.join(format!("{prefix}-{i}.img"));
+                common::sparse_file(&path, GIB);
+                path
+            })
+            .collect()
+    }
+
+    /// Free every block of `files` and fill the filesystem: from now on
+    /// every write to them fails with ENOSPC and every read gives zeroes.
+    fn fail(&self, files: &[std::path::PathBuf]) {
+        for file in files {
+            run_ok(
+                command("fallocate")
+                    .args(["--punch-hole", "--offset", "0", "--length"])
+                    .arg(GIB.to_string())
+                    .arg(file),
+            );
+        }
+        let filler = self.dir.join("filler");
+        let answer = run(command("dd")
+            .args(["if=/dev/zero", "bs=1M"])
+            .arg(format!("of={}", filler.display())));
+        assert!(
+            answer.stderr.contains("No space left"),
+            "{}",
+            answer.describe()
+        );
+    }
+}
+
+impl Drop for FullingFolder {
+    fn drop(&mut self) {
+        let _ = run(command("umount").arg("-l").arg(&self.dir));
+    }
+}
+
+/// The daemon's open files that are disk images of `pool_prefix`.
+fn open_disk_files(daemon: &Daemon, prefix: &str) -> Vec<String> {
+    let folder = format!("/proc/{}/fd", daemon.pid());
+    std::fs::read_dir(folder)
+        .expect("the daemon's descriptors")
+        .filter_map(|entry| std::fs::read_link(entry.ok()?.path()).ok())
+        .map(|target| target.display().to_string())
+        .filter(|target| target.contains(&format!("/{prefix}-")))
+        .collect()
+}
+
+/// Destroy, export or a failed close let the pool go for good: out of the
+/// list and the state file, its files closed, its name free again.
+#[track_caller]
+fn assert_gone(daemon: &Daemon, name: &str, prefix: &str) {
+    assert_eq!(daemon.cli_json(&["pool", "list"]), serde_json::json!([]));
+    let state = std::fs::read_to_string(daemon.state_dir.join("pools.json")).expect("state file");
+    assert!(!state.contains(name), "still in the state file: {state}");
+    assert_eq!(open_disk_files(daemon, prefix), Vec::<String>::new());
+    let answer = daemon.cli(&["pool", "status", name]);
+    assert!(
+        answer.stderr.contains(&format!("no pool named {name}")),
+        "{}",
+        answer.describe()
+    );
+}
+
+/// A pool whose two journal disks failed (every write refused with ENOSPC,
+/// reads giving zeroes) is destroyed: the healthy disks' labels are erased,
+/// the failed ones named as left, and the pool is gone from the daemon.
+#[test]
+fn a_pool_with_failed_journal_disks_is_destroyed() {
+    let mut daemon = Daemon::start();
+    let Some(full) = FullingFolder::mount(&daemon, "destroying a pool with failed disks") else {
+        return;
+    };
+    let capacity = daemon.disk_files("t3", 4, GIB);
+    let journals = full.disk_files("t3j", 2);
+    let mut args: Vec<String> = ["pool", "create", "t3"].map(String::from).to_vec();
+    args.extend(capacity.iter().map(|path| path.display().to_string()));
+    args.extend(
+        journals
+            .iter()
+            .map(|path| format!("{},usage=journal", path.display())),
+    );
+    args.extend(["--slab", "16M"].map(String::from));
+    daemon.cli_json(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    daemon.create_space("t3", "s", &["--layout", "mirror", "--cache", "32M"], "64M");
+    full.fail(&journals);
+    // The next commit finds the journal disks failed.
+    daemon.cli_ok(&["pool", "set", "t3", "--repair-rate", "100M"]);
+    let pool = daemon.pool_status("t3");
+    assert_eq!(pool["state"], "DEGRADED", "{pool}");
+
+    let answer = daemon.cli(&["pool", "destroy", "t3", "--yes"]);
+    assert!(answer.success(), "{}", answer.describe());
+    for disk in [4, 5] {
+        assert!(
+            answer
+                .stdout
+                .contains(&format!("label left on disk {disk} (")),
+            "{}",
+            answer.describe()
+        );
+    }
+    assert_gone(&daemon, "t3", "t3");
+    let mut args = vec!["disk", "list"];
+    let paths: Vec<String> = capacity.iter().map(|p| p.display().to_string()).collect();
+    args.extend(paths.iter().map(String::as_str));
+    for candidate in daemon.cli_json(&args).as_array().expect("disk list") {
+        assert_eq!(candidate["status"], "available", "{candidate}");
+    }
+    daemon.create_pool("t3", &capacity, "16M");
+    daemon.stop();
+}
+
+/// An export whose last commit cannot be written (every disk refuses
+/// writes) says so, and the pool, closed all the same, leaves the daemon
+/// rather than staying listed as a closed pool nothing can be done with.
+#[test]
+fn an_export_that_cannot_commit_still_lets_the_pool_go() {
+    let mut daemon = Daemon::start();
+    let Some(full) = FullingFolder::mount(&daemon, "exporting a pool that cannot commit") else {
+        return;
+    };
+    let disks = full.disk_files("t4", 3);
+    daemon.create_pool("t4", &disks, "16M");
+    daemon.create_space("t4", "m", &["--layout", "mirror"], "32M");
+    full.fail(&disks);
+    let answer = daemon.cli(&["pool", "export", "t4"]);
+    assert!(!answer.success(), "{}", answer.describe());
+    assert!(
+        answer.stderr.contains("pool t4 is exported, but"),
+        "{}",
+        answer.describe()
+    );
+    assert_gone(&daemon, "t4", "t4");
     daemon.stop();
 }

@@ -555,12 +555,38 @@ async fn pool_export(registry: &Registry, name: &str, destroy: bool, force: bool
     let result = if destroy {
         entry.pool.destroy().await
     } else {
-        entry.pool.close().await
+        entry.pool.close().await.map(|()| Vec::new())
     };
-    result.map_err(failure)?;
-    registry.remove(name).map_err(failure)?;
+    // A close that failed closed the pool all the same (its files are let
+    // go of): it leaves the registry either way, or it would stay listed
+    // and held, refusing every command as closed, until a restart.
+    if entry.pool.is_closed() {
+        registry.remove(name).map_err(failure)?;
+    }
     let verb = if destroy { "destroyed" } else { "exported" };
-    value(serde_json::json!({ verb: name }))
+    let labels_left = result.map_err(|error| {
+        if entry.pool.is_closed() {
+            failure(format!(
+                "pool {name} is {verb}, but closing it cleanly failed: {error}; its next import \
+                 takes it as not cleanly closed"
+            ))
+        } else {
+            failure(error)
+        }
+    })?;
+    let mut answer = serde_json::json!({ verb: name });
+    if !labels_left.is_empty() {
+        answer["labels_left"] = labels_left
+            .iter()
+            .map(|left| {
+                format!(
+                    "disk {} ({}): {}; it still names pool {name}: wipe it before using it again",
+                    left.disk.0, left.path, left.reason
+                )
+            })
+            .collect();
+    }
+    value(answer)
 }
 
 async fn disk_add(registry: &Registry, pool: &str, disks: Vec<DiskSpec>) -> Answer {
