@@ -1905,3 +1905,237 @@ fn fua_records(cheap: bool) {
         cut_and_check(&crash, &plain, 5, "fua", &model, 5).await;
     });
 }
+
+/// Holds every write and flush of the devices sharing it while on, until
+/// released: the requests in flight on a disk at the moment it is lost.
+#[derive(Default)]
+struct Hold {
+    on: AtomicBool,
+    waiting: std::sync::Mutex<Vec<futures::channel::oneshot::Sender<()>>>,
+}
+
+impl Hold {
+    /// For a request arriving: what to wait for, if requests are held.
+    fn pass(&self) -> Option<futures::channel::oneshot::Receiver<()>> {
+        if !self.on.load(Ordering::SeqCst) {
+            return None;
+        }
+        let (open, wait) = futures::channel::oneshot::channel();
+        self.waiting.lock().unwrap().push(open);
+        Some(wait)
+    }
+
+    fn held(&self) -> usize {
+        self.waiting.lock().unwrap().len()
+    }
+
+    /// Let every held request go on, and hold no more.
+    fn release(&self) {
+        self.on.store(false, Ordering::SeqCst);
+        for open in self.waiting.lock().unwrap().drain(..) {
+            let _ = open.send(());
+        }
+    }
+}
+
+/// A device whose writes and flushes wait at a [`Hold`].
+struct HeldDevice {
+    inner: Arc<dyn BlockDevice>,
+    hold: Arc<Hold>,
+    cheap_fua: bool,
+}
+
+impl BlockDevice for HeldDevice {
+    terrace_engine::io::forward_device_answers!(inner: name, size_bytes, alignment);
+
+    fn cheap_fua(&self) -> bool {
+        self.cheap_fua
+    }
+    fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
+        self.inner.read(offset, buf)
+    }
+    fn write(&self, offset: u64, data: Bytes, fua: bool) -> BoxFuture<IoResult<()>> {
+        write_after(self.hold.pass(), &self.inner, offset, data, fua)
+    }
+    fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BoxFuture<IoResult<()>> {
+        self.inner.write_zeroes(offset, length, fua)
+    }
+    fn flush(&self) -> BoxFuture<IoResult<()>> {
+        let Some(wait) = self.hold.pass() else {
+            return self.inner.flush();
+        };
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let _ = wait.await;
+            inner.flush().await
+        })
+    }
+}
+
+/// The last copy of a log lost with writes in flight (records written to
+/// it, group commits, writes still to be logged; partial rows, whole
+/// interleaves and whole rows) and nowhere to re-mirror it: every write
+/// completes write-through and reads back, and parity agrees.
+#[test]
+fn writes_in_flight_when_the_last_log_copy_fails_complete_write_through() {
+    for cheap_fua in [false, true] {
+        writes_in_flight_when_the_log_fails(cheap_fua);
+    }
+}
+
+fn writes_in_flight_when_the_log_fails(cheap_fua: bool) {
+    use futures::executor::LocalPool;
+    use futures::task::LocalSpawnExt;
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    // Six capacity disks and two journal disks: the log's two copies fill
+    // the journal disks, and no job runs to re-mirror it elsewhere.
+    let mut sizes = vec![CAPACITY_BYTES; 6];
+    sizes.extend([JOURNAL_BYTES; 2]);
+    let wrapped: Vec<FaultDevice> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &size)| {
+            let name = format!("inflight-{cheap_fua}-{i}");
+            FaultDevice::new(Arc::new(MemoryDevice::new(name, size)))
+        })
+        .collect();
+    let faults: Vec<FaultControls> = wrapped.iter().map(FaultDevice::controls).collect();
+    let hold = Arc::new(Hold::default());
+    let devices: Vec<Arc<dyn BlockDevice>> = wrapped
+        .into_iter()
+        .enumerate()
+        .map(|(i, device)| {
+            // Only the log's last disk holds its requests.
+            let hold = if i == 7 { hold.clone() } else { Arc::default() };
+            Arc::new(HeldDevice {
+                inner: Arc::new(device),
+                hold,
+                cheap_fua,
+            }) as Arc<dyn BlockDevice>
+        })
+        .collect();
+    let mut executor = LocalPool::new();
+    let spawner = executor.spawner();
+    let layout = Layout::Parity { redundancy: 1 };
+    let (pool, space) = executor.run_until(async {
+        let pool = journal_pool(&devices).await;
+        let mut config = cached("s", layout, 16 << 20);
+        config.interleave_bytes = Some(64 << 10);
+        // A ring that the writes in flight fill: later ones wait for room.
+        config.cache_bytes = Some(1 << 20);
+        let space = pool.create_space(config).await.unwrap().space;
+        (pool, space)
+    });
+    let journal = space.journal().unwrap();
+    journal.set_gathering(false);
+    let metadata = executor.run_until(pool.metadata());
+    let log = metadata.space(journal.log().name()).unwrap();
+    let log_disks: BTreeSet<usize> = ExtentRecord::slabs_of(&log.extents)
+        .map(|slab| usize::from(slab.disk.0))
+        .collect();
+    assert_eq!(log_disks, BTreeSet::from([6, 7]), "the log's copies");
+    let interleave = 64 << 10;
+    let row = space.natural_write_bytes();
+    assert!(row > interleave, "rows of several interleaves: {row}");
+    let model = Rc::new(RefCell::new(Model::new(space.size_bytes())));
+    let mut rng = Rng(43);
+    // Partial-row writes of a block to a whole interleave, and whole rows;
+    // the writes of a wave are apart, so any order of them is the same.
+    let mut disjoint = move |count: usize, space_bytes: u64| {
+        let mut writes: Vec<(u64, Vec<u8>)> = Vec::new();
+        while writes.len() < count {
+            let (offset, length) = match rng.below(5) {
+                0 => (rng.below(space_bytes / interleave) * interleave, interleave),
+                1 => (rng.below(space_bytes / row) * row, row),
+                2 => (rng.below(space_bytes / BLOCK) * BLOCK, BLOCK),
+                _ => {
+                    let length = (1 + rng.below(interleave / BLOCK)) * BLOCK;
+                    (rng.below((space_bytes - length) / BLOCK) * BLOCK, length)
+                }
+            };
+            let apart = writes
+                .iter()
+                .all(|(o, d)| offset + length <= *o || o + d.len() as u64 <= offset);
+            if apart {
+                writes.push((offset, rng.bytes(length as usize)));
+            }
+        }
+        writes
+    };
+    let size = space.size_bytes();
+    let wave = |spawner: &futures::executor::LocalSpawner,
+                writes: Vec<(u64, Vec<u8>)>,
+                failures: Rc<RefCell<Vec<String>>>| {
+        for (offset, data) in writes {
+            let (space, model, failures) = (space.clone(), model.clone(), failures.clone());
+            spawner
+                .spawn_local(async move {
+                    let length = data.len();
+                    match space.write(offset, bytes(data.clone()), false).await {
+                        Ok(()) => model.borrow_mut().write(offset, &data),
+                        Err(error) => failures
+                            .borrow_mut()
+                            .push(format!("{length} bytes at {offset}: {error}")),
+                    }
+                })
+                .unwrap();
+        }
+    };
+    let failures = Rc::new(RefCell::new(Vec::new()));
+    // Every write has finished: none holds the model any more.
+    let all_done = |model: &Rc<RefCell<Model>>| Rc::strong_count(model) == 1;
+
+    // Logged writes, then the first journal disk lost: the log goes on.
+    wave(&spawner, disjoint(64, size), failures.clone());
+    executor.run_until_stalled();
+    faults[6].lose();
+    wave(&spawner, disjoint(16, size), failures.clone());
+    executor.run_until_stalled();
+    assert!(all_done(&model));
+    assert_eq!(*failures.borrow(), Vec::<String>::new());
+    assert_eq!(journal.status().write_through, None);
+
+    // Writes in flight, held at the log's last disk; it is lost.
+    let mut in_flight = disjoint(48, size);
+    let arriving = in_flight.split_off(32);
+    hold.on.store(true, Ordering::SeqCst);
+    wave(&spawner, in_flight, failures.clone());
+    executor.run_until_stalled();
+    assert!(hold.held() > 0, "writes are held at the log");
+    // The records held fill the ring (a quarter is kept for row images):
+    // the writes after them wait for room.
+    let full = journal.status();
+    assert!(full.used_bytes * 10 >= full.bytes * 7, "{full:?}");
+    faults[7].lose();
+    // More arrive while the held ones fail.
+    wave(&spawner, arriving, failures.clone());
+    hold.release();
+    executor.run_until_stalled();
+    assert!(all_done(&model));
+    assert_eq!(
+        *failures.borrow(),
+        Vec::<String>::new(),
+        "cheap_fua {cheap_fua}"
+    );
+    let status = journal.status();
+    assert!(status.write_through.is_some(), "{status:?}");
+
+    // Write-through from now on.
+    wave(&spawner, disjoint(16, size), failures.clone());
+    executor.run_until_stalled();
+    assert!(all_done(&model));
+    assert_eq!(*failures.borrow(), Vec::<String>::new());
+    let model = Rc::try_unwrap(model)
+        .ok()
+        .expect("writers done")
+        .into_inner();
+    executor.run_until(async {
+        check_all(&space, &model).await;
+        space.flush().await.unwrap();
+        assert_eq!(journal.status().dirty_bytes, 0);
+        assert_consistent(&space, 43).await;
+        pool.close().await.unwrap();
+    });
+}

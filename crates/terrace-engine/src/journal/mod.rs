@@ -35,7 +35,13 @@
 //!   records of an earlier life of the ring can never pass for new ones.
 //! * If the log itself fails (no copy of a record could be written), the
 //!   dirty data still held in memory is written home and flushed, and the
-//!   space continues write-through with the reason in its status.
+//!   space continues write-through with the reason in its status. Writes
+//!   caught in flight go home too, never failing for the log: a record
+//!   whose write failed, and a write still waiting for a record (for a
+//!   writer, for room in the ring), is written straight home with FUA
+//!   once what the log holds of its blocks is home, so older logged data
+//!   never lands over it. There, as in any write-through space, the write
+//!   intent names what is being written for the resync after a crash.
 //!
 //! Dirty data is also kept in memory, so reads from the log and destaging
 //! need not read the log back, as long as the pool's log memory has room
@@ -577,8 +583,8 @@ impl Journal {
         );
         let length = data.len() as u64;
         if self.state().failed.is_some() {
-            // Write-through: wait out a destage that empties the log.
-            let _ = self.destaging.lock().await;
+            let (first, end) = (offset / BLOCK_BYTES, (offset + length) / BLOCK_BYTES);
+            self.settle_blocks(home, first, end).await?;
             return home.write_home(offset, data, fua).await;
         }
         let natural = home.natural_write_bytes();
@@ -1009,8 +1015,8 @@ impl Journal {
         let written = self.write_record(home, Kind::Writes, batch.record()).await;
         drop(writer);
         let result = match written {
-            Ok((sequence, true)) => self.make_durable(home, sequence).await,
-            Ok((_, false)) => Ok(()),
+            Ok(Some(sequence)) => self.make_durable(home, sequence).await,
+            Ok(None) => Ok(()),
             Err(error) => Err(error),
         };
         batch.tell(result.as_ref().map(|_| ()).map_err(ToString::to_string));
@@ -1050,21 +1056,29 @@ impl Journal {
             .dirty_range_waits
             .fetch_add(1, Ordering::Relaxed);
         match self.log_lease(home, offset, end).await {
-            Ok(sequence) => Ok(Some(sequence)),
+            Ok(sequence) => Ok(sequence),
             Err(_) if self.state().failed.is_some() => Ok(None),
             Err(error) => Err(error),
         }
     }
 
     /// Log a dirty-range record for `[start, end)` (pinned once, for its
-    /// caller) and offer it to later direct writes as a lease.
-    async fn log_lease(&self, home: &Space, start: u64, end: u64) -> Result<u64, EngineError> {
+    /// caller) and offer it to later direct writes as a lease; `None` if
+    /// the log has failed (the space is write-through: nothing to log).
+    async fn log_lease(
+        &self,
+        home: &Space,
+        start: u64,
+        end: u64,
+    ) -> Result<Option<u64>, EngineError> {
         let contents = Contents {
             entries: vec![[start, end - start, 0]],
             blocks: Vec::new(),
             pieces: Vec::new(),
         };
-        let sequence = self.append(home, Kind::Dirty, contents).await?;
+        let Some(sequence) = self.append(home, Kind::Dirty, contents).await? else {
+            return Ok(None);
+        };
         let mut state = self.state();
         if state.leases.len() == LEASES_MAX {
             state.leases.pop_front();
@@ -1075,7 +1089,7 @@ impl Journal {
             sequence,
             logged_ns: home.pool.env.now_ns(),
         });
-        Ok(sequence)
+        Ok(Some(sequence))
     }
 
     /// While a direct write ending at `end` runs: if no lease will cover
@@ -1108,7 +1122,7 @@ impl Journal {
         let _renewing = Renewing(self);
         let next = (end + DIRECT_AHEAD_BYTES).min(size);
         if let Ok(sequence) = self.log_lease(home, end, next).await {
-            self.end_direct(Some(sequence));
+            self.end_direct(sequence);
         }
     }
 
@@ -1134,29 +1148,32 @@ impl Journal {
         }
     }
 
-    /// Append one record and wait until it and all before it are durable.
+    /// Append one record and wait until it and all before it are durable;
+    /// its sequence, or `None` if the log has failed (its data, if any,
+    /// went straight home instead).
     async fn append(
         &self,
         home: &Space,
         kind: Kind,
         contents: Contents,
-    ) -> Result<u64, EngineError> {
-        let (sequence, logged) = self.write_record(home, kind, contents).await?;
-        if logged {
+    ) -> Result<Option<u64>, EngineError> {
+        let sequence = self.write_record(home, kind, contents).await?;
+        if let Some(sequence) = sequence {
             self.make_durable(home, sequence).await?;
         }
         Ok(sequence)
     }
 
     /// Write one record to the log (not yet flushed) and index its blocks;
-    /// its sequence, and whether it is in the log: `false` if the log
-    /// failed and the blocks went straight home instead.
+    /// its sequence, or `None` if the log has failed (before the record
+    /// found its place, or writing it) and its blocks went straight home
+    /// instead: a write the disks can take never fails with the log.
     async fn write_record(
         &self,
         home: &Space,
         kind: Kind,
         contents: Contents,
-    ) -> Result<(u64, bool), EngineError> {
+    ) -> Result<Option<u64>, EngineError> {
         let Contents {
             entries,
             blocks,
@@ -1164,7 +1181,7 @@ impl Journal {
         } = contents;
         let payload_bytes = pieces.len() as u64 * BLOCK_BYTES;
         let record_bytes = HEADER_BYTES + payload_bytes;
-        let ((at, sequence, wrap), alone) = self
+        let reserved = self
             .reserve(
                 home,
                 record_bytes,
@@ -1173,6 +1190,12 @@ impl Journal {
                 kind == Kind::Dirty,
             )
             .await?;
+        let Some(((at, sequence, wrap), alone)) = reserved else {
+            // Write-through: no record; the data goes home as it would
+            // have from the log.
+            self.write_through(home, pieces).await?;
+            return Ok(None);
+        };
         // The header's place first, filled in once the payload's checksum
         // is known.
         let header_place = [0u8; HEADER_BYTES as usize];
@@ -1218,10 +1241,8 @@ impl Journal {
             self.log_failed(home, &sequences, &blocks, error.to_string())
                 .await;
             // The write itself still has to happen: straight home.
-            for (block, data) in pieces {
-                home.write_home(block * BLOCK_BYTES, data, true).await?;
-            }
-            return Ok((sequence, false));
+            self.write_through(home, pieces).await?;
+            return Ok(None);
         }
         {
             let mut state = self.state();
@@ -1273,7 +1294,7 @@ impl Journal {
                 let _ = sender.send(());
             }
         }
-        Ok((sequence, true))
+        Ok(Some(sequence))
     }
 
     /// Wait until record `sequence` (written) and all before it are
@@ -1367,6 +1388,9 @@ impl Journal {
     /// Reserve ring space (waiting for destaging if it is full), a sequence
     /// number, and the blocks' index entries; and whether the record is
     /// alone: every record before it durable, so nothing in flight before it.
+    /// `None` once the log has failed, also while waiting for room (when it
+    /// fails, the writers waiting are woken): the caller goes
+    /// write-through.
     async fn reserve(
         &self,
         home: &Space,
@@ -1374,24 +1398,19 @@ impl Journal {
         blocks: &[u64],
         dirtying: bool,
         pinned: bool,
-    ) -> Result<(Reservation, bool), EngineError> {
+    ) -> Result<Option<(Reservation, bool)>, EngineError> {
         loop {
             let waiter = {
                 let mut state = self.state();
-                if let Some(reason) = &state.failed {
-                    return Err(EngineError::Unavailable {
-                        space: self.log.name().to_string(),
-                        offset: 0,
-                        length: 0,
-                        reason: reason.clone(),
-                    });
+                if state.failed.is_some() {
+                    return Ok(None);
                 }
                 if let Some(reserved) =
                     try_reserve(&mut state, record_bytes, blocks, dirtying, pinned)
                 {
                     let (_, sequence, wrap) = reserved;
                     let first = wrap.map_or(sequence, |(_, wrap_sequence)| wrap_sequence);
-                    return Ok((reserved, state.durable_below == first));
+                    return Ok(Some((reserved, state.durable_below == first)));
                 }
                 let (sender, receiver) = oneshot::channel();
                 state.space_waiters.push(sender);
@@ -1424,6 +1443,47 @@ impl Journal {
         self.log_failed_locked(sequences, blocks, reason);
         let _guard = self.destaging.lock().await;
         let _ = self.destage_all_locked(home).await;
+    }
+
+    /// Write-through in place of a record: `pieces` (block, data, in record
+    /// order: of two pieces of one block the later wins, as on replay)
+    /// straight home, in runs of consecutive blocks, with FUA as the record
+    /// would have been durable when acknowledged. The disks' write intent
+    /// covers them there (the space uses it once its log has failed).
+    async fn write_through(
+        &self,
+        home: &Space,
+        pieces: Vec<(u64, Bytes)>,
+    ) -> Result<(), EngineError> {
+        let (Some(first), Some(last)) = (
+            pieces.iter().map(|(block, _)| *block).min(),
+            pieces.iter().map(|(block, _)| *block).max(),
+        ) else {
+            return Ok(());
+        };
+        self.settle_blocks(home, first, last + 1).await?;
+        for run in block_runs_in_order(&pieces) {
+            let (start, _) = run[0];
+            let data = aligned_concat(
+                run.len() * BLOCK_BYTES as usize,
+                run.iter().map(|(_, data)| &data[..]),
+            );
+            home.write_home(start * BLOCK_BYTES, data.freeze(), true)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Write-through: before blocks `[first, end)` are written home, what
+    /// the log still holds of any of them goes home, so that older logged
+    /// data never lands over the new. (Blocks reserved by a record still
+    /// in flight are a concurrent write: either may land last.)
+    async fn settle_blocks(&self, home: &Space, first: u64, end: u64) -> Result<(), EngineError> {
+        if Self::overlaps_index(&self.state(), first, end) {
+            let _guard = self.destaging.lock().await;
+            self.destage_all_locked(home).await?;
+        }
+        Ok(())
     }
 
     /// Destage rounds until one finds nothing to take: a write-through log
@@ -2305,6 +2365,20 @@ fn ranges(blocks: &[u64]) -> Vec<(u64, u64)> {
     out
 }
 
+/// A record's pieces in runs of consecutive blocks, in their order (a run
+/// ends where the next piece is not the next block).
+fn block_runs_in_order(pieces: &[(u64, Bytes)]) -> Vec<&[(u64, Bytes)]> {
+    let mut runs = Vec::new();
+    let mut start = 0;
+    for i in 1..=pieces.len() {
+        if i == pieces.len() || pieces[i].0 != pieces[i - 1].0 + 1 {
+            runs.push(&pieces[start..i]);
+            start = i;
+        }
+    }
+    runs
+}
+
 /// Contiguous blocks joined into one write each: at most 4 MiB, and cut
 /// only where a row of `row_blocks` blocks begins (so a run may be one row
 /// where a row is larger); 1 where rows do not matter.
@@ -2715,6 +2789,20 @@ async fn read_back(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_record_goes_home_in_runs_in_its_own_order() {
+        let piece = |block: u64| (block, Bytes::from(vec![block as u8; BLOCK_BYTES as usize]));
+        // Two writes of one batch over block 5: the later stays after the
+        // earlier, as on replay.
+        let pieces: Vec<(u64, Bytes)> = [4, 5, 6, 9, 5, 6, 7].map(piece).to_vec();
+        let runs: Vec<Vec<u64>> = block_runs_in_order(&pieces)
+            .iter()
+            .map(|run| run.iter().map(|(block, _)| *block).collect())
+            .collect();
+        assert_eq!(runs, vec![vec![4, 5, 6], vec![9], vec![5, 6, 7]]);
+        assert!(block_runs_in_order(&[]).is_empty());
+    }
 
     #[test]
     fn ranges_and_coalesce_join_neighbours() {
