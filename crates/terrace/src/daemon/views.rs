@@ -182,16 +182,19 @@ fn cache_view(cache: &terrace_engine::CacheInfo, layout: Layout) -> crate::api::
         log_disks: cache.log_disks.clone(),
         log_copies: cache.log_copies,
         log_health: log_health.into(),
-        protects: format!(
-            "{} copies: any {} may fail without losing a logged write; {}",
-            cache.log_copies,
-            count(lose, "log disk"),
-            match layout {
-                Layout::Parity { .. } => "partial-stripe writes are logged before they touch the disks, so a crash leaves no write hole",
-                Layout::Mirror { .. } => "writes smaller than an interleave are logged before they touch the disks, and after a crash only the ranges being written are resynced",
-                Layout::Simple => "small writes are acknowledged once logged and reach the disks in the background",
-            }
-        ),
+        protects: match status.write_through {
+            Some(_) => write_through_protects(layout).to_string(),
+            None => format!(
+                "{} copies: any {} may fail without losing a logged write; {}",
+                cache.log_copies,
+                count(lose, "log disk"),
+                match layout {
+                    Layout::Parity { .. } => "partial-stripe writes are logged before they touch the disks, so a crash leaves no write hole",
+                    Layout::Mirror { .. } => "writes smaller than an interleave are logged before they touch the disks, and after a crash only the ranges being written are resynced",
+                    Layout::Simple => "small writes are acknowledged once logged and reach the disks in the background",
+                }
+            ),
+        },
         absorbed_writes: status.absorbed_writes,
         absorbed_bytes: status.absorbed_bytes,
         bypassed_writes: status.bypassed_writes,
@@ -199,6 +202,21 @@ fn cache_view(cache: &terrace_engine::CacheInfo, layout: Layout) -> crate::api::
         destaged_bytes: status.destaged_bytes,
         destage_rate_bytes_per_second: status.destage_rate,
         write_through: status.write_through.clone(),
+    }
+}
+
+/// What protects the writes of a space whose log has failed: it writes
+/// straight to the disks, as a space without a log does; the write intent
+/// names the extents being written, and after a crash the next import
+/// resyncs them (parity recomputed from the data, mirror copies made
+/// equal). Parity from data is right only where no disk of the row is
+/// missing: a crash while one is can leave the missing column of a row cut
+/// mid-write undefined, the write hole the log used to close.
+fn write_through_protects(layout: Layout) -> &'static str {
+    match layout {
+        Layout::Parity { .. } => "no log copy left: writes go straight to the disks (write-through); the write intent names the extents being written and after a crash their parity is recomputed from the data, which closes the write hole only while no disk of the space is missing: a crash while one is can leave partial-stripe writes in flight with their missing column undefined",
+        Layout::Mirror { .. } => "no log copy left: writes go straight to the disks (write-through); the write intent names the extents being written and after a crash their copies are resynced",
+        Layout::Simple => "no log copy left: writes go straight to the disks (write-through) and are durable once flushed or written with FUA",
     }
 }
 
@@ -441,5 +459,74 @@ pub fn space_detail(view: SpaceView, metadata: &PoolMetadata, devices: &[DiskVie
         explanation: explanation(&view, metadata.slab_bytes),
         space: view,
         extent_map,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use terrace_engine::journal::CacheStatus;
+    use terrace_engine::meta::SpaceId;
+    use terrace_engine::CacheInfo;
+
+    fn cache(write_through: Option<&str>, log_health: SpaceHealth) -> CacheInfo {
+        CacheInfo {
+            status: CacheStatus {
+                bytes: 256 << 20,
+                log_space: SpaceId(2),
+                dirty_bytes: 0,
+                memory_bytes: 0,
+                used_bytes: 0,
+                absorbed_writes: 0,
+                absorbed_bytes: 0,
+                bypassed_writes: 0,
+                bypassed_bytes: 0,
+                destaged_bytes: 0,
+                destage_rate: 0,
+                write_through: write_through.map(str::to_string),
+            },
+            log_disks: vec![3, 4],
+            log_copies: 2,
+            log_health,
+        }
+    }
+
+    /// A working log says what losing its disks costs; a failed one says
+    /// what protects the space now, not what the log no longer does.
+    #[test]
+    fn a_failed_log_says_what_protects_the_space_now() {
+        let parity = Layout::Parity { redundancy: 1 };
+        let working = cache_view(&cache(None, SpaceHealth::Healthy), parity).protects;
+        assert!(
+            working.starts_with("2 copies: any 1 log disk may fail")
+                && working.ends_with("so a crash leaves no write hole"),
+            "{working}"
+        );
+        let reason = "write-through: the log failed (no copy of this column could be written)";
+        let failed = cache(Some(reason), SpaceHealth::Offline { lost_extents: 1 });
+        let view = cache_view(&failed, parity);
+        assert_eq!(view.write_through.as_deref(), Some(reason));
+        assert_eq!(view.log_health, "offline");
+        for (layout, now) in [
+            (parity, "their parity is recomputed from the data"),
+            (Layout::Mirror { copies: 2 }, "their copies are resynced"),
+            (Layout::Simple, "durable once flushed"),
+        ] {
+            let protects = cache_view(&failed, layout).protects;
+            assert!(
+                protects.starts_with(
+                    "no log copy left: writes go straight to the disks (write-through)"
+                ) && protects.contains(now)
+                    && !protects.contains("may fail")
+                    && !protects.contains("logged"),
+                "{layout:?}: {protects}"
+            );
+        }
+        let protects = cache_view(&failed, parity).protects;
+        assert!(
+            protects.contains("write intent")
+                && protects.contains("while no disk of the space is missing"),
+            "{protects}"
+        );
     }
 }
