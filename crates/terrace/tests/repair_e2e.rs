@@ -565,6 +565,15 @@ fn fio_verifies_through_nbd_before_during_and_after_a_repair() {
     assert_eq!(space_view(&daemon, "busy")["health"], "healthy");
     assert_redundant(&daemon, "busy");
     assert_reads_back(&daemon, "busy", &source, "after a repair under load");
+    // The daemon's log tells the story: the disk gone, the repair run.
+    wait_until(&daemon, "the log of the repair's end", || {
+        let log = daemon.log_text();
+        let logged = |words: &[&str]| log.lines().any(|l| words.iter().all(|w| l.contains(w)));
+        let told = logged(&[&format!("disk {victim} ("), "ONLINE -> MISSING"])
+            && logged(&[&format!("job {id} (re-create"), "running"])
+            && logged(&[&format!("job {id} (re-create"), "-> done"]);
+        (!told).then(|| log.clone())
+    });
     Arc::into_inner(daemon).expect("the only owner").stop();
 }
 

@@ -16,6 +16,7 @@
 pub mod candidates;
 pub mod catalog;
 pub mod control;
+pub mod events;
 pub mod readahead;
 pub mod registry;
 pub mod views;

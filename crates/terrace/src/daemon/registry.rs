@@ -16,6 +16,8 @@ use terrace_engine::io::model::{DriveModel, ModelDevice};
 use terrace_engine::io::{BlockDevice, Env, IoError};
 use terrace_engine::{ImportOptions, Pool, Space};
 
+use super::events::{changes, Summary};
+
 /// Where a disk is, and the drive model it is made to behave like.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DiskPath {
@@ -447,8 +449,8 @@ const WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A pool's background work: its job runner, its write-back caches'
 /// destaging, and a watcher that marks disks whose file or device vanished
-/// missing (and logs the end of a resync after an unclean shutdown). All
-/// end with the pool.
+/// missing and logs what changed in the pool (see [`super::events`]; and
+/// the end of a resync after an unclean shutdown). All end with the pool.
 pub fn start_pool_tasks(pool: &Arc<Pool>) {
     let runner = pool.clone();
     tokio::spawn(async move { runner.run_jobs().await });
@@ -464,7 +466,9 @@ pub fn start_pool_tasks(pool: &Arc<Pool>) {
     let watched = pool.clone();
     tokio::spawn(async move {
         let mut resyncing = left > 0;
+        let mut seen = None;
         while watched.is_open() {
+            seen = Some(log_changes(&watched, seen.as_ref()).await);
             tokio::time::sleep(WATCH_INTERVAL).await;
             if resyncing && watched.resync_extents_pending() == 0 && watched.is_open() {
                 resyncing = false;
@@ -482,6 +486,20 @@ pub fn start_pool_tasks(pool: &Arc<Pool>) {
             }
         }
     });
+}
+
+/// Log what changed in `pool` since `before` (see [`super::events`]);
+/// the pool as it is now.
+async fn log_changes(pool: &Pool, before: Option<&Summary>) -> Summary {
+    let status = pool.status().await;
+    let jobs = pool.job_statuses().await;
+    let settings = pool.metadata().await.settings;
+    let view = super::views::pool_view(&status, &jobs, &settings, |_| String::new());
+    let now = Summary::of(&view);
+    for line in changes(before, &now) {
+        super::log(line);
+    }
+    now
 }
 
 #[cfg(test)]
