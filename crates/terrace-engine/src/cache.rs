@@ -375,10 +375,22 @@ impl Pool {
         };
         let requested = bytes.next_multiple_of(geometry.extent_data_bytes());
         let have = next.spaces[position].extents.len() as u64;
+        // The size set, as the user knows it (after a shrink the log may
+        // still hold more, until the ring has wrapped).
+        let set_bytes = match next.spaces[position].role {
+            SpaceRole::Log { owner } => next
+                .spaces
+                .iter()
+                .find(|s| s.id == owner)
+                .and_then(|s| s.cache.as_ref())
+                .map(|cache| cache.bytes),
+            SpaceRole::Data => None,
+        };
+        let from_bytes = set_bytes.unwrap_or(have * geometry.extent_data_bytes());
         let added = allocate_growth(&mut allocator, &geometry, have, requested, owner, || {
             format!(
                 "its write-back cache growing from {} to {} as {} on {}",
-                format_size(have * geometry.extent_data_bytes()),
+                format_size(from_bytes),
                 format_size(requested),
                 shape(&geometry),
                 log_disks_kind(on_journal),

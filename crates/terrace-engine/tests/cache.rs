@@ -710,20 +710,29 @@ fn a_shrunk_cache_gives_back_its_log_slabs() {
         let memory = memory_devices("shrink");
         let pool = journal_pool(&memory).await;
         let mut config = cached("p1", Layout::Parity { redundancy: 1 }, 1 << 20);
-        config.cache_bytes = Some(40 << 20);
+        config.cache_bytes = Some(64 << 20);
         let space = pool.create_space(config).await.unwrap().space;
         let journal = space.journal().expect("a cache");
         let log_bytes = |journal: &terrace_engine::journal::Journal| journal.log().size_bytes();
-        assert!(log_bytes(&journal) >= 40 << 20);
+        assert!(log_bytes(&journal) >= 64 << 20);
         let row = space.natural_write_bytes();
         let mut model = Model::new(space.size_bytes());
         let mut rng = Rng(11);
+        // What the ring may hold: its size, even while the lap under way
+        // after a shrink is still of the old size.
+        let size = std::cell::Cell::new(64 << 20);
         // Partial rows, so everything is logged.
         let mut write_logged = async |model: &mut Model, bytes_total: u64| {
             let piece = row - (4 << 10);
             for _ in 0..bytes_total / piece {
                 let offset = rng.below(space.size_bytes() / row) * row + (4 << 10);
                 model.write_random(&space, &mut rng, offset, piece).await;
+                let used = journal.status().used_bytes;
+                assert!(
+                    used <= size.get(),
+                    "{used} held by a ring of {}",
+                    size.get()
+                );
             }
         };
         write_logged(&mut model, 30 << 20).await;
@@ -732,9 +741,15 @@ fn a_shrunk_cache_gives_back_its_log_slabs() {
             "nothing to give back yet"
         );
         pool.set_cache_size("p1", 32 << 20).await.unwrap();
+        size.set(32 << 20);
+        // A refusal speaks of the size set, not of the slabs still held.
+        let refused = pool.set_cache_size("p1", 100 << 30).await.unwrap_err();
+        let refused = refused.to_string();
+        assert!(refused.contains("growing from 32M to 100G"), "{refused}");
         // Still in the first, larger lap: the slabs stay.
         assert!(!pool.release_log_slabs(&space).await.unwrap());
-        write_logged(&mut model, 16 << 20).await;
+        // Enough to finish the larger lap, held to the new size meanwhile.
+        write_logged(&mut model, 40 << 20).await;
         journal.drain(&space).await.unwrap();
         assert!(pool.release_log_slabs(&space).await.unwrap());
         assert_eq!(log_bytes(&journal), 32 << 20);

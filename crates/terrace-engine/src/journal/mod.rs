@@ -486,7 +486,8 @@ impl Journal {
     fn destage_pressure(&self) -> Option<Pressure> {
         let quiet = self.is_quiet();
         let state = self.state();
-        let fill = (state.head.position - state.tail.position) * 1000 / state.lap_bytes.max(1);
+        let size = state.lap_bytes.min(state.next_lap_bytes);
+        let fill = (state.head.position - state.tail.position) * 1000 / size.max(1);
         let waiting = !state.space_waiters.is_empty();
         // Not `fill > 0`: a few blocks of a large ring are 0 per mille.
         let leftover = state.dirty_bytes > 0;
@@ -1280,13 +1281,22 @@ impl Journal {
                         from,
                     }),
                 };
-                let entry = state.index.get_mut(&block).expect("reserved entry");
+                // Reserved by this record, unless a later write's record
+                // over the block failed meanwhile and forgot the
+                // reservation (the log failed: its data went home). The
+                // two writes were in flight together, so either may land
+                // last; this one is taken again here and goes home with
+                // the rest of the log.
+                let entry = state.index.entry(block).or_insert(Entry {
+                    reserved: sequence,
+                    committed: None,
+                });
                 if entry.committed.as_ref().is_none_or(|(s, _)| *s <= sequence) {
-                    if entry.committed.is_none() {
+                    let fresh = entry.committed.is_none();
+                    entry.committed = Some((sequence, held));
+                    if fresh {
                         state.dirty_bytes += BLOCK_BYTES;
                     }
-                    let entry = state.index.get_mut(&block).expect("reserved entry");
-                    entry.committed = Some((sequence, held));
                 }
             }
             // A group commit waiting for this write can go now.
@@ -1426,8 +1436,12 @@ impl Journal {
                     .destage_locked(home, DESTAGE_ROUND_BYTES, DESTAGE_PARALLEL)
                     .await?;
                 if !progressed {
-                    // Nothing to destage: records still in flight hold the
-                    // ring; wait for them.
+                    // Nothing to destage: the ring holds records already
+                    // home whose tail is not yet committed (after a shrink,
+                    // more than the new size may), or records still in
+                    // flight. Moving the tail wakes the waiters, this one
+                    // too; else wait for the records in flight.
+                    self.commit_tail(false).await?;
                     let _ = waiter.await;
                 }
             } else {
@@ -2005,7 +2019,7 @@ impl Journal {
             let freed = tail.position - state.tail.position;
             let wanted = always
                 || !state.space_waiters.is_empty()
-                || freed >= state.lap_bytes / 8
+                || freed >= state.lap_bytes.min(state.next_lap_bytes) / 8
                 || (state.index.is_empty() && freed > 0);
             (tail, wanted && freed > 0)
         };
@@ -2079,6 +2093,16 @@ fn try_reserve(
 ) -> Option<Reservation> {
     // Row images (not dirtying, not invalidations) may use the reserve.
     let image = !dirtying && !blocks.is_empty() && record_bytes > HEADER_BYTES;
+    // After a shrink the lap under way keeps its old size until the ring
+    // wraps, but what the ring holds keeps to the new size from the start
+    // (writers wait for destaging as in a full log). Otherwise this never
+    // binds: records placed in one lap never pass its size. Row images
+    // are exempt: destaging needs them to free the ring.
+    let size = state.lap_bytes.min(state.next_lap_bytes);
+    let held = state.head.position - state.tail.position;
+    if !image && held + record_bytes + HEADER_BYTES > size {
+        return None;
+    }
     let slack = if image {
         0
     } else {

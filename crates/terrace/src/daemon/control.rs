@@ -687,7 +687,8 @@ fn check_cache_size(bytes: Option<u64>) -> Result<(), (ErrorKind, String)> {
         None | Some(0) => Ok(()),
         Some(bytes) if (CACHE_MIN_BYTES..=CACHE_MAX_BYTES).contains(&bytes) => Ok(()),
         Some(bytes) => Err(usage(format!(
-            "write-back cache size {bytes} bytes: use 32M to 100G (or 0 for none at creation)"
+            "write-back cache size {}: use 32M to 100G (or 0 for none at creation)",
+            format_size(bytes)
         ))),
     }
 }
