@@ -128,8 +128,11 @@ fn data_survives_sigkill_after_flush_and_sigterm_without_one() {
     // Import read the intent and serves at once; extent 0 is resynchronised
     // in the background (or by the reads above, row by row), and dropped
     // from the intent once done.
+    let log = daemon.log_text();
     assert!(
-        daemon.log_text().contains("left by an unclean shutdown"),
+        log.contains("left by an unclean shutdown")
+            && log.contains(": importing (")
+            && log.contains(": imported in "),
         "{}",
         daemon.log_tail()
     );

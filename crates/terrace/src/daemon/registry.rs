@@ -397,7 +397,7 @@ impl Registry {
         let mut problems = Vec::new();
         for saved in state.pools {
             let found = open_for_import(&saved.disks, &self.env).await;
-            let devices = match found.busy.first() {
+            let devices: Vec<Arc<dyn BlockDevice>> = match found.busy.first() {
                 None => found.opened.into_iter().map(|(_, device)| device).collect(),
                 Some(busy) => {
                     problems.push(self.keep_unavailable(saved, busy.refusal()));
@@ -408,10 +408,21 @@ impl Registry {
                 pool: Some(saved.name.clone()),
                 ..ImportOptions::default()
             };
+            // Nothing is served until every saved pool is in: after an
+            // unclean shutdown an import replays write-back logs and
+            // resyncs parity first, which may take a while.
+            super::log(format!(
+                "pool {}: importing ({})",
+                saved.name,
+                terrace_engine::layout::count(devices.len() as u64, "disk")
+            ));
+            let started_ns = self.env.now_ns();
             match Pool::import(self.env.clone(), devices, options).await {
                 Ok(pool) => {
                     let pool = Arc::new(pool);
                     let name = pool.name().to_string();
+                    let seconds = self.env.now_ns().saturating_sub(started_ns) as f64 / 1e9;
+                    super::log(format!("pool {name}: imported in {seconds:.1} s"));
                     self.pools
                         .write()
                         .unwrap_or_else(|e| e.into_inner())
