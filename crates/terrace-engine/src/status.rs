@@ -150,8 +150,13 @@ pub struct PoolStatus {
     pub metadata_reserve_bytes: u64,
     pub health: PoolHealth,
     pub read_only: Option<String>,
+    /// Slabs of the disks that take spaces' data, and those of them in
+    /// use (slabs on journal disks, the logs', are counted apart).
     pub capacity_bytes: u64,
     pub allocated_bytes: u64,
+    /// Slabs of the journal disks in service, and those in use (logs).
+    pub journal_bytes: u64,
+    pub journal_allocated_bytes: u64,
     pub disks: Vec<DiskStatus>,
     pub spaces: Vec<SpaceStatus>,
     pub impact: Vec<FailureImpact>,
@@ -246,6 +251,20 @@ impl Pool {
             PoolHealth::Ok
         };
         let used = metadata.used_slabs();
+        let on_journal = |disk: terrace_meta::DiskIndex| {
+            metadata
+                .disk(disk)
+                .is_some_and(|record| record.usage == Usage::Journal)
+        };
+        let used_on_journal = used.iter().filter(|slab| on_journal(slab.disk)).count() as u64;
+        let slabs_bytes = |wanted: &dyn Fn(&terrace_meta::DiskRecord) -> bool| -> u64 {
+            metadata
+                .disks
+                .iter()
+                .filter(|disk| wanted(disk))
+                .map(|disk| u64::from(disk.slab_count) * metadata.slab_bytes)
+                .sum()
+        };
         PoolStatus {
             name: metadata.name.clone(),
             id: metadata.pool_id.to_string(),
@@ -259,13 +278,12 @@ impl Pool {
             metadata_reserve_bytes: crate::room::repair_reserve_bytes(&metadata),
             health,
             read_only: self.read_only_reason().map(str::to_string),
-            capacity_bytes: metadata
-                .disks
-                .iter()
-                .filter(|d| d.takes_capacity())
-                .map(|d| u64::from(d.slab_count) * metadata.slab_bytes)
-                .sum(),
-            allocated_bytes: used.len() as u64 * metadata.slab_bytes,
+            capacity_bytes: slabs_bytes(&|disk| disk.takes_capacity()),
+            allocated_bytes: (used.len() as u64 - used_on_journal) * metadata.slab_bytes,
+            journal_bytes: slabs_bytes(&|disk| {
+                disk.state == DiskState::Active && disk.usage == Usage::Journal
+            }),
+            journal_allocated_bytes: used_on_journal * metadata.slab_bytes,
             impact: self.impacts(&metadata),
             disks,
             spaces,

@@ -701,6 +701,39 @@ fn streams_of_partial_rows_go_to_the_disks_as_whole_rows() {
     });
 }
 
+/// The pool's size figures count the logs' slabs on journal disks apart
+/// from the capacity the spaces' data takes.
+#[test]
+fn journal_disks_and_their_logs_are_counted_apart_from_capacity() {
+    block_on(async {
+        let memory = memory_devices("counted");
+        let pool = journal_pool(&memory).await;
+        let space = pool
+            .create_space(cached("p", Layout::Parity { redundancy: 1 }, 1 << 20))
+            .await
+            .unwrap()
+            .space;
+        let metadata = pool.metadata().await;
+        let slabs = |name: &str| {
+            let record = metadata.space(name).unwrap();
+            ExtentRecord::slabs_of(&record.extents).count() as u64 * SLAB
+        };
+        let log = space.journal().unwrap().log().name().to_string();
+        let status = pool.status().await;
+        assert_eq!(status.allocated_bytes, slabs("p"));
+        assert_eq!(status.journal_allocated_bytes, slabs(&log));
+        let journal_disks: u64 = metadata
+            .disks
+            .iter()
+            .filter(|disk| disk.usage == Usage::Journal)
+            .map(|disk| u64::from(disk.slab_count) * SLAB)
+            .sum();
+        assert_eq!(status.journal_bytes, journal_disks);
+        assert!(status.allocated_bytes <= status.capacity_bytes);
+        pool.close().await.unwrap();
+    });
+}
+
 /// Shrinking a live cache gives its log slabs back once the ring has moved
 /// into the smaller lap; data written before and after reads back, across a
 /// restart too.

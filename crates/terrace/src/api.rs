@@ -206,8 +206,12 @@ pub struct PoolSummary {
     /// Disks in the pool; those emptied and released are not counted.
     pub disk_count: usize,
     pub space_count: usize,
+    /// Slabs of the disks that take spaces' data, and those in use.
     pub capacity_bytes: u64,
     pub allocated_bytes: u64,
+    /// Slabs of the journal disks in service, and those the logs use.
+    pub journal_bytes: u64,
+    pub journal_allocated_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -241,7 +241,7 @@ pub enum SpaceCommand {
     Cache {
         name: String,
         /// New size, e.g. 4G.
-        #[arg(value_parser = parse_size)]
+        #[arg(value_parser = parse_size, allow_hyphen_values = true)]
         size: u64,
         #[arg(long)]
         pool: Option<String>,

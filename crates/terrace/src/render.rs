@@ -52,7 +52,7 @@ fn columns(space: &SpaceView) -> String {
 pub fn pool_status(pool: &PoolView) -> String {
     let summary = &pool.summary;
     let mut out = format!(
-        "  pool: {}\n    id: {}\n state: {}\nstatus: {}\n  size: {} raw capacity, {} allocated, slab {}\n  logs: {} of {} log memory held\n  meta: {} of a {} slot, {} kept for a repair\n",
+        "  pool: {}\n    id: {}\n state: {}\nstatus: {}\n  size: {} raw capacity, {} allocated, slab {}{}\n  logs: {} of {} log memory held\n  meta: {} of a {} slot, {} kept for a repair\n",
         summary.name,
         summary.id,
         summary.state,
@@ -60,6 +60,15 @@ pub fn pool_status(pool: &PoolView) -> String {
         format_size(summary.capacity_bytes),
         format_size(summary.allocated_bytes),
         format_size(pool.slab_bytes),
+        if summary.journal_bytes > 0 || summary.journal_allocated_bytes > 0 {
+            format!(
+                "; journal disks {}, {} of it for logs",
+                format_size(summary.journal_bytes),
+                format_size(summary.journal_allocated_bytes)
+            )
+        } else {
+            String::new()
+        },
         format_size(pool.log_memory_bytes),
         format_size(pool.log_memory_max_bytes),
         format_size(pool.metadata_bytes),

@@ -218,6 +218,8 @@ fn refused_commands_say_why_and_change_nothing() {
         1,
         &["keep", "growing from 32M to 100G", "free slabs"],
     );
+    // A negative size is a bad size, not an unknown option.
+    setup.refused("space cache keep -1", None, 2, &["invalid value '-1'"]);
     setup.refused(
         "pool set alpha --repair-rate 5",
         None,
@@ -359,7 +361,7 @@ fn has_fields(value: &Value, what: &str, fields: &[(&str, &str)]) {
     }
 }
 
-const SUMMARY: [(&str, &str); 8] = [
+const SUMMARY: [(&str, &str); 10] = [
     ("name", "string"),
     ("id", "string"),
     ("state", "string"),
@@ -368,6 +370,8 @@ const SUMMARY: [(&str, &str); 8] = [
     ("space_count", "number"),
     ("capacity_bytes", "number"),
     ("allocated_bytes", "number"),
+    ("journal_bytes", "number"),
+    ("journal_allocated_bytes", "number"),
 ];
 
 const DISK: [(&str, &str); 12] = [

@@ -103,6 +103,8 @@ pub fn summary(status: &PoolStatus) -> PoolSummary {
         space_count: status.spaces.len(),
         capacity_bytes: status.capacity_bytes,
         allocated_bytes: status.allocated_bytes,
+        journal_bytes: status.journal_bytes,
+        journal_allocated_bytes: status.journal_allocated_bytes,
     }
 }
 
