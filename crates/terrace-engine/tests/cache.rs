@@ -407,24 +407,36 @@ fn concurrent_small_writes_share_records_and_survive_a_cut() {
     });
 }
 
+/// A pool on `devices` (journal disks 6 to 8) with a 2 MiB single-parity
+/// space `s` with a cache, written at random `writes` times from `seed`:
+/// the pool, the space, the model and the random source to go on with.
+async fn parity_written(
+    devices: &[Arc<dyn BlockDevice>],
+    seed: u64,
+    writes: usize,
+) -> (Pool, Arc<terrace_engine::Space>, Model, Rng) {
+    let pool = Pool::create(env(), small_config("tank"), journal_pool_disks(devices))
+        .await
+        .unwrap();
+    let space = pool
+        .create_space(cached("s", Layout::Parity { redundancy: 1 }, 2 << 20))
+        .await
+        .unwrap()
+        .space;
+    let mut model = Model::new(space.size_bytes());
+    let mut rng = Rng(seed);
+    write_randomly(&space, &mut model, &mut rng, writes).await;
+    (pool, space, model, rng)
+}
+
 /// One journal disk lost: the log continues on its mirror. Every journal
 /// disk lost: the space runs write-through, says why, and loses nothing.
 #[test]
 fn journal_disks_failing_cost_no_data() {
     block_on(async {
         let (devices, faults) = fault_devices("jfail-");
-        let pool = Pool::create(env(), small_config("tank"), journal_pool_disks(&devices))
-            .await
-            .unwrap();
-        let space = pool
-            .create_space(cached("s", Layout::Parity { redundancy: 1 }, 2 << 20))
-            .await
-            .unwrap()
-            .space;
+        let (pool, space, mut model, mut rng) = parity_written(&devices, 7, 40).await;
         let journal = space.journal().unwrap();
-        let mut model = Model::new(space.size_bytes());
-        let mut rng = Rng(7);
-        write_randomly(&space, &mut model, &mut rng, 40).await;
         // Which journal disks hold the log (2 copies for single parity).
         let metadata = pool.metadata().await;
         let log = metadata
@@ -471,17 +483,7 @@ fn journal_disks_failing_cost_no_data() {
 fn destroying_a_pool_with_failed_journal_disks_erases_the_rest() {
     block_on(async {
         let (devices, faults) = fault_devices("jdestroy-");
-        let pool = Pool::create(env(), small_config("tank"), journal_pool_disks(&devices))
-            .await
-            .unwrap();
-        let space = pool
-            .create_space(cached("s", Layout::Parity { redundancy: 1 }, 2 << 20))
-            .await
-            .unwrap()
-            .space;
-        let mut model = Model::new(space.size_bytes());
-        let mut rng = Rng(11);
-        write_randomly(&space, &mut model, &mut rng, 20).await;
+        let (pool, space, mut model, mut rng) = parity_written(&devices, 11, 20).await;
         for journal_disk in &faults[6..9] {
             journal_disk.fail_writes(0..u64::MAX);
         }
