@@ -457,6 +457,13 @@ impl Pool {
         self.shared.control.lock().await.metadata.clone()
     }
 
+    /// The generation of the last metadata commit: it changes whenever the
+    /// pool's records do, and reading it copies nothing (where
+    /// [`Pool::metadata`] copies every extent map).
+    pub async fn generation(&self) -> u64 {
+        self.shared.control.lock().await.metadata.generation
+    }
+
     /// Flush everything and mark the pool cleanly closed. Afterwards every
     /// operation on the pool or its spaces fails with `Closed`.
     /// Closed even when that fails: the error says what was not recorded

@@ -90,6 +90,8 @@ pub fn changes(before: Option<&Summary>, now: &Summary) -> Vec<String> {
     for (index, (device, state, reason)) in &now.disks {
         let was = match before {
             Some(before) => before.disks.get(index).map(|(_, state, _)| state.as_str()),
+            // A disk emptied and released keeps its row: no news.
+            None if state == "REMOVED" => Some("REMOVED"),
             None => Some("ONLINE"),
         };
         match was {
@@ -226,7 +228,14 @@ mod tests {
 
     #[test]
     fn the_first_look_reports_only_what_is_not_well() {
-        let mut now = pool(&[(0, "ONLINE", ""), (1, "MISSING", "not found")], &[]);
+        let mut now = pool(
+            &[
+                (0, "ONLINE", ""),
+                (1, "MISSING", "not found"),
+                (2, "REMOVED", ""),
+            ],
+            &[],
+        );
         now.jobs = pool(&[], &[(1, "done", ""), (2, "running", "")]).jobs;
         now.spaces.insert(
             "vm".into(),

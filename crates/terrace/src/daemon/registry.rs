@@ -458,6 +458,10 @@ impl Registry {
 /// there: a pulled disk with no I/O is noticed within this.
 const WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// Watch intervals between two looks at a pool's whole status when no
+/// commit came between: what changes without one is logged within this.
+const STATUS_EVERY_TICKS: u32 = 10;
+
 /// A pool's background work: its job runner, its write-back caches'
 /// destaging, and a watcher that marks disks whose file or device vanished
 /// missing and logs what changed in the pool (see [`super::events`]; and
@@ -478,8 +482,19 @@ pub fn start_pool_tasks(pool: &Arc<Pool>) {
     tokio::spawn(async move {
         let mut resyncing = left > 0;
         let mut seen = None;
+        let mut looked = (None, 0);
         while watched.is_open() {
-            seen = Some(log_changes(&watched, seen.as_ref()).await);
+            // A full status costs a pass over every extent: taken after a
+            // commit, and every few seconds for what changes at run time
+            // only (a log failing into write-through).
+            let generation = watched.generation().await;
+            let (at, ticks) = looked;
+            if at != Some(generation) || ticks >= STATUS_EVERY_TICKS {
+                seen = Some(log_changes(&watched, seen.as_ref()).await);
+                looked = (Some(generation), 0);
+            } else {
+                looked = (at, ticks + 1);
+            }
             tokio::time::sleep(WATCH_INTERVAL).await;
             if resyncing && watched.resync_extents_pending() == 0 && watched.is_open() {
                 resyncing = false;
