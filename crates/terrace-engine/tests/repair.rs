@@ -274,6 +274,13 @@ fn evacuation_and_replacement_move_everything_off_a_healthy_disk() {
             terrace_engine::DeviceKind::Blank,
             "the released disk is blank"
         );
+        // Let go of too: the same device may join again, as a new disk.
+        let victim_device = disks.devices[usize::from(victim.0)].clone();
+        let again = pool
+            .add_disks(vec![terrace_engine::NewDisk::new(victim_device)])
+            .await
+            .unwrap();
+        assert_ne!(again, vec![victim], "a new disk, not the removed one");
         check(&space, &model).await;
         assert_redundant(&space).await;
         // Replace: a new disk joins and takes every slab of an old one.

@@ -693,6 +693,10 @@ impl Pool {
                 if let Some(device) = released.device() {
                     let _ = terrace_meta::store::erase_label(device.inner().as_ref()).await;
                 }
+                // Released: the device is closed (a block device's claim
+                // goes with it), so it may be pulled, or given to a pool
+                // again, this one too, as a new disk.
+                released.detach();
             }
             JobKind::Resync { disk } => {
                 self.shared.forget_dirty(disk);
