@@ -569,6 +569,37 @@ impl Space {
         Ok(writing)
     }
 
+    /// Refuse a write to an extent with more of its disks out of service
+    /// (missing, standby, failed) than its layout tolerates, before
+    /// anything is recorded or written. The write could not complete; and
+    /// had its extent been recorded missed for the disks away, there would
+    /// be nothing to catch them up from when they return, so the extent
+    /// would stay lost although they hold it whole (two of three disks of a
+    /// single-parity pool unplugged for a moment, one write meanwhile).
+    fn refuse_beyond_tolerance(
+        &self,
+        map: &SpaceMap,
+        offset: u64,
+        length: u64,
+    ) -> Result<(), EngineError> {
+        if length == 0 {
+            return Ok(());
+        }
+        let extent_bytes = self.geometry.extent_data_bytes();
+        for extent in offset / extent_bytes..=(offset + length - 1) / extent_bytes {
+            let targets = &map.extents[extent as usize];
+            if let Some(why) = beyond_tolerance(&self.geometry, targets) {
+                return Err(EngineError::Unavailable {
+                    space: self.name.clone(),
+                    offset,
+                    length,
+                    reason: format!("extent {extent}: {why}; nothing was written"),
+                });
+            }
+        }
+        Ok(())
+    }
+
     async fn write_checked(
         &self,
         map: &SpaceMap,
@@ -576,6 +607,7 @@ impl Space {
         data: &Payload,
         fua: bool,
     ) -> Result<(), EngineError> {
+        self.refuse_beyond_tolerance(map, offset, data.len() as u64)?;
         let _writing = self.track_missing(map, offset, data.len() as u64).await?;
         let _intent = self.intent(offset, data.len() as u64).await?;
         let rows = self.geometry.split_rows(offset, data.len() as u64);
@@ -716,6 +748,13 @@ impl Space {
         length: u64,
         mode: zero::Mode,
     ) -> Result<(), EngineError> {
+        if let Err(error) = self.refuse_beyond_tolerance(map, offset, length) {
+            // A trim is advisory: left undone.
+            return match mode {
+                zero::Mode::Trim => Ok(()),
+                _ => Err(error),
+            };
+        }
         let _writing = self.track_missing(map, offset, length).await?;
         let _intent = self.intent(offset, length).await?;
         let end = offset + length;
@@ -839,6 +878,31 @@ pub(crate) fn out_of_service(targets: &[Target], leaving: &[DiskIndex]) -> Vec<D
         })
         .map(|disk| disk.index)
         .collect()
+}
+
+/// Why an extent whose slots are `targets` cannot take writes, if it
+/// cannot: a mirror column with no copy in service, a parity extent with
+/// more columns out of service than its redundancy, a simple extent with
+/// any.
+fn beyond_tolerance(geometry: &Geometry, targets: &[Target]) -> Option<String> {
+    let away = |slot: u32| {
+        let condition = targets[slot as usize].home().disk.condition();
+        condition != Condition::Online
+    };
+    match geometry.layout() {
+        Layout::Mirror { copies } => (0..geometry.columns())
+            .find(|&column| (0..copies).all(|copy| away(geometry.slot(column, copy))))
+            .map(|column| format!("no copy of column {column} is in service")),
+        layout => {
+            let tolerated = layout.failures_tolerated();
+            let gone = (0..geometry.slots_per_extent())
+                .filter(|&slot| away(slot))
+                .count() as u32;
+            (gone > tolerated).then(|| {
+                format!("{gone} of its disks are out of service, its layout tolerates {tolerated}")
+            })
+        }
+    }
 }
 
 /// Every location of every slot of `extents`.

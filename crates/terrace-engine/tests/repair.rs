@@ -234,6 +234,45 @@ fn a_repair_resumes_from_its_watermark_after_a_restart() {
     });
 }
 
+/// A write refused because more disks are away than the layout tolerates
+/// records nothing missed for them: once they return the space is whole,
+/// as it was (before, the write was recorded missed for both, neither
+/// could be caught up from the other, and the extent stayed lost).
+#[test]
+fn a_write_refused_beyond_tolerance_leaves_the_returning_disks_whole() {
+    block_on(async {
+        let disks = Disks::new(3, DISK_BYTES);
+        let pool = create_pool(&disks).await;
+        let config = SpaceConfig::new(
+            "p",
+            Layout::Parity { redundancy: 1 },
+            SpaceSize::Bytes(256 << 10),
+        );
+        let space = pool.create_space(config).await.unwrap().space;
+        let model = fill(&space, 5).await;
+        for away in [1, 2] {
+            disks.faults[away].lose();
+            pool.disk_gone(DiskIndex(away as u16), "pulled")
+                .await
+                .unwrap();
+        }
+        let refused = space.write(0, bytes(vec![0x77; 4096]), false).await;
+        let refused = refused.unwrap_err().to_string();
+        assert!(refused.contains("nothing was written"), "{refused}");
+        for away in [1, 2] {
+            disks.faults[away].restore();
+            pool.bring_back(disks.devices[away].clone()).await.unwrap();
+        }
+        let settled = with_jobs(&pool, jobs_settle(&pool)).await;
+        assert!(
+            settled.iter().all(|job| job.state == JobState::Done),
+            "{settled:?}"
+        );
+        check(&space, &model).await;
+        assert_redundant(&space).await;
+    });
+}
+
 #[test]
 fn evacuation_and_replacement_move_everything_off_a_healthy_disk() {
     block_on(async {
