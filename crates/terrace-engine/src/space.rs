@@ -881,28 +881,21 @@ pub(crate) fn out_of_service(targets: &[Target], leaving: &[DiskIndex]) -> Vec<D
 }
 
 /// Why an extent whose slots are `targets` cannot take writes, if it
-/// cannot: a mirror column with no copy in service, a parity extent with
-/// more columns out of service than its redundancy, a simple extent with
-/// any.
+/// cannot: more of its slots' disks out of service than its layout
+/// tolerates (a mirror column with no copy, more parity columns than its
+/// redundancy, any column of a simple extent).
 fn beyond_tolerance(geometry: &Geometry, targets: &[Target]) -> Option<String> {
-    let away = |slot: u32| {
-        let condition = targets[slot as usize].home().disk.condition();
-        condition != Condition::Online
-    };
-    match geometry.layout() {
-        Layout::Mirror { copies } => (0..geometry.columns())
-            .find(|&column| (0..copies).all(|copy| away(geometry.slot(column, copy))))
-            .map(|column| format!("no copy of column {column} is in service")),
-        layout => {
-            let tolerated = layout.failures_tolerated();
-            let gone = (0..geometry.slots_per_extent())
-                .filter(|&slot| away(slot))
-                .count() as u32;
-            (gone > tolerated).then(|| {
-                format!("{gone} of its disks are out of service, its layout tolerates {tolerated}")
-            })
-        }
+    let away = |slot: u32| targets[slot as usize].home().disk.condition() != Condition::Online;
+    if geometry.remaining_tolerance(away).is_some() {
+        return None;
     }
+    let gone = (0..geometry.slots_per_extent())
+        .filter(|&slot| away(slot))
+        .count();
+    Some(format!(
+        "{gone} of its {} slots' disks are out of service, more than its layout tolerates",
+        geometry.slots_per_extent()
+    ))
 }
 
 /// Every location of every slot of `extents`.

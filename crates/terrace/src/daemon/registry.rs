@@ -482,18 +482,17 @@ pub fn start_pool_tasks(pool: &Arc<Pool>) {
     tokio::spawn(async move {
         let mut resyncing = left > 0;
         let mut seen = None;
-        let mut looked = (None, 0);
+        let (mut looked_at, mut ticks_since) = (None, 0);
         while watched.is_open() {
             // A full status costs a pass over every extent: taken after a
             // commit, and every few seconds for what changes at run time
             // only (a log failing into write-through).
             let generation = watched.generation().await;
-            let (at, ticks) = looked;
-            if at != Some(generation) || ticks >= STATUS_EVERY_TICKS {
+            if looked_at != Some(generation) || ticks_since >= STATUS_EVERY_TICKS {
                 seen = Some(log_changes(&watched, seen.as_ref()).await);
-                looked = (Some(generation), 0);
+                (looked_at, ticks_since) = (Some(generation), 0);
             } else {
-                looked = (at, ticks + 1);
+                ticks_since += 1;
             }
             tokio::time::sleep(WATCH_INTERVAL).await;
             if resyncing && watched.resync_extents_pending() == 0 && watched.is_open() {
