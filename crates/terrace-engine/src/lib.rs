@@ -53,8 +53,8 @@ pub use mirror::{
     stream_reach_bytes as mirror_stream_reach_bytes, READ_REGION_BYTES as MIRROR_READ_REGION_BYTES,
 };
 pub use pool::{
-    ImportOptions, NewDisk, Pool, PoolConfig, NAME_MAX_BYTES, SLAB_DEFAULT_BYTES, SLAB_MAX_BYTES,
-    SLAB_MIN_BYTES,
+    validate_name, ImportOptions, NewDisk, Pool, PoolConfig, NAME_MAX_BYTES, SLAB_DEFAULT_BYTES,
+    SLAB_MAX_BYTES, SLAB_MIN_BYTES,
 };
 pub use resync::{resync_space, verify_space, RedundancyReport};
 pub use room::{metadata_slot_bytes_for, METADATA_SLOT_MAX_BYTES, SLOT_BYTES_PER_SLAB};

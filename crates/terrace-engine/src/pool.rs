@@ -100,10 +100,13 @@ pub struct Pool {
     pub(crate) logs: RwLock<BTreeMap<terrace_meta::SpaceId, Arc<Space>>>,
 }
 
-pub(crate) fn validate_name(what: &'static str, name: &str) -> Result<(), EngineError> {
-    let valid = !name.is_empty()
-        && name.len() <= NAME_MAX_BYTES
-        && !name.starts_with('-')
+/// The one rule for the names of pools and spaces (and so of NBD exports):
+/// a plain word, safe in a path, a shell and an export name. It opens with
+/// a letter or digit, so `.`, `..`, hidden names (a space's log is named
+/// `.log-N`) and names read as options (`-x`) are refused.
+pub fn validate_name(what: &'static str, name: &str) -> Result<(), EngineError> {
+    let valid = name.len() <= NAME_MAX_BYTES
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
@@ -113,7 +116,7 @@ pub(crate) fn validate_name(what: &'static str, name: &str) -> Result<(), Engine
         Err(EngineError::InvalidName {
             what,
             value: name.to_string(),
-            rule: "1 to 64 characters from A-Z a-z 0-9 - _ . not starting with -",
+            rule: "1 to 64 characters from A-Z a-z 0-9 - _ . starting with a letter or digit",
         })
     }
 }

@@ -632,3 +632,25 @@ fn every_listing_prints_the_api_fields_as_json() {
     );
     setup.daemon.stop();
 }
+
+/// Names of pools and spaces (export names) are plain words: `.`, `..`,
+/// hidden and option-like names are refused, at creation, as usage errors.
+#[test]
+fn names_that_are_not_plain_words_are_refused() {
+    let setup = Setup::new();
+    let (b0, b1) = (Setup::path(&setup.blank[0]), Setup::path(&setup.blank[1]));
+    for name in [".", "..", ".hidden", "_x", "a/b"] {
+        setup.refused(
+            &format!("pool create {name} {b0} {b1} --slab 8M"),
+            None,
+            2,
+            &["invalid pool name", "starting with a letter or digit"],
+        );
+        setup.refused(
+            &format!("space create alpha {name} --layout simple --size 8M"),
+            None,
+            2,
+            &["invalid space name", "starting with a letter or digit"],
+        );
+    }
+}
