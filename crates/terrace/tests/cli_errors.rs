@@ -654,3 +654,37 @@ fn names_that_are_not_plain_words_are_refused() {
         );
     }
 }
+
+/// Space and cache sizes are whole 4 KiB blocks: anything else is refused
+/// with the two nearest sizes, not rounded behind the user's back.
+#[test]
+fn sizes_that_are_not_whole_blocks_are_refused() {
+    let setup = Setup::new();
+    setup.refused(
+        "space create alpha s --layout simple --size 1000001",
+        None,
+        2,
+        &["1000001 bytes", "multiple of 4K", "999424", "1003520"],
+    );
+    setup.refused(
+        "space create alpha s --layout parity --size 8M --cache 33554433",
+        None,
+        2,
+        &["cache size", "33554432", "33558528"],
+    );
+    setup
+        .daemon
+        .create_space("alpha", "s", &["--layout", "simple"], "8M");
+    setup.refused(
+        "space resize s --size 16777217",
+        None,
+        2,
+        &["space size", "16777216", "16781312"],
+    );
+    setup.refused(
+        "space cache s 33558527",
+        None,
+        2,
+        &["cache size", "33554432", "33558528"],
+    );
+}

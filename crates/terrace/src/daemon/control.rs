@@ -122,6 +122,7 @@ async fn handle(daemon: &Arc<Daemon>, request: Request) -> Answer {
                      (0, no cache, is a choice at creation; a parity space always keeps a log)",
                 ));
             }
+            check_whole_blocks("a cache size of", bytes)?;
             check_cache_size(Some(bytes))?;
             let _admin = registry.admin.lock().await;
             let (entry, space) = find_space(registry, pool.as_deref(), &name)?;
@@ -143,6 +144,7 @@ async fn handle(daemon: &Arc<Daemon>, request: Request) -> Answer {
             name,
             size_bytes,
         } => {
+            check_whole_blocks("a space size of", size_bytes)?;
             let _admin = registry.admin.lock().await;
             let (entry, _) = find_space(registry, pool.as_deref(), &name)?;
             entry
@@ -680,6 +682,25 @@ fn parse_domain(text: &str) -> Result<FaultDomain, (ErrorKind, String)> {
     }
 }
 
+/// A space or cache size is whole blocks of 4 KiB: refused otherwise,
+/// with the two nearest, rather than rounded behind the user's back (a
+/// virtual disk's size is what its clients see).
+fn check_whole_blocks(what: &str, bytes: u64) -> Result<(), (ErrorKind, String)> {
+    let block = terrace_engine::layout::BLOCK_BYTES;
+    if bytes.is_multiple_of(block) {
+        return Ok(());
+    }
+    let below = bytes / block * block;
+    let above = below.saturating_add(block);
+    Err(usage(format!(
+        "{what} {bytes} bytes ({}) is not a multiple of 4K: give {below} or {above} bytes \
+         ({} or {})",
+        format_size(bytes),
+        format_size(below),
+        format_size(above)
+    )))
+}
+
 /// Cache sizes an admin may ask for: 0 (none) or 32M to 100G.
 fn check_cache_size(bytes: Option<u64>) -> Result<(), (ErrorKind, String)> {
     use terrace_engine::journal::{CACHE_MAX_BYTES, CACHE_MIN_BYTES};
@@ -757,6 +778,12 @@ fn cache_fits_memory(bytes: u64, others: u64, memory: u64) -> Result<(), String>
 }
 
 async fn space_create(registry: &Registry, create: SpaceCreate) -> Answer {
+    if let Some(bytes) = create.size_bytes {
+        check_whole_blocks("a space size of", bytes)?;
+    }
+    if let Some(bytes) = create.cache_bytes {
+        check_whole_blocks("a cache size of", bytes)?;
+    }
     check_cache_size(create.cache_bytes)?;
     let _admin = registry.admin.lock().await;
     let layout = parse_layout(&create)?;
