@@ -688,3 +688,23 @@ fn sizes_that_are_not_whole_blocks_are_refused() {
         &["cache size", "33554432", "33558528"],
     );
 }
+
+/// A path appears once in the error about it.
+#[test]
+fn an_error_about_a_disk_names_its_path_once() {
+    let setup = Setup::new();
+    let b0 = Setup::path(&setup.blank[0]);
+    let missing = Setup::path(&setup.daemon.root.join("disks/absent.img"));
+    let answer = setup.refused(
+        &format!("pool create beta {b0} {missing} --slab 8M"),
+        None,
+        1,
+        &[&missing, "No such file"],
+    );
+    assert_eq!(
+        answer.stderr.matches(missing.as_str()).count(),
+        1,
+        "{}",
+        answer.describe()
+    );
+}

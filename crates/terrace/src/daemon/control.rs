@@ -275,8 +275,8 @@ fn new_disks(
             path: spec.path.clone(),
             model: spec.model.clone(),
         };
-        let device: Arc<dyn BlockDevice> = open_device(&path, &registry.env)
-            .map_err(|error| failure(format!("cannot open {}: {error}", spec.path)))?;
+        // The error names the path already.
+        let device: Arc<dyn BlockDevice> = open_device(&path, &registry.env).map_err(failure)?;
         let mut disk = NewDisk::new(device);
         disk.media = parse_media(spec.media.as_deref(), disk.device.as_ref())?;
         disk.usage = parse_usage(spec.usage.as_deref().unwrap_or("auto"))?;

@@ -110,7 +110,7 @@ fn open_claimed(disk: &DiskPath, env: &Arc<dyn Env>) -> Result<Arc<dyn BlockDevi
         Some(spec) => {
             let model = DriveModel::parse(spec).map_err(|e| OpenFailure {
                 busy: false,
-                message: format!("drive model {spec:?}: {e}"),
+                message: format!("{}: drive model {spec:?}: {e}", disk.path),
             })?;
             let phase = spindle_phase(&disk.path);
             Ok(Arc::new(
