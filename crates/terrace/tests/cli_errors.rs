@@ -708,3 +708,19 @@ fn an_error_about_a_disk_names_its_path_once() {
         answer.describe()
     );
 }
+
+/// `pool import` of a path that does not exist says so. (One with no
+/// paths, which looks through /dev, is not run here: it could take the
+/// loop devices of tests running beside it.)
+#[test]
+fn pool_import_of_a_missing_path_says_so() {
+    let setup = Setup::new();
+    let missing = setup.daemon.root.join("disks/nowhere.img");
+    let missing_text = Setup::path(&missing);
+    setup.refused(
+        &format!("pool import {missing_text}"),
+        None,
+        1,
+        &[&missing_text, "no such file"],
+    );
+}

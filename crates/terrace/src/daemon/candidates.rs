@@ -42,6 +42,15 @@ fn block_devices() -> Vec<String> {
         .collect()
 }
 
+/// The whole block devices that nothing else uses: not mounted, not
+/// partitioned, not held by another driver, writable.
+pub fn free_block_devices() -> Vec<String> {
+    block_devices()
+        .into_iter()
+        .filter(|path| block_device_problem(path).is_none())
+        .collect()
+}
+
 /// A block device's size as the kernel gives it (`/sys/block/NAME/size`,
 /// in 512-byte sectors whatever the device's own sector size).
 fn sysfs_size_bytes(path: &str) -> Option<u64> {

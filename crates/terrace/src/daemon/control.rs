@@ -442,15 +442,39 @@ async fn pool_import(
     read_only: bool,
 ) -> Answer {
     let _admin = registry.admin.lock().await;
-    let requested: Vec<DiskPath> = specs
-        .into_iter()
-        .map(|spec| DiskPath {
-            path: spec.path,
-            model: spec.model,
-        })
-        .collect();
+    if let Some(spec) = specs
+        .iter()
+        .find(|spec| std::fs::symlink_metadata(&spec.path).is_err())
+    {
+        return Err(failure(format!(
+            "cannot import from {}: no such file, folder or device",
+            spec.path
+        )));
+    }
+    // Without paths: the whole block devices in /dev that nothing else
+    // uses (those that something does cannot be a pool's to import).
+    let searched = specs.is_empty();
+    let requested: Vec<DiskPath> = if searched {
+        candidates::free_block_devices()
+            .into_iter()
+            .map(|path| DiskPath { path, model: None })
+            .collect()
+    } else {
+        specs
+            .into_iter()
+            .map(|spec| DiskPath {
+                path: spec.path,
+                model: spec.model,
+            })
+            .collect()
+    };
     let claimed = open_for_import(&expand_disks(&requested), &registry.env).await;
-    let (opened, busy) = (claimed.opened, claimed.busy);
+    let (opened, mut busy) = (claimed.opened, claimed.busy);
+    if searched {
+        // A device held by another program is only in the way when it
+        // holds a pool.
+        busy.retain(|disk| disk.pool.is_some());
+    }
     let devices: Vec<Arc<dyn BlockDevice>> =
         opened.iter().map(|(_, device)| device.clone()).collect();
     let mut found = importable(&terrace_engine::scan(&devices).await);
@@ -470,6 +494,7 @@ async fn pool_import(
             .iter()
             .find(|(v, _)| &v.name == wanted || v.id.starts_with(wanted.as_str())),
         None if found.len() == 1 => found.first(),
+        None if found.is_empty() && searched => return Err(failure(nothing_found(&requested))),
         None => {
             let views: Vec<&ImportableView> = found.iter().map(|(view, _)| view).collect();
             return value(serde_json::json!({ "importable": views }));
@@ -501,6 +526,23 @@ async fn pool_import(
     };
     registry.insert(entry.clone()).map_err(failure)?;
     value(pool_view(registry, &entry).await)
+}
+
+/// The answer of an import without paths that found no pool on the
+/// `looked` devices: where it looked (all of them when few, else a count
+/// and the first few), and how to look elsewhere.
+fn nothing_found(looked: &[DiskPath]) -> String {
+    const NAMED_MAX: usize = 8;
+    let names: Vec<&str> = looked.iter().map(|disk| disk.path.as_str()).collect();
+    let devices = match names.len() {
+        0 => "none is free".into(),
+        n if n <= NAMED_MAX => names.join(", "),
+        n => format!("{n} devices: {}, ...", names[..NAMED_MAX].join(", ")),
+    };
+    format!(
+        "no pool to import: looked at the block devices in /dev ({devices}); name disk files, \
+         devices or folders of them to look elsewhere"
+    )
 }
 
 /// How long a refusal for open NBD connections waits for them to close
@@ -993,6 +1035,27 @@ async fn job_control(registry: &Registry, pool: Option<String>, id: u64, action:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_import_that_found_nothing_says_where_it_looked() {
+        let disks = |count: usize| -> Vec<DiskPath> {
+            (0..count)
+                .map(|i| DiskPath {
+                    path: format!("/dev/vd{i}"),
+                    model: None,
+                })
+                .collect()
+        };
+        let none = nothing_found(&[]);
+        assert!(none.contains("in /dev (none is free)"), "{none}");
+        let few = nothing_found(&disks(2));
+        assert!(few.contains("(/dev/vd0, /dev/vd1)"), "{few}");
+        let many = nothing_found(&disks(20));
+        assert!(
+            many.contains("20 devices: /dev/vd0,") && !many.contains("/dev/vd8"),
+            "{many}"
+        );
+    }
 
     #[test]
     fn a_cache_whose_full_index_outgrows_memory_is_refused() {
