@@ -38,6 +38,9 @@ pub enum Request {
         disks: Vec<DiskSpec>,
         slab_bytes: Option<u64>,
         metadata_slot_bytes: Option<u64>,
+        /// Even over disks that hold something (a file system...).
+        #[serde(default)]
+        force: bool,
     },
     PoolList,
     PoolStatus {
@@ -70,6 +73,9 @@ pub enum Request {
     DiskAdd {
         pool: String,
         disks: Vec<DiskSpec>,
+        /// Even over disks that hold something (a file system...).
+        #[serde(default)]
+        force: bool,
     },
     DiskSet {
         pool: String,
@@ -117,6 +123,9 @@ pub enum Request {
         pool: String,
         old: String,
         new: DiskSpec,
+        /// Even over a disk that holds something (a file system...).
+        #[serde(default)]
+        force: bool,
     },
     PoolSet {
         name: String,
@@ -446,10 +455,24 @@ pub struct CandidateView {
     /// file or block.
     pub kind: String,
     pub size_bytes: u64,
-    /// available, in-pool, damaged, unusable.
+    /// available, in-pool, damaged, occupied, unusable.
     pub status: String,
     /// Why it cannot be pooled (empty when available).
     pub reason: String,
+    /// What it holds that pooling it would overwrite (status `occupied`).
+    #[serde(default)]
+    pub holds: Option<HoldsView>,
+}
+
+/// A format found on a candidate disk (see `daemon/probe.rs`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HoldsView {
+    /// "ext4 file system", "LVM2 physical volume", "GPT partition table"...
+    pub kind: String,
+    pub label: Option<String>,
+    pub uuid: Option<String>,
+    /// Where its signature is on the disk.
+    pub offset_bytes: u64,
 }
 
 /// A pool found on devices by `pool import` without a name.

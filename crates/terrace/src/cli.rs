@@ -70,6 +70,10 @@ pub enum PoolCommand {
         metadata_slot: Option<u64>,
         #[command(flatten)]
         defaults: DiskDefaults,
+        /// Overwrite disks that hold something (a file system, swap, a
+        /// partition table, another RAID's member...); refused otherwise.
+        #[arg(long)]
+        force: bool,
     },
     /// List open pools.
     List,
@@ -175,6 +179,10 @@ pub enum DiskCommand {
         disks: Vec<String>,
         #[command(flatten)]
         defaults: DiskDefaults,
+        /// Overwrite disks that hold something (a file system, swap, a
+        /// partition table, another RAID's member...); refused otherwise.
+        #[arg(long)]
+        force: bool,
     },
     /// Change a disk's usage (DISK: index or path).
     Set {
@@ -193,6 +201,10 @@ pub enum DiskCommand {
         new: String,
         #[command(flatten)]
         defaults: DiskDefaults,
+        /// Overwrite NEW if it holds something (a file system, swap, a
+        /// partition table, another RAID's member...); refused otherwise.
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -385,6 +397,7 @@ pub fn pool_request(command: PoolCommand) -> Result<Request, CliError> {
             slab,
             metadata_slot,
             defaults,
+            force,
         } => Request::PoolCreate {
             name,
             disks: disks
@@ -393,6 +406,7 @@ pub fn pool_request(command: PoolCommand) -> Result<Request, CliError> {
                 .collect::<Result<_, _>>()?,
             slab_bytes: slab,
             metadata_slot_bytes: metadata_slot,
+            force,
         },
         PoolCommand::List => Request::PoolList,
         PoolCommand::Status { name } => Request::PoolStatus { name },
@@ -452,12 +466,14 @@ pub fn disk_request(command: DiskCommand) -> Result<Request, CliError> {
             pool,
             disks,
             defaults,
+            force,
         } => Request::DiskAdd {
             pool,
             disks: disks
                 .iter()
                 .map(|d| disk_spec(d, &defaults))
                 .collect::<Result<_, _>>()?,
+            force,
         },
         DiskCommand::Set { pool, disk, usage } => Request::DiskSet {
             pool,
@@ -477,10 +493,12 @@ pub fn disk_request(command: DiskCommand) -> Result<Request, CliError> {
             old,
             new,
             defaults,
+            force,
         } => Request::DiskReplace {
             old: disk_argument(old),
             new: disk_spec(&new, &defaults)?,
             pool,
+            force,
         },
     })
 }

@@ -223,6 +223,7 @@ async fn demo_steps(
             disks,
             slab_bytes: None,
             metadata_slot_bytes: None,
+            force: false,
         },
     )
     .await?;

@@ -327,13 +327,22 @@ pub fn candidates(devices: &[CandidateView]) -> String {
     if devices.is_empty() {
         return "no devices found\n".into();
     }
-    let mut table = table(&["DEVICE", "KIND", "SIZE", "STATUS", "WHY NOT"]);
+    let mut table = table(&["DEVICE", "KIND", "SIZE", "STATUS", "HOLDS", "WHY NOT"]);
     for device in devices {
+        // What it holds, in short: the reason says it in full.
+        let holds = device
+            .holds
+            .as_ref()
+            .map_or(String::new(), |holds| match &holds.label {
+                Some(label) => format!("{} {label:?}", holds.kind),
+                None => holds.kind.clone(),
+            });
         table.add_row(vec![
             device.device.clone(),
             device.kind.clone(),
             format_size(device.size_bytes),
             device.status.clone(),
+            holds,
             device.reason.clone(),
         ]);
     }

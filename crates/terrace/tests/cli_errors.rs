@@ -593,6 +593,7 @@ fn every_listing_prints_the_api_fields_as_json() {
                 ("reason", "string"),
             ],
         );
+        assert!(candidate["holds"].is_null(), "{candidate}");
         assert_eq!(candidate["kind"], "file");
         let device = candidate["device"].as_str().unwrap();
         if device.contains("/alpha-") {
@@ -602,8 +603,13 @@ fn every_listing_prints_the_api_fields_as_json() {
                 "{candidate}"
             );
         } else {
+            // 256 MiB: room for 8M slabs, not for the default 256M.
             assert_eq!(candidate["status"], "available", "{candidate}");
-            assert_eq!(candidate["reason"], "", "{candidate}");
+            let reason = candidate["reason"].as_str().unwrap_or_default();
+            assert!(
+                reason.contains("default 256M slabs") && reason.contains("--slab 128M"),
+                "{candidate}"
+            );
         }
     }
 

@@ -432,6 +432,7 @@ async fn create_spaces(
         disks: files.iter().map(|(_, _, spec)| spec.clone()).collect(),
         slab_bytes: None,
         metadata_slot_bytes: None,
+        force: false,
     };
     call(control, &request).await?;
     let mut variants: Vec<(&Layout, String, u64)> = chosen

@@ -4,23 +4,64 @@
 //! is considered (RAM disks and unattached loop devices are skipped). A
 //! device is refused when it carries a terrace label (in a pool, or
 //! damaged), has partitions, is mounted or held by another driver (device
-//! mapper, md), is read-only, or is too small to hold metadata and a slab.
+//! mapper, md), is read-only, or is too small to hold metadata and a slab;
+//! one that holds something (a file system, swap, a partition table...;
+//! see [`super::probe`]) is `occupied`: pooled only with `--force`.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use terrace_engine::io::file::{FileDevice, FileOptions};
 use terrace_engine::io::BlockDevice;
-use terrace_engine::meta::format::{data_offset, METADATA_SLOT_DEFAULT_BYTES};
-use terrace_engine::{DeviceKind, SLAB_MIN_BYTES};
+use terrace_engine::meta::format::data_offset;
+use terrace_engine::{metadata_slot_bytes_for, DeviceKind, SLAB_DEFAULT_BYTES, SLAB_MIN_BYTES};
 
+use super::probe::probe_path;
 use super::registry::{expand_paths, Registry};
-use crate::api::CandidateView;
+use crate::api::{CandidateView, HoldsView};
 use crate::units::format_size;
 
-/// The smallest device that can hold default metadata and one small slab.
-fn minimum_bytes() -> u64 {
-    data_offset(METADATA_SLOT_DEFAULT_BYTES) + SLAB_MIN_BYTES
+/// The smallest device that holds the metadata of a one-disk pool of
+/// `slab_bytes` slabs and one slab, as `pool create` sizes them.
+fn minimum_bytes(slab_bytes: u64) -> u64 {
+    data_offset(metadata_slot_bytes_for(&[0], slab_bytes)) + slab_bytes
+}
+
+/// Why a device of `size` bytes cannot hold a pool's metadata and a slab:
+/// any slab (`unusable`), or the default one (then which `--slab` fits).
+fn size_problem(size: u64) -> Option<(&'static str, String)> {
+    let smallest = minimum_bytes(SLAB_MIN_BYTES);
+    if size < smallest {
+        return Some((
+            "unusable",
+            format!(
+                "too small: {} (needs at least {}, with the smallest slabs of {})",
+                format_size(size),
+                format_size(smallest),
+                format_size(SLAB_MIN_BYTES)
+            ),
+        ));
+    }
+    let default = minimum_bytes(SLAB_DEFAULT_BYTES);
+    if size >= default {
+        return None;
+    }
+    let fits = (0..)
+        .map(|shift| SLAB_DEFAULT_BYTES >> shift)
+        .take_while(|&slab| slab >= SLAB_MIN_BYTES)
+        .find(|&slab| minimum_bytes(slab) <= size)
+        .unwrap_or(SLAB_MIN_BYTES);
+    Some((
+        "available",
+        format!(
+            "too small for the default {} slabs: {} (needs {}); pool create --slab {} or less \
+             fits it",
+            format_size(SLAB_DEFAULT_BYTES),
+            format_size(size),
+            format_size(default),
+            format_size(fits)
+        ),
+    ))
 }
 
 fn block_devices() -> Vec<String> {
@@ -128,6 +169,7 @@ async fn candidate(registry: &Registry, path: &str) -> CandidateView {
         size_bytes,
         status: status.into(),
         reason,
+        holds: None,
     };
     let options = FileOptions {
         read_only: true,
@@ -170,16 +212,22 @@ async fn candidate(registry: &Registry, path: &str) -> CandidateView {
     if let Some(problem) = block_device_problem(path) {
         return view(size, "unusable", problem);
     }
-    if size < minimum_bytes() {
-        return view(
+    if let Ok(Some(found)) = probe_path(path) {
+        let mut occupied = view(
             size,
-            "unusable",
-            format!(
-                "too small: {} (needs at least {})",
-                format_size(size),
-                format_size(minimum_bytes())
-            ),
+            "occupied",
+            format!("holds {found}: pooled only with --force, which overwrites it"),
         );
+        occupied.holds = Some(HoldsView {
+            kind: found.kind,
+            label: found.label,
+            uuid: found.uuid,
+            offset_bytes: found.offset_bytes,
+        });
+        return occupied;
     }
-    view(size, "available", String::new())
+    match size_problem(size) {
+        Some((status, reason)) => view(size, status, reason),
+        None => view(size, "available", String::new()),
+    }
 }

@@ -15,7 +15,7 @@ use tokio::net::UnixStream;
 
 use super::catalog::export_name_in;
 use super::registry::{expand_disks, open_device, open_for_import, DiskPath, PoolEntry, Registry};
-use super::{candidates, views, Daemon};
+use super::{candidates, intake, views, Daemon};
 use crate::api::{
     DaemonView, DiskSpec, ErrorKind, ImportableView, PoolView, Request, Response, SpaceCreate,
 };
@@ -81,7 +81,11 @@ async fn handle(daemon: &Arc<Daemon>, request: Request) -> Answer {
             disks,
             slab_bytes,
             metadata_slot_bytes,
-        } => pool_create(registry, name, disks, slab_bytes, metadata_slot_bytes).await,
+            force,
+        } => {
+            let slabs = (slab_bytes, metadata_slot_bytes);
+            pool_create(registry, name, disks, slabs, force).await
+        }
         Request::PoolList => {
             let mut summaries = Vec::new();
             for entry in registry.all() {
@@ -99,7 +103,7 @@ async fn handle(daemon: &Arc<Daemon>, request: Request) -> Answer {
         Request::PoolExport { name, force } => pool_export(registry, &name, false, force).await,
         Request::PoolDestroy { name, force } => pool_export(registry, &name, true, force).await,
         Request::DiskList { paths } => value(candidates::list(registry, &paths).await),
-        Request::DiskAdd { pool, disks } => disk_add(registry, &pool, disks).await,
+        Request::DiskAdd { pool, disks, force } => disk_add(registry, &pool, disks, force).await,
         Request::DiskSet { pool, disk, usage } => disk_set(registry, &pool, &disk, &usage).await,
         Request::SpaceCreate(create) => space_create(registry, create).await,
         Request::SpaceVerify { pool, name } => {
@@ -170,7 +174,12 @@ async fn handle(daemon: &Arc<Daemon>, request: Request) -> Answer {
             let id = entry.pool.start_evacuation(index).await.map_err(failure)?;
             job_answer(&entry, id).await
         }
-        Request::DiskReplace { pool, old, new } => disk_replace(registry, &pool, &old, new).await,
+        Request::DiskReplace {
+            pool,
+            old,
+            new,
+            force,
+        } => disk_replace(registry, &pool, &old, new, force).await,
         Request::PoolSet {
             name,
             retire_missing,
@@ -263,11 +272,21 @@ pub fn parse_usage(text: &str) -> Result<Usage, (ErrorKind, String)> {
     }
 }
 
-/// Open the disks named on the command line, with their attributes.
-fn new_disks(
+/// Open the disks named on the command line, with their attributes,
+/// once all of them passed the checks of [`intake`] (unless `force`,
+/// none holds anything).
+async fn new_disks(
     registry: &Registry,
     specs: Vec<DiskSpec>,
+    pool: Option<&Pool>,
+    force: bool,
 ) -> Result<(Vec<NewDisk>, Vec<DiskPath>), (ErrorKind, String)> {
+    let paths: Vec<&str> = specs.iter().map(|spec| spec.path.as_str()).collect();
+    let own = match pool {
+        Some(pool) => Some(pool.metadata().await.pool_id.to_string()),
+        None => None,
+    };
+    intake::check_contents(registry, &paths, own.as_deref(), force).await?;
     let mut disks = Vec::new();
     let mut paths = Vec::new();
     for spec in specs {
@@ -359,14 +378,16 @@ async fn pool_create(
     registry: &Registry,
     name: String,
     disks: Vec<DiskSpec>,
-    slab_bytes: Option<u64>,
-    metadata_slot_bytes: Option<u64>,
+    (slab_bytes, metadata_slot_bytes): (Option<u64>, Option<u64>),
+    force: bool,
 ) -> Answer {
+    // The name first: a bad one is refused before any disk is looked at.
+    terrace_engine::validate_name("pool name", &name).map_err(usage)?;
     let _admin = registry.admin.lock().await;
     if registry.get(&name).is_some() {
         return Err(failure(format!("a pool named {name} is already open here")));
     }
-    let (disks, paths) = new_disks(registry, disks)?;
+    let (disks, paths) = new_disks(registry, disks, None, force).await?;
     let mut config = PoolConfig::new(name);
     if let Some(slab) = slab_bytes {
         config.slab_bytes = slab;
@@ -633,7 +654,7 @@ async fn pool_export(registry: &Registry, name: &str, destroy: bool, force: bool
     value(answer)
 }
 
-async fn disk_add(registry: &Registry, pool: &str, disks: Vec<DiskSpec>) -> Answer {
+async fn disk_add(registry: &Registry, pool: &str, disks: Vec<DiskSpec>, force: bool) -> Answer {
     let _admin = registry.admin.lock().await;
     let entry = find_pool(registry, pool)?;
     let attributes = disks.iter().any(|disk| {
@@ -642,7 +663,7 @@ async fn disk_add(registry: &Registry, pool: &str, disks: Vec<DiskSpec>) -> Answ
             || disk.enclosure.is_some()
             || disk.node.is_some()
     });
-    let (disks, paths) = new_disks(registry, disks)?;
+    let (disks, paths) = new_disks(registry, disks, Some(&entry.pool), force).await?;
     let mut returning = 0;
     for disk in &disks {
         if entry
@@ -934,11 +955,17 @@ async fn job_answer(entry: &PoolEntry, id: u64) -> Answer {
     value(views::job_view(entry.pool.name(), &job, &disks))
 }
 
-async fn disk_replace(registry: &Registry, pool: &str, old: &str, new: DiskSpec) -> Answer {
+async fn disk_replace(
+    registry: &Registry,
+    pool: &str,
+    old: &str,
+    new: DiskSpec,
+    force: bool,
+) -> Answer {
     let _admin = registry.admin.lock().await;
     let entry = find_pool(registry, pool)?;
     let old_index = disk_index(&entry, pool, old).await?;
-    let (disks, paths) = new_disks(registry, vec![new])?;
+    let (disks, paths) = new_disks(registry, vec![new], Some(&entry.pool), force).await?;
     let disk = disks.into_iter().next().ok_or_else(|| failure("no disk"))?;
     let (_, id) = entry
         .pool

@@ -17,6 +17,8 @@ pub mod candidates;
 pub mod catalog;
 pub mod control;
 pub mod events;
+pub mod intake;
+pub mod probe;
 pub mod readahead;
 pub mod registry;
 pub mod views;
