@@ -695,6 +695,22 @@ fn sizes_that_are_not_whole_blocks_are_refused() {
     );
 }
 
+/// `pool import` of a path that does not exist says so. (One with no
+/// paths, which looks through /dev, is not run here: it could take the
+/// loop devices of tests running beside it.)
+#[test]
+fn pool_import_of_a_missing_path_says_so() {
+    let setup = Setup::new();
+    let missing = setup.daemon.root.join("disks/nowhere.img");
+    let missing_text = Setup::path(&missing);
+    setup.refused(
+        &format!("pool import {missing_text}"),
+        None,
+        1,
+        &[&missing_text, "no such file"],
+    );
+}
+
 /// A path appears once in the error about it.
 #[test]
 fn an_error_about_a_disk_names_its_path_once() {
@@ -715,18 +731,41 @@ fn an_error_about_a_disk_names_its_path_once() {
     );
 }
 
-/// `pool import` of a path that does not exist says so. (One with no
-/// paths, which looks through /dev, is not run here: it could take the
-/// loop devices of tests running beside it.)
+/// The same file under two paths is one disk: refused when given twice
+/// in one command, and when it is already an open pool's disk.
 #[test]
-fn pool_import_of_a_missing_path_says_so() {
+fn a_disk_under_another_path_is_the_same_disk() {
     let setup = Setup::new();
-    let missing = setup.daemon.root.join("disks/nowhere.img");
-    let missing_text = Setup::path(&missing);
+    let disks = setup.daemon.root.join("disks");
+    let b0 = Setup::path(&setup.blank[0]);
+    let b1 = Setup::path(&setup.blank[1]);
+    let name = setup.blank[0].file_name().unwrap().to_string_lossy();
+    // disks/../disks/blank-0.img, and a symbolic link to it.
+    let dotted = format!("{}/../disks/{name}", disks.display());
+    let link = disks.join("link.img");
+    std::os::unix::fs::symlink(&setup.blank[0], &link).expect("symlink");
+    let link = Setup::path(&link);
+    for other in [&dotted, &link] {
+        setup.refused(
+            &format!("pool create beta {b0} {b1} {other} --slab 8M"),
+            None,
+            1,
+            &[&b0, other, "same disk", "given twice"],
+        );
+    }
+    let a0 = Setup::path(&setup.alpha[0]);
+    let alpha_name = setup.alpha[0].file_name().unwrap().to_string_lossy();
+    let alpha_dotted = format!("{}/../disks/{alpha_name}", disks.display());
     setup.refused(
-        &format!("pool import {missing_text}"),
+        &format!("pool create beta {b0} {alpha_dotted} --slab 8M"),
         None,
         1,
-        &[&missing_text, "no such file"],
+        &[&alpha_dotted, "already disk 0 of pool alpha", &a0],
+    );
+    setup.refused(
+        &format!("disk add alpha {alpha_dotted}"),
+        None,
+        1,
+        &[&alpha_dotted, "already disk 0 of pool alpha"],
     );
 }

@@ -282,6 +282,7 @@ async fn new_disks(
     force: bool,
 ) -> Result<(Vec<NewDisk>, Vec<DiskPath>), (ErrorKind, String)> {
     let paths: Vec<&str> = specs.iter().map(|spec| spec.path.as_str()).collect();
+    intake::check_identities(registry, &paths)?;
     let own = match pool {
         Some(pool) => Some(pool.metadata().await.pool_id.to_string()),
         None => None,

@@ -1,17 +1,22 @@
 //! What `pool create`, `disk add` and `disk replace` check about the disks
-//! they are given before they write to any of them: that none holds
-//! something (a file system, swap, an encrypted volume, another volume
-//! manager's or RAID's member, a partition table; see [`super::probe`]; or
-//! the label of a terrace pool not open here), unless forced. Forced, what
-//! was found is wiped (its magic numbers, as `wipefs` does; a terrace label
-//! as `pool destroy` erases it) so that no tool takes the disk for what it
-//! was once terrace has written to it.
+//! they are given before they write to any of them:
+//!
+//! * each is given once and is no open pool's disk already, compared by
+//!   what the path leads to (a block device's device number, a file's
+//!   device and inode), not by how it is spelled: `f.img` and
+//!   `../dir/f.img` are one disk;
+//! * none holds something (a file system, swap, an encrypted volume,
+//!   another volume manager's or RAID's member, a partition table; see
+//!   [`super::probe`]; or the label of a terrace pool not open here),
+//!   unless forced. Forced, what was found is wiped (its magic numbers, as
+//!   `wipefs` does; a terrace label as `pool destroy` erases it) so that no
+//!   tool takes the disk for what it was once terrace has written to it.
 //!
 //! A disk carrying the label of the pool the command is for, or of
 //! another pool open here, is left to the engine: it knows whether it is
 //! a missing member coming back, and refuses the others, forced or not.
 
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt};
 use std::sync::Arc;
 
 use terrace_engine::io::file::{FileDevice, FileOptions};
@@ -22,7 +27,61 @@ use super::probe::{probe_path, Signature};
 use super::registry::Registry;
 use crate::api::ErrorKind;
 
+/// What a path leads to, whatever its spelling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Identity {
+    Block { device_number: u64 },
+    File { device_number: u64, inode: u64 },
+}
+
+pub fn identity(path: &str) -> std::io::Result<Identity> {
+    let metadata = std::fs::metadata(path)?;
+    Ok(if metadata.file_type().is_block_device() {
+        Identity::Block {
+            device_number: metadata.rdev(),
+        }
+    } else {
+        Identity::File {
+            device_number: metadata.dev(),
+            inode: metadata.ino(),
+        }
+    })
+}
+
 type Refusal = (ErrorKind, String);
+
+/// Refuse disks given twice, or already open in a pool, by identity.
+/// Paths that cannot be looked at are left to the open that follows,
+/// which says why.
+pub fn check_identities(registry: &Registry, paths: &[&str]) -> Result<(), Refusal> {
+    let mut seen: Vec<(Identity, &str)> = Vec::new();
+    for &path in paths {
+        let Ok(id) = identity(path) else { continue };
+        if let Some((_, first)) = seen.iter().find(|(known, _)| *known == id) {
+            return Err((
+                ErrorKind::Failure,
+                format!("{first} and {path} are the same disk, given twice; nothing was changed"),
+            ));
+        }
+        seen.push((id, path));
+    }
+    for entry in registry.all() {
+        for (index, device) in entry.pool.online_devices() {
+            let Ok(id) = identity(&device) else { continue };
+            if let Some((_, path)) = seen.iter().find(|(known, _)| *known == id) {
+                return Err((
+                    ErrorKind::Failure,
+                    format!(
+                        "{path} is already disk {} of pool {} (as {device}); nothing was changed",
+                        index.0,
+                        entry.pool.name()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
 
 /// What a disk holds that a command would overwrite.
 pub enum Holds {
