@@ -44,6 +44,8 @@ pub struct SpaceConfig {
     /// Write-back cache size: `None` for the default (1 GiB with journal
     /// disks, 32 MiB for parity without), `Some(0)` for none.
     pub cache_bytes: Option<u64>,
+    /// The NBD export name, fixed for the space's life; `None`: its name.
+    pub export: Option<String>,
 }
 
 impl SpaceConfig {
@@ -56,7 +58,39 @@ impl SpaceConfig {
             size,
             fault_domain: None,
             cache_bytes: None,
+            export: None,
         }
+    }
+
+    /// The export name the space gets.
+    pub fn export_name(&self) -> &str {
+        self.export.as_deref().unwrap_or(&self.name)
+    }
+}
+
+/// Give every data space without an export name one, as the import of a
+/// pool of a slot format that stored none does: its own name, unless
+/// `taken` (other open pools' export names) or one of this pool's has it,
+/// else `POOL/SPACE`, which no other name can be (names have no `/`). It
+/// is stored with the next commit and never changes again.
+pub fn settle_export_names(metadata: &mut PoolMetadata, taken: &[String]) {
+    let pool = metadata.name.clone();
+    for index in 0..metadata.spaces.len() {
+        let space = &metadata.spaces[index];
+        if space.export.is_some() || space.role != SpaceRole::Data {
+            continue;
+        }
+        let name = space.name.clone();
+        let in_use = taken.contains(&name)
+            || metadata
+                .spaces
+                .iter()
+                .any(|other| other.export.as_deref() == Some(name.as_str()));
+        metadata.spaces[index].export = Some(if in_use {
+            format!("{pool}/{name}")
+        } else {
+            name
+        });
     }
 }
 
@@ -95,6 +129,7 @@ pub struct SpaceCreated {
 impl Pool {
     pub async fn create_space(&self, config: SpaceConfig) -> Result<SpaceCreated, EngineError> {
         validate_name("space name", &config.name)?;
+        validate_name("export name", config.export_name())?;
         self.shared.check_open()?;
         self.shared.check_writable()?;
         let _changes = self.shared.changes.lock().await;
@@ -107,6 +142,17 @@ impl Pool {
             let metadata = &control.metadata;
             if metadata.space(&config.name).is_some() {
                 return Err(EngineError::SpaceExists { name: config.name });
+            }
+            let export = config.export_name();
+            if let Some(other) = metadata
+                .spaces
+                .iter()
+                .find(|space| space.export.as_deref() == Some(export))
+            {
+                return Err(EngineError::ExportExists {
+                    export: export.to_string(),
+                    space: other.name.clone(),
+                });
             }
             let level = config
                 .fault_domain
@@ -475,6 +521,7 @@ fn record(config: &SpaceConfig, metadata: &PoolMetadata, planned: Planned) -> Sp
     SpaceRecord {
         id: SpaceId(metadata.next_space_id),
         name: config.name.clone(),
+        export: Some(config.export_name().to_string()),
         layout: config.layout,
         columns: planned.choice.columns,
         interleave_bytes: planned.geometry.interleave_bytes(),
@@ -540,13 +587,15 @@ pub(crate) fn build_space(
         record.size_bytes,
         targets(shared, metadata, &record.extents)?,
     );
-    Ok(Space::new(
+    let mut space = Space::new(
         shared.clone(),
         record.id,
         record.name.clone(),
         geometry,
         map,
-    ))
+    );
+    space.export = record.export.clone();
+    Ok(space)
 }
 
 /// Where each slot of each extent lives.
@@ -754,4 +803,50 @@ pub(crate) async fn preallocate_log(log: &Space, owner: &str, first: usize, slab
     // make the log unusable (see above).
     let _ = log.pool.persist_failures().await;
     let _ = log.pool.flush_disks().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: u64, name: &str, export: Option<&str>, role: SpaceRole) -> SpaceRecord {
+        SpaceRecord {
+            id: SpaceId(id),
+            name: name.into(),
+            export: export.map(str::to_string),
+            layout: Layout::Simple,
+            columns: 1,
+            interleave_bytes: 4096,
+            size_bytes: 0,
+            provisioning: Provisioning::Fixed,
+            fault_domain: FaultDomain::Disk,
+            created_ns: 0,
+            columns_reason: String::new(),
+            role,
+            cache: None,
+            extents: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn spaces_without_an_export_name_get_theirs_unless_taken_and_keep_it() {
+        let mut metadata = PoolMetadata::new(terrace_meta::PoolId([1; 16]), "b".into(), 1 << 20, 0);
+        metadata.spaces = vec![
+            record(1, "m2", None, SpaceRole::Data),
+            record(2, "vm", None, SpaceRole::Data),
+            record(3, ".log-1", None, SpaceRole::Log { owner: SpaceId(1) }),
+            record(4, "db", Some("db-b"), SpaceRole::Data),
+        ];
+        settle_export_names(&mut metadata, &["m2".to_string()]);
+        let exports: Vec<Option<&str>> = metadata
+            .spaces
+            .iter()
+            .map(|space| space.export.as_deref())
+            .collect();
+        assert_eq!(exports, [Some("b/m2"), Some("vm"), None, Some("db-b")]);
+        // Decided once: a later import with other names taken keeps them.
+        let mut again = metadata.clone();
+        settle_export_names(&mut again, &["vm".to_string()]);
+        assert_eq!(again, metadata);
+    }
 }

@@ -137,6 +137,7 @@ pub(crate) fn plan_log(
         },
     )?;
     record.role = SpaceRole::Log { owner };
+    record.export = None;
     record.columns_reason = if on_journal {
         format!(
             "the write-back log of space {}: {copies} copies on journal disks",

@@ -118,6 +118,8 @@ pub enum EngineError {
     JobConflict { id: u64 },
     #[error("a space named {name} already exists")]
     SpaceExists { name: String },
+    #[error("export name {export} is space {space}'s already")]
+    ExportExists { export: String, space: String },
     #[error("no space named {name}")]
     NoSuchSpace { name: String },
     #[error(

@@ -90,6 +90,11 @@ pub struct ImportOptions {
     pub force: bool,
     /// Open read-only whatever the quorum.
     pub read_only: bool,
+    /// Export names other open pools' spaces have: a space read from a
+    /// slot format that stored none is given its own name as export name
+    /// unless one of these is it, else `POOL/SPACE`
+    /// ([`crate::admin::settle_export_names`]).
+    pub exports_taken: Vec<String>,
 }
 
 /// An open pool.
@@ -392,7 +397,9 @@ impl Pool {
             })
             .map(|(device, label, _)| (device, label))
             .collect();
-        open(env, selection.metadata, present, older_copies, read_only).await
+        let mut metadata = selection.metadata;
+        crate::admin::settle_export_names(&mut metadata, &options.exports_taken);
+        open(env, metadata, present, older_copies, read_only).await
     }
 
     pub fn name(&self) -> &str {

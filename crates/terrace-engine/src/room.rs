@@ -164,6 +164,7 @@ mod tests {
         metadata.spaces.push(SpaceRecord {
             id: SpaceId(1),
             name: "all".into(),
+            export: Some("all".into()),
             layout,
             columns: 1,
             interleave_bytes: geometry.interleave_bytes(),

@@ -104,6 +104,8 @@ pub struct Space {
     pub(crate) pool: Arc<PoolShared>,
     pub(crate) id: SpaceId,
     pub(crate) name: String,
+    /// The NBD export name (none for a log space); fixed.
+    pub(crate) export: Option<String>,
     pub(crate) geometry: Geometry,
     map: RwLock<Arc<SpaceMap>>,
     pub(crate) locks: RowLocks,
@@ -132,6 +134,7 @@ impl Space {
             pool,
             id,
             name,
+            export: None,
             geometry,
             map: RwLock::new(Arc::new(map)),
             locks: RowLocks::default(),
@@ -212,6 +215,12 @@ impl Space {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The name NBD clients open it by, fixed at its creation (or, for a
+    /// space of an older format, at the import that first read it).
+    pub fn export_name(&self) -> Option<&str> {
+        self.export.as_deref()
     }
 
     pub fn id(&self) -> SpaceId {

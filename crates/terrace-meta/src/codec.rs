@@ -248,7 +248,8 @@ fn layout_from(kind: u8, parameter: u8) -> Result<Layout, DecodeError> {
 
 /// Smallest encoded disk record: fixed fields plus four empty strings.
 const DISK_RECORD_MIN_BYTES: usize = 16 + 8 + 4 + 3 + 4 * 2;
-/// Smallest encoded space record (no extents, empty strings).
+/// Smallest encoded space record (no extents, empty strings, and no export
+/// name, as slot formats before 4 have it).
 const SPACE_RECORD_MIN_BYTES: usize = 8 + 2 + 2 + 4 + 8 + 8 + 2 + 8 + 2 + 9 + 40 + 4 + 2;
 /// An encoded slab reference: u16 disk index, u32 slab index.
 const SLAB_REF_BYTES: usize = 6;
@@ -300,6 +301,7 @@ fn encode_disk(writer: &mut Writer, disk: &DiskRecord) {
 fn encode_space(writer: &mut Writer, space: &SpaceRecord, slab_bytes: u64) {
     writer.u64(space.id.0);
     writer.text(&space.name);
+    writer.text(space.export.as_deref().unwrap_or_default());
     let (kind, parameter) = layout_codes(space.layout);
     writer.u8(kind);
     writer.u8(parameter);
@@ -381,7 +383,13 @@ pub fn decode_version(bytes: &[u8], version: u32) -> Result<PoolMetadata, Decode
     let mut used = BTreeSet::new();
     let mut spaces = Vec::with_capacity(space_count);
     for _ in 0..space_count {
-        spaces.push(decode_space(&mut reader, slab_bytes, &disks, &mut used)?);
+        spaces.push(decode_space(
+            &mut reader,
+            slab_bytes,
+            &disks,
+            &mut used,
+            version,
+        )?);
     }
     let known = crate::codec_state::Known {
         disks: &disks,
@@ -439,9 +447,16 @@ fn decode_space(
     slab_bytes: u64,
     disks: &[DiskRecord],
     used: &mut BTreeSet<SlabRef>,
+    version: u32,
 ) -> Result<SpaceRecord, DecodeError> {
     let id = reader.u64("space id")?;
     let name = reader.text("space name")?;
+    // Empty: none (a log space's); slot formats before 4 store none.
+    let export = if version >= 4 {
+        Some(reader.text("space export name")?).filter(|export| !export.is_empty())
+    } else {
+        None
+    };
     let layout = layout_from(
         reader.u8("space layout")?,
         reader.u8("space layout parameter")?,
@@ -449,6 +464,7 @@ fn decode_space(
     let mut space = SpaceRecord {
         id: SpaceId(id),
         name,
+        export,
         layout,
         columns: reader.u32("space columns")?,
         interleave_bytes: reader.u64("space interleave")?,

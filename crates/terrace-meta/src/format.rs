@@ -32,8 +32,8 @@ pub const FORMAT_VERSION: u32 = 1;
 /// beside it. 2: a finished job's moves are kept as two counts. 3: the
 /// write intent is also kept in the intent slots ([`IntentRecord`]), which
 /// a build that reads only the metadata's list would miss after a crash;
-/// the payload is as in 2.
-pub const SLOT_VERSION: u32 = 3;
+/// the payload is as in 2. 4: a space's export name follows its name.
+pub const SLOT_VERSION: u32 = 4;
 /// The oldest slot version this build still reads (its pools import, and
 /// their next commit writes the current version).
 pub const SLOT_VERSION_OLDEST: u32 = 1;

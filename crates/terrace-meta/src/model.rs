@@ -140,6 +140,10 @@ impl ExtentRecord {
 pub struct SpaceRecord {
     pub id: SpaceId,
     pub name: String,
+    /// The name NBD clients open it by, fixed at creation so that it never
+    /// changes under them. `None` for a log space, and for a space of slot
+    /// format 3 or older until the import that reads it decides one.
+    pub export: Option<String>,
     pub layout: Layout,
     pub columns: u32,
     pub interleave_bytes: u64,

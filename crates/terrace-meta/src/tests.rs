@@ -62,6 +62,7 @@ fn metadata_with_space(layout: Layout, columns: u32, extents: u64) -> PoolMetada
     pool.spaces.push(SpaceRecord {
         id: SpaceId(1),
         name: "vol".into(),
+        export: Some("vol".into()),
         layout,
         columns,
         interleave_bytes: 4096,
@@ -314,6 +315,36 @@ fn slots_of_format_one_still_read() {
         SlotHeader::decode(&header(SLOT_VERSION + 1), SLOT),
         Err(SlotError::UnknownVersion { version }) if version == SLOT_VERSION + 1
     ));
+}
+
+/// A space's export name round-trips (a log space's none too), and a
+/// payload of slot format 3, which stores none, decodes with none (the
+/// import that reads it decides one).
+#[test]
+fn export_names_round_trip_and_format_three_has_none() {
+    let mut pool = metadata_with_space(Layout::Mirror { copies: 2 }, 2, 1);
+    pool.spaces[0].export = Some("tank-vol".into());
+    assert_eq!(codec::decode(&codec::encode(&pool)).unwrap(), pool);
+    let mut log = pool.clone();
+    log.spaces[0].export = None;
+    assert_eq!(codec::decode(&codec::encode(&log)).unwrap(), log);
+
+    // The export name is 2 + 8 bytes right after the space's name.
+    let current = codec::encode(&pool);
+    let name_end = {
+        let needle = [&[3u8, 0][..], b"vol", &[8, 0], b"tank-vol"].concat();
+        let at = current
+            .windows(needle.len())
+            .position(|window| window == needle)
+            .expect("name and export name in the payload");
+        at + 5
+    };
+    let mut old = current[..name_end].to_vec();
+    old.extend_from_slice(&current[name_end + 10..]);
+    let mut expected = pool.clone();
+    expected.spaces[0].export = None;
+    assert_eq!(codec::decode_version(&old, 3).unwrap(), expected);
+    assert!(codec::decode_version(&old, 4).is_err());
 }
 
 #[test]

@@ -101,6 +101,10 @@ pub enum Request {
         /// Even while NBD clients have it open.
         #[serde(default)]
         force: bool,
+        /// Only say whether it would be deleted (the refusals come before
+        /// the question whether to).
+        #[serde(default)]
+        check: bool,
     },
     /// Read every row and check that copies and parity agree with the data.
     SpaceVerify {
@@ -161,6 +165,9 @@ pub struct SpaceCreate {
     /// Write-back cache size; `None` for the default, 0 for none.
     #[serde(default)]
     pub cache_bytes: Option<u64>,
+    /// NBD export name; `None`: the space's name.
+    #[serde(default)]
+    pub export: Option<String>,
 }
 
 /// What went wrong, by who can fix it.
@@ -315,8 +322,13 @@ pub struct SpaceView {
     /// Further disk failures it survives now (absent when offline).
     pub survives: Option<u32>,
     pub read_only: bool,
-    /// NBD export name.
+    /// NBD export name, fixed at creation.
     pub export: String,
+    /// Why the export name is not served for this space (another open
+    /// pool's space has it), and the name clients reach it by instead;
+    /// null when served.
+    #[serde(default)]
+    pub export_not_served: Option<String>,
     /// NBD connections open on it now (a client may open several).
     #[serde(default)]
     pub nbd_connections: u64,

@@ -317,10 +317,13 @@ async fn space_uri(text: &str, control: &Path) -> Result<String, CliError> {
     };
     let detail: SpaceDetail = serde_json::from_value(call(&control, &request).await?)
         .map_err(|e| CliError::Protocol(e.to_string()))?;
-    Ok(format!(
-        "nbd+unix:///{}?socket={socket}",
-        detail.space.export
-    ))
+    // A space whose export name another pool's space serves is reached
+    // by its alias.
+    let export = match detail.space.export_not_served {
+        None => detail.space.export,
+        Some(_) => format!("{}/{}", detail.space.pool, detail.space.name),
+    };
+    Ok(format!("nbd+unix:///{export}?socket={socket}"))
 }
 
 async fn prefill_only(targets: &[Box<dyn Target>], config: &SweepConfig) -> Result<(), CliError> {

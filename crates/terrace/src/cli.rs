@@ -242,6 +242,10 @@ pub enum SpaceCommand {
         /// the pool has journal disks, 32M for parity without.
         #[arg(long, value_parser = parse_size)]
         cache: Option<u64>,
+        /// NBD export name, fixed for the space's life (default: its name;
+        /// refused if a space of an open pool has it).
+        #[arg(long)]
+        export: Option<String>,
     },
     /// Check that every row's copies or parity agree with its data.
     Verify {
@@ -274,7 +278,8 @@ pub enum SpaceCommand {
         #[arg(long)]
         pool: Option<String>,
     },
-    /// Delete a space and free its slabs. Asks first unless --yes.
+    /// Delete a space and free its slabs. Asks first unless --yes (after
+    /// checking that it may).
     Delete {
         name: String,
         #[arg(long)]
@@ -594,7 +599,9 @@ pub async fn wait_for_job(
     }
 }
 
-pub fn space_request(command: SpaceCommand) -> Result<Request, CliError> {
+/// The request of a space command; `space delete` asks the daemon at
+/// `control` whether it may first, then the user.
+pub fn space_request(command: SpaceCommand, control: &PathBuf) -> Result<Request, CliError> {
     Ok(match command {
         SpaceCommand::Create {
             pool,
@@ -608,6 +615,7 @@ pub fn space_request(command: SpaceCommand) -> Result<Request, CliError> {
             max: _,
             fault_domain,
             cache,
+            export,
         } => Request::SpaceCreate(SpaceCreate {
             pool,
             name,
@@ -619,6 +627,7 @@ pub fn space_request(command: SpaceCommand) -> Result<Request, CliError> {
             size_bytes: size,
             fault_domain,
             cache_bytes: cache,
+            export,
         }),
         SpaceCommand::Verify { name, pool } => Request::SpaceVerify { pool, name },
         SpaceCommand::Cache { name, size, pool } => Request::SpaceCache {
@@ -639,13 +648,26 @@ pub fn space_request(command: SpaceCommand) -> Result<Request, CliError> {
             yes,
             force,
         } => {
+            let request = |check| Request::SpaceDelete {
+                pool: pool.clone(),
+                name: name.clone(),
+                force,
+                check,
+            };
             if !yes {
+                let check = request(true);
+                let answer = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()?
+                    .block_on(call(control, &check))?;
+                let pool = answer["pool"].as_str().unwrap_or_default();
+                let space = answer["deletable"].as_str().unwrap_or(&name);
                 confirm(
-                    &format!("Delete space {name}? Its data will be gone."),
-                    &name,
+                    &format!("Delete space {space} of pool {pool}? Its data will be gone."),
+                    space,
                 )?;
             }
-            Request::SpaceDelete { pool, name, force }
+            request(false)
         }
     })
 }

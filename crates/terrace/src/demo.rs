@@ -243,6 +243,7 @@ async fn demo_steps(
             size_bytes: Some(requests * REQUEST_BYTES),
             fault_domain: None,
             cache_bytes: Some(CACHE_BYTES),
+            export: None,
         };
         let answer = call(control, &Request::SpaceCreate(create)).await?;
         println!(

@@ -186,7 +186,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Shutdown => api::Request::Shutdown,
         Command::Pool(command) => cli::pool_request(command)?,
         Command::Disk(command) => cli::disk_request(command)?,
-        Command::Space(command) => cli::space_request(command)?,
+        Command::Space(command) => cli::space_request(command, &control)?,
         Command::Job(cli::JobCommand::Wait { id, pool }) => {
             let job = runtime()?.block_on(cli::wait_for_job(&control, id, pool))?;
             if cli.json {

@@ -115,6 +115,11 @@ pub fn pool_status(pool: &PoolView) -> String {
     } else {
         out.push_str(&indent(&space_table(&pool.spaces).to_string()));
         out.push('\n');
+        for space in &pool.spaces {
+            if let Some(note) = &space.export_not_served {
+                out.push_str(&format!("  {}: {note}\n", space.name));
+            }
+        }
         for space in pool
             .spaces
             .iter()
@@ -282,7 +287,10 @@ fn space_table(spaces: &[SpaceView]) -> Table {
             format_size(space.size_bytes),
             format_size(space.raw_bytes),
             space_health(space),
-            space.export.clone(),
+            match space.export_not_served {
+                None => space.export.clone(),
+                Some(_) => format!("{} (not served)", space.export),
+            },
         ]);
     }
     table
@@ -494,6 +502,9 @@ pub fn space_detail(detail: &SpaceDetail) -> String {
         space.export,
         space_health(space)
     );
+    if let Some(note) = &space.export_not_served {
+        out.push_str(&format!("  {note}\n"));
+    }
     for line in &detail.explanation {
         out.push_str(&format!("  {line}\n"));
     }

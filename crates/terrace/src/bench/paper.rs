@@ -462,6 +462,7 @@ async fn create_spaces(
             size_bytes: Some(args.space_size),
             fault_domain: None,
             cache_bytes: Some(cache_bytes),
+            export: None,
         };
         let answer = call(control, &Request::SpaceCreate(create)).await?;
         let space: SpaceView =

@@ -1,7 +1,8 @@
 //! Spaces as NBD exports.
 //!
-//! Export name = space name; `pool/space` also works, and is the only name
-//! of a space whose name another pool uses too.
+//! Each space is served under its export name, fixed at its creation, and
+//! its alias `POOL/SPACE` (see `names.rs`); a client that names no export
+//! gets the one space when there is one.
 
 use std::sync::{Arc, Mutex, Weak};
 
@@ -11,6 +12,7 @@ use terrace_engine::layout::{count, Geometry, Layout};
 use terrace_engine::{mirror_stream_reach_bytes, EngineError, Space};
 use terrace_export::{Backend, BlockSizes, Catalog, Errno, Extent};
 
+use super::names::{alias, exports};
 use super::readahead::{Fetch, ReadAhead, WINDOW_MAX_BYTES};
 use super::registry::{Connection, Registry};
 
@@ -260,10 +262,6 @@ impl SpaceCatalog {
         }
     }
 
-    fn spaces(&self) -> Vec<(String, Arc<Space>)> {
-        all_spaces(&self.registry)
-    }
-
     /// The read-ahead of `space`, made on its first connection; those of
     /// spaces gone are dropped.
     fn readahead(&self, space: &Arc<Space>) -> Arc<ReadAhead> {
@@ -281,52 +279,27 @@ impl SpaceCatalog {
     }
 }
 
-/// Every (pool name, space) of the registry.
-fn all_spaces(registry: &Registry) -> Vec<(String, Arc<Space>)> {
-    registry
-        .all()
-        .into_iter()
-        .flat_map(|entry| {
-            let pool = entry.pool.name().to_string();
-            entry
-                .pool
-                .spaces()
-                .into_iter()
-                .map(move |space| (pool.clone(), space))
-        })
-        .collect()
-}
-
-/// The export name of a space: its own name unless another pool has a
-/// space of that name too.
-pub fn export_name(all: &[(String, Arc<Space>)], pool: &str, space: &str) -> String {
-    let clashes = all.iter().filter(|(_, s)| s.name() == space).count() > 1;
-    if clashes {
-        format!("{pool}/{space}")
-    } else {
-        space.to_string()
-    }
-}
-
 impl Catalog for SpaceCatalog {
+    /// Each space once, under the name it is served by.
     fn list(&self) -> Vec<(String, String)> {
-        let all = self.spaces();
-        all.iter()
-            .map(|(pool, space)| (export_name(&all, pool, space.name()), describe(space)))
+        exports(&self.registry)
+            .iter()
+            .map(|export| (export.served_name(), describe(&export.space)))
             .collect()
     }
 
     fn open(&self, name: &str) -> Option<Arc<dyn Backend>> {
-        let all = self.spaces();
+        let all = exports(&self.registry);
         let found = if name.is_empty() {
-            (all.len() == 1).then(|| all[0].1.clone())
+            (all.len() == 1).then(|| all[0].space.clone())
         } else {
             all.iter()
-                .find(|(pool, space)| {
-                    export_name(&all, pool, space.name()) == name
-                        || format!("{pool}/{}", space.name()) == name
+                .find(|export| export.served_by.is_none() && export.name == name)
+                .or_else(|| {
+                    all.iter()
+                        .find(|export| alias(&export.pool, export.space.name()) == name)
                 })
-                .map(|(_, space)| space.clone())
+                .map(|export| export.space.clone())
         };
         found.map(|space| {
             let readahead = self.readahead(&space);
@@ -338,11 +311,6 @@ impl Catalog for SpaceCatalog {
             Arc::new(backend) as Arc<dyn Backend>
         })
     }
-}
-
-/// The export name of `space` of `pool`, as the catalog would serve it.
-pub fn export_name_in(registry: &Registry, pool: &str, space: &str) -> String {
-    export_name(&all_spaces(registry), pool, space)
 }
 
 #[cfg(test)]

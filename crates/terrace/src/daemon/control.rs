@@ -13,7 +13,7 @@ use terrace_engine::{
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 
-use super::catalog::export_name_in;
+use super::names;
 use super::registry::{expand_disks, open_device, open_for_import, DiskPath, PoolEntry, Registry};
 use super::{candidates, intake, views, Daemon};
 use crate::api::{
@@ -108,6 +108,7 @@ async fn handle(daemon: &Arc<Daemon>, request: Request) -> Answer {
         Request::SpaceCreate(create) => space_create(registry, create).await,
         Request::SpaceVerify { pool, name } => {
             let (_, space) = find_space(registry, pool.as_deref(), &name)?;
+            let name = space.name();
             let report = terrace_engine::verify_space(&space)
                 .await
                 .map_err(failure)?;
@@ -130,16 +131,17 @@ async fn handle(daemon: &Arc<Daemon>, request: Request) -> Answer {
             check_cache_size(Some(bytes))?;
             let _admin = registry.admin.lock().await;
             let (entry, space) = find_space(registry, pool.as_deref(), &name)?;
+            let name = space.name();
             caches_fit_memory(registry, bytes, Some(&space))?;
             entry
                 .pool
-                .set_cache_size(&name, bytes)
+                .set_cache_size(name, bytes)
                 .await
                 .map_err(|error| match error {
                     EngineError::InvalidSetting { .. } => usage(error),
                     other => failure(other),
                 })?;
-            space_view(registry, &entry, &name).await
+            space_view(registry, &entry, name).await
         }
         Request::SpaceList { pool } => space_list(registry, pool).await,
         Request::SpaceShow { pool, name } => space_show(registry, pool, &name).await,
@@ -150,22 +152,38 @@ async fn handle(daemon: &Arc<Daemon>, request: Request) -> Answer {
         } => {
             check_whole_blocks("a space size of", size_bytes)?;
             let _admin = registry.admin.lock().await;
-            let (entry, _) = find_space(registry, pool.as_deref(), &name)?;
+            let (entry, space) = find_space(registry, pool.as_deref(), &name)?;
+            let name = space.name();
             entry
                 .pool
-                .resize_space(&name, size_bytes)
+                .resize_space(name, size_bytes)
                 .await
                 .map_err(failure)?;
-            space_view(registry, &entry, &name).await
+            space_view(registry, &entry, name).await
         }
-        Request::SpaceDelete { pool, name, force } => {
+        Request::SpaceDelete {
+            pool,
+            name,
+            force,
+            check,
+        } => {
             let _admin = registry.admin.lock().await;
             let (entry, space) = find_space(registry, pool.as_deref(), &name)?;
+            let name = space.name().to_string();
+            let pool = entry.pool.name();
             if !force {
                 in_use(registry, &[space], &format!("space {name}"), "delete it").await?;
             }
+            if let Some(why) = entry.pool.read_only_reason() {
+                return Err(failure(format!(
+                    "pool {pool} is read-only ({why}); nothing was changed"
+                )));
+            }
+            if check {
+                return value(serde_json::json!({ "deletable": name, "pool": pool }));
+            }
             entry.pool.delete_space(&name).await.map_err(failure)?;
-            value(serde_json::json!({ "deleted": name }))
+            value(serde_json::json!({ "deleted": name, "pool": pool }))
         }
         Request::DiskRemove { pool, disk } => {
             let _admin = registry.admin.lock().await;
@@ -326,27 +344,37 @@ fn find_pool(registry: &Registry, name: &str) -> Result<PoolEntry, (ErrorKind, S
     })
 }
 
+/// The space `name` (`NAME` or `NAME@POOL`) of `pool` if given, else of
+/// whichever pool has one so named.
 fn find_space(
     registry: &Registry,
     pool: Option<&str>,
     name: &str,
 ) -> Result<(PoolEntry, Arc<Space>), (ErrorKind, String)> {
-    let entries = match pool {
+    let (pool, name) = names::parse_space_name(name, pool).map_err(usage)?;
+    let entries = match &pool {
         Some(pool) => vec![find_pool(registry, pool)?],
         None => registry.all(),
     };
-    let found: Vec<(PoolEntry, Arc<Space>)> = entries
+    let mut found: Vec<(PoolEntry, Arc<Space>)> = entries
         .into_iter()
-        .filter_map(|entry| entry.pool.space(name).map(|space| (entry, space)))
+        .filter_map(|entry| entry.pool.space(&name).map(|space| (entry, space)))
         .collect();
     match found.len() {
-        1 => Ok(found.into_iter().next().expect("one")),
-        0 => Err(failure(format!(
-            "no space named {name}; `terrace space list` shows them"
-        ))),
-        _ => Err(usage(format!(
-            "several pools have a space named {name}; name the pool too"
-        ))),
+        1 => Ok(found.remove(0)),
+        0 => Err(failure(match pool {
+            Some(pool) => format!(
+                "pool {pool} has no space named {name}; `terrace space list {pool}` shows them"
+            ),
+            None => format!("no space named {name}; `terrace space list` shows them"),
+        })),
+        _ => {
+            let pools: Vec<String> = found
+                .iter()
+                .map(|(entry, _)| entry.pool.name().to_string())
+                .collect();
+            Err(usage(names::ambiguous(&name, &pools)))
+        }
     }
 }
 
@@ -354,13 +382,22 @@ async fn pool_view(registry: &Registry, entry: &PoolEntry) -> PoolView {
     let status = entry.pool.status().await;
     let jobs = entry.pool.job_statuses().await;
     let settings = entry.pool.metadata().await.settings;
+    let exports: Vec<names::Export> = names::exports(registry)
+        .into_iter()
+        .filter(|export| export.pool == entry.pool.name())
+        .collect();
+    let export_of = |space: &str| exports.iter().find(|export| export.space.name() == space);
     let mut view = views::pool_view(&status, &jobs, &settings, |space| {
-        export_name_in(registry, entry.pool.name(), space)
+        export_of(space).map_or_else(
+            || names::alias(entry.pool.name(), space),
+            |e| e.name.clone(),
+        )
     });
     for space in &mut view.spaces {
         if let Some(open) = entry.pool.space(&space.name) {
             space.nbd_connections = registry.connections_to(&open) as u64;
         }
+        space.export_not_served = export_of(&space.name).and_then(names::Export::not_served);
     }
     view
 }
@@ -535,6 +572,7 @@ async fn pool_import(
         pool: Some(chosen.id.clone()),
         force,
         read_only,
+        exports_taken: names::export_names(registry),
     };
     let pool = Pool::import(registry.env.clone(), devices, options)
         .await
@@ -857,6 +895,8 @@ async fn space_create(registry: &Registry, create: SpaceCreate) -> Answer {
     config.columns = create.columns;
     config.interleave_bytes = create.interleave_bytes;
     config.cache_bytes = create.cache_bytes;
+    config.export = create.export.clone();
+    export_free(registry, &create.pool, &config)?;
     // The cache the space will get, asked for or the pool's default for
     // its layout, counts against the daemon's memory either way.
     let metadata = entry.pool.metadata().await;
@@ -895,6 +935,34 @@ async fn space_create(registry: &Registry, create: SpaceCreate) -> Answer {
     space_view(registry, &entry, &create.name).await
 }
 
+/// Refuse a new space of `pool` an export name that a space of an open
+/// pool has (served or not): names never change meaning under a client.
+/// (A space of the same name in the same pool is refused as such.)
+fn export_free(
+    registry: &Registry,
+    pool: &str,
+    config: &SpaceConfig,
+) -> Result<(), (ErrorKind, String)> {
+    let export = config.export_name();
+    let Some((holder_pool, space)) = names::holder_of(registry, export) else {
+        return Ok(());
+    };
+    if holder_pool == pool && space == config.name {
+        return Ok(());
+    }
+    let pool = holder_pool;
+    let hint = match &config.export {
+        None => format!(
+            "give this one another with --export NAME (e.g. --export {}-{export})",
+            config.name
+        ),
+        Some(_) => "choose another --export NAME".to_string(),
+    };
+    Err(failure(format!(
+        "export name {export} is taken by space {space} of pool {pool}; {hint}; nothing was          changed"
+    )))
+}
+
 async fn space_list(registry: &Registry, pool: Option<String>) -> Answer {
     let entries = match pool {
         Some(pool) => vec![find_pool(registry, &pool)?],
@@ -908,7 +976,8 @@ async fn space_list(registry: &Registry, pool: Option<String>) -> Answer {
 }
 
 async fn space_show(registry: &Registry, pool: Option<String>, name: &str) -> Answer {
-    let (entry, _) = find_space(registry, pool.as_deref(), name)?;
+    let (entry, space) = find_space(registry, pool.as_deref(), name)?;
+    let name = space.name();
     let view = pool_view(registry, &entry).await;
     let space = view
         .spaces

@@ -18,6 +18,7 @@ pub mod catalog;
 pub mod control;
 pub mod events;
 pub mod intake;
+pub mod names;
 pub mod probe;
 pub mod readahead;
 pub mod registry;

@@ -6,7 +6,6 @@
 //! (written to a temporary file, synced, renamed) so the next start imports
 //! them again.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
@@ -47,7 +46,10 @@ struct SavedPool {
 pub struct Registry {
     pub env: Arc<dyn Env>,
     state_path: PathBuf,
-    pools: RwLock<BTreeMap<String, PoolEntry>>,
+    /// In the order they were opened, which the state file keeps: the
+    /// first of two pools whose spaces have the same export name serves
+    /// it (see [`super::names`]), across restarts too.
+    pools: RwLock<Vec<PoolEntry>>,
     /// Saved pools that could not be imported at start; kept in the state
     /// file so a later start (with the disks back) tries again.
     unavailable: RwLock<Vec<SavedPool>>,
@@ -255,7 +257,7 @@ impl Registry {
         Registry {
             env,
             state_path: state_dir.join("pools.json"),
-            pools: RwLock::new(BTreeMap::new()),
+            pools: RwLock::new(Vec::new()),
             unavailable: RwLock::new(Vec::new()),
             admin: tokio::sync::Mutex::new(()),
             log_memory,
@@ -287,7 +289,8 @@ impl Registry {
         self.pools
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .get(name)
+            .iter()
+            .find(|entry| entry.pool.name() == name)
             .cloned()
     }
 
@@ -295,9 +298,7 @@ impl Registry {
         self.pools
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .cloned()
-            .collect()
+            .to_vec()
     }
 
     pub fn insert(&self, entry: PoolEntry) -> Result<(), String> {
@@ -307,10 +308,7 @@ impl Registry {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|saved| saved.name != name);
-        self.pools
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(name, entry);
+        self.add(entry);
         self.share_log_memory();
         start_pool_tasks(&pool);
         self.save()
@@ -322,17 +320,29 @@ impl Registry {
     fn share_log_memory(&self) {
         let pools = self.pools.read().unwrap_or_else(|e| e.into_inner());
         let share = self.log_memory / pools.len().max(1) as u64;
-        for entry in pools.values() {
+        for entry in pools.iter() {
             entry.pool.set_log_memory(share);
         }
     }
 
+    /// Add `entry` last, or in its place if its pool's name is there.
+    fn add(&self, entry: PoolEntry) {
+        let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());
+        match pools
+            .iter_mut()
+            .find(|known| known.pool.name() == entry.pool.name())
+        {
+            Some(known) => *known = entry,
+            None => pools.push(entry),
+        }
+    }
+
     pub fn remove(&self, name: &str) -> Result<Option<PoolEntry>, String> {
-        let removed = self
-            .pools
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(name);
+        let removed = {
+            let mut pools = self.pools.write().unwrap_or_else(|e| e.into_inner());
+            let position = pools.iter().position(|entry| entry.pool.name() == name);
+            position.map(|position| pools.remove(position))
+        };
         self.share_log_memory();
         self.save()?;
         Ok(removed)
@@ -344,7 +354,8 @@ impl Registry {
             .pools
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .get_mut(name)
+            .iter_mut()
+            .find(|entry| entry.pool.name() == name)
         {
             entry.disks = disks;
         }
@@ -406,6 +417,7 @@ impl Registry {
             };
             let options = ImportOptions {
                 pool: Some(saved.name.clone()),
+                exports_taken: super::names::export_names(self),
                 ..ImportOptions::default()
             };
             // Nothing is served until every saved pool is in: after an
@@ -423,18 +435,20 @@ impl Registry {
                     let name = pool.name().to_string();
                     let seconds = self.env.now_ns().saturating_sub(started_ns) as f64 / 1e9;
                     super::log(format!("pool {name}: imported in {seconds:.1} s"));
-                    self.pools
-                        .write()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .insert(
-                            name,
-                            PoolEntry {
-                                pool: pool.clone(),
-                                disks: saved.disks,
-                            },
-                        );
+                    self.add(PoolEntry {
+                        pool: pool.clone(),
+                        disks: saved.disks,
+                    });
                     self.share_log_memory();
                     start_pool_tasks(&pool);
+                    for export in super::names::exports(self) {
+                        if let Some(note) = export.not_served().filter(|_| export.pool == name) {
+                            super::log(format!(
+                                "pool {name}: space {}: {note}",
+                                export.space.name()
+                            ));
+                        }
+                    }
                 }
                 Err(error) => problems.push(self.keep_unavailable(saved, error.to_string())),
             }

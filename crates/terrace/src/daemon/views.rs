@@ -148,6 +148,7 @@ pub fn space_view(pool: &str, space: &SpaceStatus, read_only: bool, export: Stri
         repair_percent: repair.map(|(_, percent)| percent),
         read_only,
         export,
+        export_not_served: None,
         nbd_connections: 0,
         resync_extents_left: space.resync.map_or(0, |r| r.extents_left),
         resync_extents_total: space.resync.map_or(0, |r| r.extents_total),
