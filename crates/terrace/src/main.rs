@@ -84,7 +84,7 @@ enum Command {
         /// Serve NBD on no TCP address at all.
         #[arg(long, conflicts_with = "listen")]
         no_tcp: bool,
-        /// NBD Unix socket (default: in the runtime folder, beside the control socket).
+        /// NBD Unix socket (default: nbd.sock beside the control socket).
         #[arg(long)]
         nbd_socket: Option<PathBuf>,
         /// Threads serving each NBD socket connection, each carrying one
@@ -153,11 +153,12 @@ fn run(cli: Cli) -> Result<(), CliError> {
             nbd_threads,
             log_memory,
         } => {
+            let nbd_socket = nbd_socket.unwrap_or_else(|| paths::nbd_socket_beside(&control));
             let config = daemon::DaemonConfig {
                 state_dir: state_dir.unwrap_or_else(paths::state_dir),
                 control_socket: control,
                 nbd_tcp: (!no_tcp).then_some(listen),
-                nbd_socket: Some(nbd_socket.unwrap_or_else(paths::nbd_socket)),
+                nbd_socket: Some(nbd_socket),
                 nbd_threads,
                 log_memory,
             };

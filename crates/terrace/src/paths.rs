@@ -4,8 +4,11 @@
 //! Others: `$XDG_RUNTIME_DIR/terrace` (or `/tmp/terrace-UID`) and
 //! `$XDG_STATE_HOME/terrace` (or `~/.local/state/terrace`).
 //! `TERRACE_CONTROL` and `TERRACE_STATE_DIR` override both.
+//! The daemon's other runtime files (the NBD Unix socket) go beside its
+//! control socket, wherever that is, so that daemons with different
+//! control sockets in different folders never meet.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -29,8 +32,13 @@ pub fn control_socket() -> PathBuf {
         .unwrap_or_else(|| runtime_dir().join("control.sock"))
 }
 
-pub fn nbd_socket() -> PathBuf {
-    runtime_dir().join("nbd.sock")
+/// The NBD Unix socket of the daemon whose control socket is `control`:
+/// `nbd.sock` in the same folder.
+pub fn nbd_socket_beside(control: &Path) -> PathBuf {
+    control
+        .parent()
+        .unwrap_or_else(|| Path::new("."))
+        .join("nbd.sock")
 }
 
 pub fn state_dir() -> PathBuf {

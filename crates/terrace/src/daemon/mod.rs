@@ -6,9 +6,16 @@
 //!  NBD clients ──(TCP 127.0.0.1:10809, Unix)──▶ terrace-export ──▶ catalog ──▶ spaces
 //! ```
 //!
+//! Start: bind the control socket, NBD's TCP address and its Unix socket
+//! (`nbd.sock` beside the control socket unless given), refusing a socket a
+//! live process listens on and replacing a stale one ([`sockets`]); import
+//! the saved pools; serve; tell a service manager `READY=1` ([`notify`]).
+//! A start that fails removes the sockets it bound.
+//!
 //! Shutdown (SIGTERM, SIGINT, or `Shutdown` on the control socket): stop
-//! accepting, let NBD connections finish the requests they have in flight,
-//! then close every pool (flush, mark clean). A SIGKILL skips all that; the
+//! accepting (`STOPPING=1` to a service manager), let NBD connections
+//! finish the requests they have in flight, then close every pool (flush,
+//! mark clean). A SIGKILL skips all that; the
 //! next start finds the pools not closed cleanly and resynchronises them
 //! (mirrors in the background, while they serve), and nothing acknowledged
 //! after a flush is lost.
@@ -19,9 +26,11 @@ pub mod control;
 pub mod events;
 pub mod intake;
 pub mod names;
+pub mod notify;
 pub mod probe;
 pub mod readahead;
 pub mod registry;
+pub mod sockets;
 pub mod views;
 
 use std::net::SocketAddr;
@@ -30,7 +39,7 @@ use std::sync::Arc;
 
 use terrace_engine::io::{Env, SystemEnv};
 use terrace_export::{Server, ServerOptions};
-use tokio::net::{TcpListener, UnixListener, UnixStream};
+use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 
 use catalog::SpaceCatalog;
@@ -90,33 +99,14 @@ pub fn log(message: impl std::fmt::Display) {
     eprintln!("[{now:.3}] terrace: {message}");
 }
 
-/// Bind a Unix socket, replacing a stale file but refusing to steal the
-/// socket of a daemon that is alive.
-async fn bind_unix(path: &PathBuf) -> Result<UnixListener, String> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)
-            .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
-    }
-    if path.exists() {
-        if UnixStream::connect(path).await.is_ok() {
-            return Err(format!(
-                "{} is in use: another daemon is running",
-                path.display()
-            ));
-        }
-        std::fs::remove_file(path)
-            .map_err(|e| format!("cannot remove stale {}: {e}", path.display()))?;
-    }
-    UnixListener::bind(path).map_err(|e| format!("cannot listen on {}: {e}", path.display()))
-}
-
 /// A started daemon: its state, and the task that ends when it has shut down.
 pub struct Running {
     pub daemon: Arc<Daemon>,
     pub finished: tokio::task::JoinHandle<()>,
 }
 
-/// Import saved pools, bind every socket and start serving.
+/// Bind every socket, import saved pools and start serving. A start that
+/// fails removes the sockets it bound (see [`sockets`]).
 pub async fn start(config: DaemonConfig, env: Arc<dyn Env>) -> Result<Running, String> {
     std::fs::create_dir_all(&config.state_dir).map_err(|e| {
         format!(
@@ -124,12 +114,10 @@ pub async fn start(config: DaemonConfig, env: Arc<dyn Env>) -> Result<Running, S
             config.state_dir.display()
         )
     })?;
-    let control = bind_unix(&config.control_socket).await?;
-    let log_memory = config.log_memory.unwrap_or_else(log_memory_default);
-    let registry = Arc::new(Registry::new(env, &config.state_dir, log_memory));
-    for problem in registry.import_saved().await {
-        log(format!("not imported: {problem}"));
-    }
+    let mut created = sockets::Created::default();
+    let control = sockets::bind("control socket", &config.control_socket, &mut created)
+        .await
+        .map_err(|e| e.to_string())?;
     let tcp = match config.nbd_tcp {
         Some(address) => Some(
             TcpListener::bind(address)
@@ -139,9 +127,18 @@ pub async fn start(config: DaemonConfig, env: Arc<dyn Env>) -> Result<Running, S
         None => None,
     };
     let nbd_unix = match &config.nbd_socket {
-        Some(path) => Some(bind_unix(path).await?),
+        Some(path) => Some(
+            sockets::bind("NBD socket", path, &mut created)
+                .await
+                .map_err(|e| e.to_string())?,
+        ),
         None => None,
     };
+    let log_memory = config.log_memory.unwrap_or_else(log_memory_default);
+    let registry = Arc::new(Registry::new(env, &config.state_dir, log_memory));
+    for problem in registry.import_saved().await {
+        log(format!("not imported: {problem}"));
+    }
     let (shutdown, _) = watch::channel(false);
     let daemon = Arc::new(Daemon {
         nbd_tcp: tcp.as_ref().and_then(|l| l.local_addr().ok()),
@@ -150,6 +147,7 @@ pub async fn start(config: DaemonConfig, env: Arc<dyn Env>) -> Result<Running, S
         shutdown,
     });
     let finished = tokio::spawn(serve(daemon.clone(), control, tcp, nbd_unix));
+    created.keep();
     Ok(Running { daemon, finished })
 }
 
@@ -216,6 +214,7 @@ async fn serve(
             _ = stop.changed() => break,
         }
     }
+    notify::stopping();
     for server in servers {
         let _ = server.await;
     }
@@ -284,11 +283,12 @@ fn connection_thread_start() {
 
 /// Run until SIGTERM, SIGINT or a shutdown request.
 pub async fn run(config: DaemonConfig) -> Result<(), String> {
-    let running = start(config, Arc::new(SystemEnv::new())).await?;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|e| format!("cannot watch SIGTERM: {e}"))?;
     let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
         .map_err(|e| format!("cannot watch SIGINT: {e}"))?;
+    let running = start(config, Arc::new(SystemEnv::new())).await?;
+    notify::ready();
     let daemon = running.daemon.clone();
     let mut finished = running.finished;
     tokio::select! {

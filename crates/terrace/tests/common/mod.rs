@@ -357,6 +357,8 @@ pub struct Daemon {
     pub tcp: Option<String>,
     /// More arguments to `terrace daemon`, at every start.
     extra: Vec<String>,
+    /// Whether `--nbd-socket` is passed; without it the daemon chooses.
+    pub pass_nbd_socket: bool,
 }
 
 impl Daemon {
@@ -366,13 +368,21 @@ impl Daemon {
 
     /// A daemon started with more arguments (kept across restarts).
     pub fn start_with(extra: &[&str]) -> Daemon {
+        let mut daemon = Daemon::prepare(extra);
+        daemon.launch();
+        daemon
+    }
+
+    /// A daemon's folder and command, not started: change its paths, then
+    /// [`Daemon::launch`] (or [`Daemon::spawn`]) it.
+    pub fn prepare(extra: &[&str]) -> Daemon {
         let dir = tempfile::Builder::new()
             .prefix("terrace-e2e-")
             .tempdir()
             .expect("temp dir");
         let root = dir.path().to_path_buf();
         std::fs::create_dir_all(root.join("disks")).expect("disks folder");
-        let mut daemon = Daemon {
+        Daemon {
             state_dir: root.join("state"),
             control: root.join("control.sock"),
             nbd_socket: root.join("nbd.sock"),
@@ -382,30 +392,41 @@ impl Daemon {
             child: None,
             tcp: None,
             extra: extra.iter().map(|arg| arg.to_string()).collect(),
-        };
-        daemon.launch();
-        daemon
+            pass_nbd_socket: true,
+        }
     }
 
-    fn launch(&mut self) {
-        assert!(self.child.is_none(), "the daemon is already running");
-        let log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .expect("daemon log");
+    /// The `terrace daemon` command this daemon starts with.
+    pub fn daemon_command(&self) -> Command {
         let mut command = Command::new(TERRACE);
         command
             .arg("daemon")
             .arg("--state-dir")
             .arg(&self.state_dir)
             .arg("--control")
-            .arg(&self.control)
-            .arg("--nbd-socket")
-            .arg(&self.nbd_socket)
+            .arg(&self.control);
+        if self.pass_nbd_socket {
+            command.arg("--nbd-socket").arg(&self.nbd_socket);
+        }
+        command
             .args(["--listen", "127.0.0.1:0"])
             .args(&self.extra)
-            .env("RUST_BACKTRACE", "1")
+            .env("RUST_BACKTRACE", "1");
+        command
+    }
+
+    /// Start the daemon, with more environment variables, and return at
+    /// once; see [`Daemon::wait_answering`].
+    pub fn spawn(&mut self, env: &[(&str, &std::ffi::OsStr)]) {
+        assert!(self.child.is_none(), "the daemon is already running");
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("daemon log");
+        let mut command = self.daemon_command();
+        command
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log);
@@ -413,6 +434,16 @@ impl Daemon {
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", describe(&command)));
         self.child = Some(child);
+    }
+
+    /// Start the daemon and wait until it answers `status`.
+    pub fn launch(&mut self) {
+        self.spawn(&[]);
+        self.wait_answering();
+    }
+
+    /// Wait until the started daemon answers `status`; note its NBD address.
+    pub fn wait_answering(&mut self) {
         let deadline = Instant::now() + DAEMON_TIMEOUT;
         let status = loop {
             if let Some(status) = self
