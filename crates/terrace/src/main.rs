@@ -4,13 +4,14 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 mod api;
 mod bench;
 mod cli;
 mod daemon;
 mod demo;
+mod generate;
 mod paths;
 mod render;
 mod units;
@@ -134,6 +135,9 @@ enum Command {
     /// database, streaming, restore) over outstanding I/Os against NBD
     /// exports, files, devices or spaces; `bench paper` reproduces the paper.
     Bench(Box<bench::BenchArgs>),
+    /// Man pages and shell completions, for installing (scripts/install).
+    #[command(subcommand, hide = true)]
+    Generate(generate::GenerateCommand),
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, CliError> {
@@ -183,6 +187,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             return runtime()?.block_on(demo::run(options));
         }
         Command::Bench(args) => return bench::run(*args, &control, cli.json),
+        Command::Generate(command) => return generate::run(command, Cli::command()),
         Command::Status => api::Request::DaemonStatus,
         Command::Shutdown => api::Request::Shutdown,
         Command::Pool(command) => cli::pool_request(command)?,
