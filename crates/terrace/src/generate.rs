@@ -25,10 +25,26 @@ pub fn run(command: GenerateCommand, cli: clap::Command) -> Result<(), CliError>
             clap_mangen::generate_to(cli, &dir)?;
         }
         GenerateCommand::Completions { shell } => {
-            let mut cli = cli;
+            let mut cli = without_hidden_commands(cli);
             let name = cli.get_name().to_string();
             clap_complete::generate(shell, &mut cli, name, &mut std::io::stdout());
         }
     }
     Ok(())
+}
+
+/// `cli` less its hidden commands (`generate`), which the completion
+/// generators would offer: clap can add commands but not take one away,
+/// so the top level is built again from the rest.
+fn without_hidden_commands(cli: clap::Command) -> clap::Command {
+    let visible: Vec<clap::Command> = cli
+        .get_subcommands()
+        .filter(|command| !command.is_hide_set())
+        .cloned()
+        .collect();
+    clap::Command::new(env!("CARGO_BIN_NAME"))
+        .version(env!("CARGO_PKG_VERSION"))
+        .propagate_version(cli.is_propagate_version_set())
+        .args(cli.get_arguments().cloned())
+        .subcommands(visible)
 }

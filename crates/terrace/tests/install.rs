@@ -30,6 +30,18 @@ fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
 }
 
+/// What the bash completion in `script` offers for `terrace WORD`.
+fn bash_completes(script: &Path, word: &str) -> String {
+    let line = format!(
+        "source {} && COMP_WORDS=(terrace {word}) && COMP_CWORD=1 && COMP_LINE='terrace {word}' \
+         && COMP_POINT=${{#COMP_LINE}} && _terrace terrace {word} terrace \
+         && printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+        script.display()
+    );
+    let completed = run_ok(Command::new("bash").args(["-c", &line]));
+    completed.stdout.trim().to_string()
+}
+
 #[test]
 fn install_puts_binary_unit_man_pages_and_completions_in_place() {
     let temp = tempfile::tempdir().expect("temp dir");
@@ -88,14 +100,9 @@ fn install_puts_binary_unit_man_pages_and_completions_in_place() {
     );
 
     let bash = prefix.join("share/bash-completion/completions/terrace");
-    let script = format!(
-        "source {} && COMP_WORDS=(terrace po) && COMP_CWORD=1 && COMP_LINE='terrace po' \
-         && COMP_POINT=${{#COMP_LINE}} && _terrace terrace po terrace \
-         && printf '%s\\n' \"${{COMPREPLY[@]}}\"",
-        bash.display()
-    );
-    let completed = run_ok(Command::new("bash").args(["-c", &script]));
-    assert_eq!(completed.stdout.trim(), "pool", "{}", completed.describe());
+    assert_eq!(bash_completes(&bash, "po"), "pool");
+    // The hidden command is not offered.
+    assert_eq!(bash_completes(&bash, "ge"), "");
 
     let zsh = read(&prefix.join("share/zsh/site-functions/_terrace"));
     assert!(zsh.starts_with("#compdef terrace"), "{}", tail(&zsh, 5));
