@@ -135,6 +135,11 @@ impl Profile {
         self.read_percent > 0
     }
 
+    /// Whether the profile writes (and so destroys what the target held).
+    pub fn writes(&self) -> bool {
+        self.read_percent < 100
+    }
+
     /// "random, 67 % read / 33 % write, 64 KiB" for titles.
     pub fn describe(&self) -> String {
         let mix = match self.read_percent {

@@ -21,6 +21,7 @@
 //! queue.
 
 mod findings;
+mod guard;
 mod local;
 mod paper;
 
@@ -35,8 +36,9 @@ use terrace_bench::{
     BenchError, Profile, SequentialMode, SweepConfig, Target, TargetError, TargetSpec,
 };
 
-use crate::api::{DaemonView, Request, SpaceDetail};
+use crate::api::{DaemonView, Request, SpaceDetail, SpaceView};
 use crate::cli::call;
+use crate::daemon::catalog::SOLE_WRITER_PREFIX;
 use crate::units::parse_size;
 use crate::CliError;
 
@@ -62,6 +64,43 @@ pub struct BenchArgs {
     /// NBD connections per NBD target, used in turn.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     connections: u32,
+    /// Measure only the profiles that never write, without prefill: safe
+    /// on a target in use (reads measure the data that is there).
+    #[arg(long)]
+    read_only: bool,
+    /// Write over targets that hold data: a space NBD clients have open, a
+    /// device that is mounted, held, partitioned or not zero at its start,
+    /// a file with data. Without it a run that writes refuses them.
+    #[arg(long)]
+    destroy_data: bool,
+}
+
+/// What a run does to its targets, so that one holding data is refused
+/// before anything is written (see `bench/guard.rs`).
+#[derive(Debug, Clone, Copy)]
+struct WritePlan {
+    /// The profiles write, or the run is `--prefill only`: whatever the
+    /// target holds is overwritten.
+    writes: bool,
+    /// Only a prefill before the reads would write; a target in use is
+    /// then read as it is instead.
+    prefills: bool,
+    destroy_data: bool,
+}
+
+impl WritePlan {
+    /// Refused with `reason` (what the target holds) unless the run only
+    /// reads or was told to destroy data; `Ok(true)`: read it, don't
+    /// prefill it.
+    fn held(&self, label: &str, reason: String) -> Result<bool, CliError> {
+        if self.destroy_data || !self.writes {
+            return Ok(!self.destroy_data);
+        }
+        Err(CliError::Refused(format!(
+            "target {label}: {reason}; the benchmark writes over all of it, so nothing was \
+             written. Measure only reads (--read-only), or destroy the data with --destroy-data"
+        )))
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -220,7 +259,16 @@ pub fn run(mut args: BenchArgs, control: &Path, json_stdout: bool) -> Result<(),
         }
         None => args.output.json_stdout = json_stdout,
     }
-    let config = args.sweep.config()?;
+    let mut config = args.sweep.config()?;
+    if args.read_only {
+        read_only(&mut config, args.sweep.prefill)?;
+    }
+    let plan = WritePlan {
+        writes: config.profiles.iter().any(Profile::writes)
+            || args.sweep.prefill == PrefillWhen::Only,
+        prefills: config.prefill && config.profiles.iter().any(Profile::reads),
+        destroy_data: args.destroy_data,
+    };
     let specs = args
         .targets
         .iter()
@@ -230,10 +278,25 @@ pub fn run(mut args: BenchArgs, control: &Path, json_stdout: bool) -> Result<(),
     runtime.block_on(async {
         let mut local = local::LocalPools::default();
         let result = async {
-            let mut targets = Vec::new();
+            let mut checked = Vec::new();
+            let mut in_use = Vec::new();
             for spec in &specs {
-                targets
-                    .push(open_target(spec, control, args.connections as usize, &mut local).await?);
+                let (spec, held) = check_target(spec, control, &plan).await?;
+                if held {
+                    in_use.push(spec.label.clone());
+                }
+                checked.push(spec);
+            }
+            let mut targets = Vec::new();
+            for spec in &checked {
+                targets.push(open_target(spec, args.connections as usize, &mut local).await?);
+            }
+            if plan.prefills && !in_use.is_empty() {
+                eprintln!(
+                    "{} in use: no prefill, the reads measure the data there",
+                    in_use.join(", ")
+                );
+                config.prefill = false;
             }
             if args.sweep.prefill == PrefillWhen::Only {
                 return prefill_only(&targets, &config).await;
@@ -249,12 +312,69 @@ pub fn run(mut args: BenchArgs, control: &Path, json_stdout: bool) -> Result<(),
     })
 }
 
-/// Connect to or open one target; a `space:` target is looked up in the
-/// daemon first, an `engine:` target's pool imported into `local`. Errors
-/// name the target and say what to do.
-async fn open_target(
+/// `--read-only`: keep the profiles that never write, and prefill nothing.
+fn read_only(config: &mut SweepConfig, prefill: PrefillWhen) -> Result<(), CliError> {
+    if prefill == PrefillWhen::Only {
+        return Err(CliError::Usage(
+            "--read-only and --prefill only contradict each other".into(),
+        ));
+    }
+    config.profiles.retain(|profile| !profile.writes());
+    if config.profiles.is_empty() {
+        return Err(CliError::Usage(
+            "--read-only leaves no profile: give one that only reads, such as streaming or \
+             random:100:8K"
+                .into(),
+        ));
+    }
+    config.prefill = false;
+    Ok(())
+}
+
+/// Look at one target before anything is opened (so that the benchmark's
+/// own connections to one space never count against another target on
+/// it): a `space:` target is looked up in the daemon and becomes its NBD
+/// URI. A target that holds data is refused if `plan` writes over it; the
+/// answer says whether it holds data (it is then only read).
+async fn check_target(
     spec: &TargetSpec,
     control: &Path,
+    plan: &WritePlan,
+) -> Result<(TargetSpec, bool), CliError> {
+    Ok(match &spec.location {
+        Location::Path(path) => {
+            let text = path.to_str().unwrap_or_default();
+            if text.starts_with(local::PREFIX) {
+                return Ok((spec.clone(), false));
+            }
+            match text.strip_prefix("space:") {
+                Some(space) => {
+                    let (uri, held) = space_target(&spec.label, space, control, plan).await?;
+                    let location = Location::Nbd(uri);
+                    (
+                        TargetSpec {
+                            location,
+                            ..spec.clone()
+                        },
+                        held,
+                    )
+                }
+                None => (
+                    spec.clone(),
+                    file_held(&spec.label, std::slice::from_ref(path), plan)?,
+                ),
+            }
+        }
+        Location::Stripe(paths) => (spec.clone(), file_held(&spec.label, paths, plan)?),
+        Location::Nbd(_) => (spec.clone(), false),
+    })
+}
+
+/// Connect to or open one target checked by [`check_target`]; an
+/// `engine:` target's pool is imported into `local`. Errors name the
+/// target and say what to do.
+async fn open_target(
+    spec: &TargetSpec,
     connections: usize,
     local: &mut local::LocalPools,
 ) -> Result<Box<dyn Target>, CliError> {
@@ -264,18 +384,46 @@ async fn open_target(
             return local.open(&spec.label, &space, &disks).await;
         }
     }
-    let spec = match &spec.location {
-        Location::Path(path) => match path.to_str().and_then(|p| p.strip_prefix("space:")) {
-            Some(space) => TargetSpec {
-                label: spec.label.clone(),
-                location: Location::Nbd(space_uri(space, control).await.map_err(|error| {
-                    CliError::Refused(format!("target {}: {error}", spec.label))
-                })?),
-            },
-            None => spec.clone(),
-        },
-        _ => spec.clone(),
-    };
+    let target = open_spec(spec, connections).await;
+    if let (Err(_), Some(export)) = (&target, sole_writer_export(spec)) {
+        // The daemon refused the sole writer: a client came meanwhile.
+        return Err(CliError::Refused(format!(
+            "target {}: space {} was opened by an NBD client meanwhile; nothing was written. \
+             Measure only reads (--read-only), or destroy the data with --destroy-data",
+            spec.label,
+            export.trim_start_matches(SOLE_WRITER_PREFIX)
+        )));
+    }
+    target
+}
+
+/// Whether the files or devices at `paths` hold data (refused if `plan`
+/// writes over them).
+fn file_held(label: &str, paths: &[PathBuf], plan: &WritePlan) -> Result<bool, CliError> {
+    if plan.destroy_data {
+        return Ok(false);
+    }
+    let mut held = false;
+    for path in paths {
+        if let Some(reason) = guard::data_held(path) {
+            held = plan.held(label, format!("{}: {reason}", path.display()))?;
+        }
+    }
+    Ok(held)
+}
+
+/// The export of a sole-writer connection in `spec`'s URI, if it is one.
+fn sole_writer_export(spec: &TargetSpec) -> Option<&str> {
+    match &spec.location {
+        Location::Nbd(uri) => uri
+            .strip_prefix("nbd+unix:///")
+            .filter(|export| export.starts_with(SOLE_WRITER_PREFIX))
+            .and_then(|export| export.split('?').next()),
+        _ => None,
+    }
+}
+
+async fn open_spec(spec: &TargetSpec, connections: usize) -> Result<Box<dyn Target>, CliError> {
     spec.open(connections).await.map_err(|source| {
         let hint = match &spec.location {
             Location::Nbd(_) => "is the NBD server running, and is the export name right?",
@@ -290,8 +438,47 @@ async fn open_target(
     })
 }
 
-/// `NAME[@POOL]` of the daemon at `control` as an `nbd+unix://` URI.
-async fn space_uri(text: &str, control: &Path) -> Result<String, CliError> {
+/// A `space:NAME[@POOL]` target labelled `label`: its URI, and whether
+/// NBD clients have it open (refused if `plan` writes over it). A run that
+/// writes connects as the space's sole writer, which the daemon refuses
+/// while another client is connected.
+async fn space_target(
+    label: &str,
+    text: &str,
+    control: &Path,
+    plan: &WritePlan,
+) -> Result<(String, bool), CliError> {
+    let (socket, space) = space_export(text, control)
+        .await
+        .map_err(|error| CliError::Refused(format!("target {label}: {error}")))?;
+    let export = &space.export;
+    if plan.destroy_data {
+        return Ok((format!("nbd+unix:///{export}?socket={socket}"), false));
+    }
+    if space.nbd_connections > 0 {
+        let clients = space.nbd_connections;
+        let reason = format!(
+            "space {} is open by {clients} NBD connection{}",
+            space.name,
+            if clients == 1 { "" } else { "s" }
+        );
+        plan.held(label, reason)?;
+        return Ok((format!("nbd+unix:///{export}?socket={socket}"), true));
+    }
+    let prefix = if plan.writes || plan.prefills {
+        SOLE_WRITER_PREFIX
+    } else {
+        ""
+    };
+    Ok((
+        format!("nbd+unix:///{prefix}{export}?socket={socket}"),
+        false,
+    ))
+}
+
+/// `NAME[@POOL]` of the daemon at `control`: the daemon's NBD socket and
+/// the space.
+async fn space_export(text: &str, control: &Path) -> Result<(String, SpaceView), CliError> {
     let (name, pool) = match text.split_once('@') {
         Some((name, pool)) => (name, Some(pool.to_string())),
         None => (text, None),
@@ -319,11 +506,11 @@ async fn space_uri(text: &str, control: &Path) -> Result<String, CliError> {
         .map_err(|e| CliError::Protocol(e.to_string()))?;
     // A space whose export name another pool's space serves is reached
     // by its alias.
-    let export = match detail.space.export_not_served {
-        None => detail.space.export,
-        Some(_) => format!("{}/{}", detail.space.pool, detail.space.name),
-    };
-    Ok(format!("nbd+unix:///{export}?socket={socket}"))
+    let mut space = detail.space;
+    if space.export_not_served.is_some() {
+        space.export = format!("{}/{}", space.pool, space.name);
+    }
+    Ok((socket, space))
 }
 
 async fn prefill_only(targets: &[Box<dyn Target>], config: &SweepConfig) -> Result<(), CliError> {

@@ -136,6 +136,7 @@ fn merge_folds_runs_into_one_report() {
         let json = dir.path().join(format!("run{index}.json"));
         run(
             bench(&["--prefill", "never", "-p", profile, "--depths", "1,2"])
+                .arg("--destroy-data")
                 .arg("--json-file")
                 .arg(&json)
                 .arg(format!("disk={}", file.display())),
@@ -448,4 +449,185 @@ fn paper_builds_the_machine_measures_every_space_and_writes_its_report() {
     for folder in [&disks, &ssds] {
         assert!(!folder.exists(), "{} left behind", folder.display());
     }
+}
+
+/// A pool of two files with a 2-way mirror `vm` of 32 MiB.
+fn daemon_with_a_mirror() -> Daemon {
+    let daemon = Daemon::start();
+    let disks = daemon.disk_files("d", 2, 256 * MIB);
+    daemon.create_pool("tank", &disks, "16M");
+    daemon.create_space("tank", "vm", &["--layout", "mirror"], "32M");
+    daemon
+}
+
+/// `terrace bench` with short points against the daemon's `space:vm`,
+/// with `args` before the target.
+fn bench_space(daemon: &Daemon, args: &[&str]) -> common::Run {
+    let mut all = vec![
+        "bench",
+        "--no-progress",
+        "--warmup",
+        "0",
+        "--duration",
+        "100ms",
+        "--depths",
+        "2",
+        "--size",
+        "8M",
+    ];
+    all.extend_from_slice(args);
+    all.push("space:vm");
+    daemon.cli(&all)
+}
+
+/// A space that an NBD client has open is not written over by a benchmark:
+/// a run that writes is refused with the reason, changing nothing; one
+/// that only reads runs, without prefill; `--destroy-data` runs anyway.
+#[test]
+fn a_space_open_by_a_client_is_not_written_over_unless_told() {
+    let daemon = daemon_with_a_mirror();
+    let mut client = Connection::open(&daemon.nbd_socket, "vm");
+    let data = random_bytes(7, 8 * MIB as usize);
+    client.write(0, &data, 0).expect("client write");
+    client.flush().expect("client flush");
+    let unchanged = |client: &mut Connection, after: &str| {
+        let back = client.read(0, 8 * MIB as u32).expect("client read");
+        assert!(back == data, "the client's data changed after {after}");
+    };
+
+    for profiles in [
+        &["-p", "database"][..],
+        &["-p", "streaming", "--prefill", "only"],
+    ] {
+        let answer = bench_space(&daemon, profiles);
+        assert_eq!(answer.code(), Some(1), "{}", answer.describe());
+        for needle in [
+            "target space:vm",
+            "open by 1 NBD connection",
+            "nothing was written",
+            "--destroy-data",
+        ] {
+            assert!(answer.stderr.contains(needle), "{}", answer.describe());
+        }
+        unchanged(&mut client, &format!("a refused {profiles:?}"));
+    }
+
+    let json = daemon.root.join("read.json");
+    let answer = bench_space(
+        &daemon,
+        &["-p", "streaming", "--json-file", json.to_str().unwrap()],
+    );
+    assert!(answer.success(), "{}", answer.describe());
+    assert!(
+        answer.stderr.contains("no prefill"),
+        "{}",
+        answer.describe()
+    );
+    let report = read_json(&json);
+    assert_eq!(report["targets"][0]["prefilled"], false);
+    assert!(report["points"][0]["ios"].as_u64().unwrap() > 0);
+    unchanged(&mut client, "a streaming run");
+
+    let answer = bench_space(
+        &daemon,
+        &["--read-only", "--json-file", json.to_str().unwrap()],
+    );
+    assert!(answer.success(), "{}", answer.describe());
+    let report = read_json(&json);
+    let profiles: Vec<&str> = report["profiles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        profiles,
+        ["streaming"],
+        "the standard profiles that only read"
+    );
+    unchanged(&mut client, "a --read-only run");
+
+    let answer = bench_space(
+        &daemon,
+        &[
+            "-p",
+            "restore",
+            "--destroy-data",
+            "--json-file",
+            json.to_str().unwrap(),
+        ],
+    );
+    assert!(answer.success(), "{}", answer.describe());
+    assert!(read_json(&json)["points"][0]["write_ios"].as_u64().unwrap() > 0);
+    client.disconnect();
+}
+
+/// The daemon serves a benchmark's connections as the space's sole
+/// writer: refused while another client has the space open (so none
+/// slips in between the benchmark's look and its first write); the
+/// sole writer's own connections do not count against each other.
+#[test]
+fn the_daemon_refuses_a_sole_writer_while_a_client_is_connected() {
+    use common::nbd::{
+        connect, go_payload, greeting, info_replies, send_option, FLAG_FIXED_NEWSTYLE, OPT_GO,
+    };
+    use std::io::Write;
+    let daemon = daemon_with_a_mirror();
+    let try_open = |export: &str| {
+        let mut stream = connect(&daemon.nbd_socket);
+        greeting(&mut stream);
+        stream
+            .write_all(&u32::from(FLAG_FIXED_NEWSTYLE).to_be_bytes())
+            .expect("client flags");
+        send_option(&mut stream, OPT_GO, &go_payload(export));
+        info_replies(&mut stream, OPT_GO).map(|_| stream)
+    };
+    let first = try_open("sole-writer:vm").expect("a sole writer on an unused space");
+    let second = try_open("sole-writer:tank/vm").expect("a second connection of the writer");
+    let client = try_open("vm").expect("an ordinary client");
+    assert!(
+        try_open("sole-writer:vm").is_err(),
+        "a sole writer is refused while a client is connected"
+    );
+    drop((first, second));
+    assert!(try_open("sole-writer:vm").is_err());
+    drop(client);
+    common::wait_for(
+        "the client's connection to end",
+        std::time::Duration::from_secs(10),
+        || try_open("sole-writer:vm").ok(),
+    );
+}
+
+/// A file with data is refused by a run that writes, and left as it was;
+/// a file with only a size (sparse) is measured; `--destroy-data` writes
+/// over data.
+#[test]
+fn a_file_with_data_is_not_written_over_unless_told() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("a.img");
+    let data = random_bytes(3, 4 * MIB as usize);
+    std::fs::write(&file, &data).unwrap();
+    let answer = run(bench(&["-p", "database", "--depths", "1"]).arg(&file));
+    assert_eq!(answer.code(), Some(1), "{}", answer.describe());
+    assert!(
+        answer.stderr.contains("the file holds data") && answer.stderr.contains("--destroy-data"),
+        "{}",
+        answer.describe()
+    );
+    assert!(std::fs::read(&file).unwrap() == data, "the file changed");
+    run(bench(&["-p", "streaming", "--depths", "1"]).arg(&file)).check();
+    assert!(
+        std::fs::read(&file).unwrap() == data,
+        "a read-only run wrote"
+    );
+    run(bench(&["-p", "database", "--depths", "1", "--destroy-data"]).arg(&file)).check();
+    assert!(
+        std::fs::read(&file).unwrap() != data,
+        "--destroy-data wrote"
+    );
+
+    let fresh = dir.path().join("fresh.img");
+    sparse_file(&fresh, 4 * MIB);
+    run(bench(&["-p", "database", "--depths", "1"]).arg(&fresh)).check();
 }

@@ -105,7 +105,7 @@ fn sysfs_size_bytes(path: &str) -> Option<u64> {
 }
 
 /// Why the kernel's view of a block device rules it out, if it does.
-fn block_device_problem(path: &str) -> Option<String> {
+pub(crate) fn block_device_problem(path: &str) -> Option<String> {
     let name = Path::new(path).file_name()?.to_string_lossy().into_owned();
     let sys = format!("/sys/block/{name}");
     if !Path::new(&sys).exists() {

@@ -3,6 +3,8 @@
 //! Each space is served under its export name, fixed at its creation, and
 //! its alias `POOL/SPACE` (see `names.rs`); a client that names no export
 //! gets the one space when there is one.
+//! Either may be prefixed with [`SOLE_WRITER_PREFIX`] by a client that
+//! must be the space's only one.
 
 use std::sync::{Arc, Mutex, Weak};
 
@@ -19,6 +21,12 @@ use super::registry::{Connection, Registry};
 /// Largest request a client may send: 32 MiB, the protocol's portable limit
 /// (and half the engine's request limit).
 const PAYLOAD_MAX_BYTES: u32 = 32 << 20;
+
+/// An export name `sole-writer:NAME` opens space NAME for a client that
+/// will write over it all (`terrace bench`): refused, as an unknown export,
+/// while any other client has the space open. (Space names cannot hold a
+/// colon, so no space is shadowed.)
+pub const SOLE_WRITER_PREFIX: &str = "sole-writer:";
 
 pub struct SpaceBackend {
     /// Counted as a connection to the space while it lasts (none outside
@@ -289,6 +297,10 @@ impl Catalog for SpaceCatalog {
     }
 
     fn open(&self, name: &str) -> Option<Arc<dyn Backend>> {
+        let (name, sole_writer) = match name.strip_prefix(SOLE_WRITER_PREFIX) {
+            Some(name) => (name, true),
+            None => (name, false),
+        };
         let all = exports(&self.registry);
         let found = if name.is_empty() {
             (all.len() == 1).then(|| all[0].space.clone())
@@ -301,14 +313,18 @@ impl Catalog for SpaceCatalog {
                 })
                 .map(|export| export.space.clone())
         };
-        found.map(|space| {
+        found.and_then(|space| {
+            let connection = if sole_writer {
+                self.registry.connect_sole_writer(&space)?
+            } else {
+                self.registry.connect(&space)
+            };
             let readahead = self.readahead(&space);
-            let connection = self.registry.connect(&space);
             let backend = SpaceBackend {
                 _connection: Some(connection),
                 ..SpaceBackend::new(space, readahead)
             };
-            Arc::new(backend) as Arc<dyn Backend>
+            Some(Arc::new(backend) as Arc<dyn Backend>)
         })
     }
 }

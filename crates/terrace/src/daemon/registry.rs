@@ -61,21 +61,33 @@ pub struct Registry {
     /// NBD connections open on each space, by the space's address (a
     /// connection holds its space, so the address is that space's while
     /// it is counted).
-    connections: std::sync::Mutex<std::collections::HashMap<usize, usize>>,
+    connections: std::sync::Mutex<std::collections::HashMap<usize, Counts>>,
+}
+
+/// The NBD connections open on one space: all of them, and of those the
+/// sole-writer sessions (see [`Registry::connect_sole_writer`]).
+#[derive(Debug, Default, Clone, Copy)]
+struct Counts {
+    all: usize,
+    sole_writers: usize,
 }
 
 /// One NBD connection to a space, counted until dropped.
 pub struct Connection {
     registry: Arc<Registry>,
     key: usize,
+    sole_writer: bool,
 }
 
 impl Drop for Connection {
     fn drop(&mut self) {
         let mut connections = self.registry.connections();
-        if let Some(count) = connections.get_mut(&self.key) {
-            *count -= 1;
-            if *count == 0 {
+        if let Some(counts) = connections.get_mut(&self.key) {
+            counts.all -= 1;
+            if self.sole_writer {
+                counts.sole_writers -= 1;
+            }
+            if counts.all == 0 {
                 connections.remove(&self.key);
             }
         }
@@ -265,24 +277,47 @@ impl Registry {
         }
     }
 
-    fn connections(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<usize, usize>> {
+    fn connections(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<usize, Counts>> {
         self.connections.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Count a connection to `space` until the answer is dropped.
     pub fn connect(self: &Arc<Self>, space: &Arc<Space>) -> Connection {
         let key = Arc::as_ptr(space) as usize;
-        *self.connections().entry(key).or_default() += 1;
+        self.connections().entry(key).or_default().all += 1;
         Connection {
             registry: self.clone(),
             key,
+            sole_writer: false,
         }
+    }
+
+    /// Count a sole-writer session's connection to `space` (a benchmark
+    /// about to write over the whole space), or `None` while any other
+    /// client has the space open: its data would be overwritten under it.
+    /// The sessions' own connections do not count against each other, so
+    /// one session may open several. Checked and counted under one lock,
+    /// so no client slips in between.
+    pub fn connect_sole_writer(self: &Arc<Self>, space: &Arc<Space>) -> Option<Connection> {
+        let key = Arc::as_ptr(space) as usize;
+        let mut connections = self.connections();
+        let counts = connections.entry(key).or_default();
+        if counts.all > counts.sole_writers {
+            return None;
+        }
+        counts.all += 1;
+        counts.sole_writers += 1;
+        Some(Connection {
+            registry: self.clone(),
+            key,
+            sole_writer: true,
+        })
     }
 
     /// The NBD connections open on `space` now.
     pub fn connections_to(&self, space: &Arc<Space>) -> usize {
         let key = Arc::as_ptr(space) as usize;
-        self.connections().get(&key).copied().unwrap_or(0)
+        self.connections().get(&key).map_or(0, |counts| counts.all)
     }
 
     pub fn get(&self, name: &str) -> Option<PoolEntry> {
