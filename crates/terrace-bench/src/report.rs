@@ -29,6 +29,48 @@ pub struct Point {
     /// Busy CPU time of the whole machine per I/O (see `cpu`); `None` where
     /// `/proc/stat` cannot be read.
     pub cpu_us_per_io: Option<f64>,
+    /// The spread of the runs a merged point is the median of (`None`
+    /// for a point measured once).
+    #[serde(default)]
+    pub spread: Option<Spread>,
+}
+
+/// The least and most of the runs behind a merged point, for each figure
+/// plotted.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Spread {
+    pub runs: usize,
+    pub mb_per_s_min: f64,
+    pub mb_per_s_max: f64,
+    pub iops_min: f64,
+    pub iops_max: f64,
+    pub latency_p99_us_min: f64,
+    pub latency_p99_us_max: f64,
+}
+
+impl Spread {
+    fn of(samples: &[Point]) -> Spread {
+        let range = |figure: fn(&Point) -> f64| {
+            samples
+                .iter()
+                .map(figure)
+                .fold((f64::INFINITY, 0.0_f64), |(low, high), x| {
+                    (low.min(x), high.max(x))
+                })
+        };
+        let (mb_per_s_min, mb_per_s_max) = range(|p| p.mb_per_s);
+        let (iops_min, iops_max) = range(|p| p.iops);
+        let (latency_p99_us_min, latency_p99_us_max) = range(|p| p.latency_p99_us);
+        Spread {
+            runs: samples.len(),
+            mb_per_s_min,
+            mb_per_s_max,
+            iops_min,
+            iops_max,
+            latency_p99_us_min,
+            latency_p99_us_max,
+        }
+    }
 }
 
 /// A target as measured.
@@ -88,7 +130,8 @@ impl Report {
     /// order first seen (depths sorted), and for every target, profile and
     /// depth measured more than once, the median run by throughput (the
     /// upper median of an even count), so one disturbed run does not move
-    /// the figure. Machine and settings are the first report's, with the
+    /// the figure, with the least and most of its runs as its
+    /// [`Spread`]. Machine and settings are the first report's, with the
     /// union of depths; `None` when there is no report.
     pub fn merge(reports: Vec<Report>) -> Option<Report> {
         let mut reports = reports.into_iter();
@@ -129,8 +172,10 @@ impl Report {
         merged.settings.depths.sort_unstable();
         merged.settings.depths.dedup();
         for (slot, mut samples) in merged.points.iter_mut().zip(runs) {
+            let spread = Spread::of(&samples);
             samples.sort_by(|a, b| a.mb_per_s.total_cmp(&b.mb_per_s));
             *slot = samples.swap_remove(samples.len() / 2);
+            slot.spread = Some(spread);
         }
         Some(merged)
     }

@@ -426,6 +426,7 @@ impl Measured {
                 .cpu_seconds
                 .filter(|_| ios > 0)
                 .map(|cpu| cpu * 1e6 / ios as f64),
+            spread: None,
         }
     }
 }

@@ -491,6 +491,10 @@ fn svg_plots_are_written_and_well_formed() {
             "{}: no x axis label",
             path.display()
         );
+        let random = !path.ends_with("streaming.svg");
+        assert_eq!(text.contains("IO/s"), random, "{}", path.display());
+        assert_eq!(text.contains("p99 latency"), random, "{}", path.display());
+        assert_eq!(text.contains("MB/s"), !random, "{}", path.display());
     }
 }
 
@@ -532,7 +536,21 @@ fn merged_runs_keep_the_median_of_each_point() {
     assert_eq!(merged.points.len(), 2 * 2 + 2);
     for point in merged.points.iter().filter(|p| p.profile == "database") {
         assert_eq!(point.mb_per_s, 200.0, "the median of 100, 300, 200");
+        let spread = point.spread.expect("the spread of the runs");
+        assert_eq!(spread.runs, 3);
+        assert_eq!((spread.mb_per_s_min, spread.mb_per_s_max), (100.0, 300.0));
     }
+    let svg = terrace_bench::plot::render_svg(&merged, &merged.profiles[0]).expect("svg");
+    well_formed(&svg);
+    assert!(
+        svg.contains("IO/s") && svg.contains("p99 latency"),
+        "a random profile is plotted in IO/s beside its p99 latency"
+    );
+    let plain = terrace_bench::plot::render_svg(&first, &first.profiles[0]).expect("svg");
+    assert!(
+        svg.matches("<line").count() > plain.matches("<line").count(),
+        "merged points carry error bars"
+    );
     assert!(Report::merge(Vec::new()).is_none());
 }
 

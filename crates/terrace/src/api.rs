@@ -211,6 +211,12 @@ impl Response {
     }
 }
 
+/// `text`, or `None` if it is empty: JSON says null, never "", for what
+/// is absent.
+pub fn non_empty(text: &str) -> Option<String> {
+    (!text.is_empty()).then(|| text.to_string())
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct PoolSummary {
     pub name: String,
@@ -238,14 +244,16 @@ pub struct DiskView {
     /// ONLINE, FAILED, MISSING, STANDBY, or REMOVED (emptied and released
     /// by `disk remove` or `disk replace`).
     pub state: String,
-    pub reason: String,
+    /// Why the state is what it is (null when nothing needs saying).
+    pub reason: Option<String>,
     pub media: String,
     pub usage: String,
     pub size_bytes: u64,
     pub slabs_total: u32,
     pub slabs_used: u32,
-    pub enclosure: String,
-    pub node: String,
+    /// The fault domains it was declared in (null when undeclared).
+    pub enclosure: Option<String>,
+    pub node: Option<String>,
     /// Average service time of its I/O, in microseconds.
     pub latency_us: u64,
     /// Far slower than its peers.
@@ -265,7 +273,8 @@ pub struct JobView {
     pub description: String,
     /// running, paused, done, cancelled or failed.
     pub state: String,
-    pub reason: String,
+    /// Why it failed, was cancelled or waits (null otherwise).
+    pub reason: Option<String>,
     pub bytes_total: u64,
     pub bytes_done: u64,
     pub percent: u32,
@@ -304,6 +313,8 @@ pub struct SpaceView {
     /// e.g. "2-way mirror", "dual parity".
     pub layout_description: String,
     pub copies: u32,
+    /// Disk failures the layout tolerates: a parity space's redundancy, a
+    /// mirror's copies but one.
     pub redundancy: u32,
     pub columns: u32,
     pub data_columns: u32,
@@ -469,8 +480,8 @@ pub struct CandidateView {
     pub size_bytes: u64,
     /// available, in-pool, damaged, occupied, unusable.
     pub status: String,
-    /// Why it cannot be pooled (empty when available).
-    pub reason: String,
+    /// Why it cannot be pooled (null when available).
+    pub reason: Option<String>,
     /// What it holds that pooling it would overwrite (status `occupied`).
     #[serde(default)]
     pub holds: Option<HoldsView>,

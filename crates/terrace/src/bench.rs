@@ -25,6 +25,7 @@ mod guard;
 mod local;
 mod paper;
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -191,7 +192,7 @@ pub struct OutputArgs {
     #[arg(long, value_name = "DIR")]
     svg: Option<PathBuf>,
     /// Print the table (on standard output; on standard error with --json).
-    /// The default when no other output is asked for.
+    /// The default on a terminal, and when no other output is asked for.
     #[arg(long)]
     table: bool,
     /// Set from the CLI's global `--json`: the report goes to standard output.
@@ -562,7 +563,10 @@ pub fn write_outputs(report: &Report, output: &OutputArgs) -> Result<(), CliErro
         if output.table {
             eprint!("{table}");
         }
-    } else if output.table || (output.json_file.is_none() && output.svg.is_none()) {
+    } else if output.table
+        || std::io::stdout().is_terminal()
+        || (output.json_file.is_none() && output.svg.is_none())
+    {
         print!("{table}");
     }
     Ok(())

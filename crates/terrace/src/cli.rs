@@ -541,7 +541,6 @@ pub async fn call_showing_preparation(
     control: &PathBuf,
     request: &Request,
 ) -> Result<serde_json::Value, CliError> {
-    use std::io::IsTerminal;
     let pool = match request {
         Request::SpaceCreate(create) if create.cache_bytes != Some(0) => {
             Some(Some(create.pool.clone()))
@@ -549,19 +548,17 @@ pub async fn call_showing_preparation(
         Request::SpaceCache { pool, .. } => Some(pool.clone()),
         _ => None,
     };
-    let Some(pool) = pool.filter(|_| std::io::stderr().is_terminal()) else {
+    let Some(pool) = pool else {
         return call(control, request).await;
     };
     let status = Request::PoolStatus { name: pool };
     let answer = call(control, request);
     tokio::pin!(answer);
-    let mut shown = false;
+    let mut progress = crate::progress::Progress::new();
     loop {
         tokio::select! {
             result = &mut answer => {
-                if shown {
-                    eprintln!();
-                }
+                progress.finish();
                 return result;
             }
             () = tokio::time::sleep(std::time::Duration::from_millis(500)) => {
@@ -570,8 +567,8 @@ pub async fn call_showing_preparation(
                     pools.into_iter().find_map(|pool| pool.preparing)
                 });
                 if let Some(preparing) = preparing {
-                    eprint!("\r{}", render::preparation_line(&preparing));
-                    shown = true;
+                    let (what, percent, steady) = render::preparation_progress(&preparing);
+                    progress.show(&what, percent, &steady, "");
                 }
             }
         }
@@ -585,14 +582,16 @@ pub async fn wait_for_job(
     pool: Option<String>,
 ) -> Result<JobView, CliError> {
     let request = Request::JobList { pool };
+    let mut progress = crate::progress::Progress::new();
     loop {
         let jobs: Vec<JobView> = parse(call(control, &request).await?)?;
         let job = jobs.into_iter().find(|job| job.id == id).ok_or_else(|| {
             CliError::Refused(format!("no job {id}; `terrace job list` shows them"))
         })?;
-        eprint!("\r{}", render::progress_line(&job));
+        let (what, percent, steady, detail) = render::job_progress(&job);
+        progress.show(&what, percent, &steady, &detail);
         if !matches!(job.state.as_str(), "running" | "paused") {
-            eprintln!();
+            progress.finish();
             return Ok(job);
         }
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
@@ -740,6 +739,10 @@ pub fn render(request: &Request, result: serde_json::Value) -> Result<String, Cl
         }
         Request::SpaceList { .. } => render::space_list(&parse::<Vec<SpaceView>>(result)?),
         Request::SpaceShow { .. } => render::space_detail(&parse::<SpaceDetail>(result)?),
+        Request::Shutdown => {
+            "the daemon is shutting down: it stops serving, closes its pools cleanly and exits\n"
+                .into()
+        }
         _ => match result.as_object() {
             Some(object) => object
                 .iter()

@@ -13,6 +13,7 @@ mod daemon;
 mod demo;
 mod generate;
 mod paths;
+mod progress;
 mod render;
 mod units;
 
@@ -202,7 +203,8 @@ fn run(cli: Cli) -> Result<(), CliError> {
                 "done" => Ok(()),
                 _ => Err(CliError::Refused(format!(
                     "job {id} ended {}: {}",
-                    job.state, job.reason
+                    job.state,
+                    job.reason.as_deref().unwrap_or("no reason given")
                 ))),
             };
         }

@@ -92,9 +92,13 @@ pub fn pool_status(pool: &PoolView) -> String {
                 u64::from(disk.slabs_used) * 100 / u64::from(disk.slabs_total)
             )
         };
-        let domain = match (disk.node.as_str(), disk.enclosure.as_str()) {
-            ("", "") => "-".to_string(),
-            (node, enclosure) => format!("{node}/{enclosure}"),
+        let domain = match (&disk.node, &disk.enclosure) {
+            (None, None) => "-".to_string(),
+            (node, enclosure) => format!(
+                "{}/{}",
+                node.as_deref().unwrap_or_default(),
+                enclosure.as_deref().unwrap_or_default()
+            ),
         };
         disks.add_row(vec![
             disk.index.to_string(),
@@ -211,24 +215,27 @@ fn duration(seconds: u64) -> String {
     }
 }
 
-/// One line: what, a bar, %, bytes, rate, ETA.
-pub fn progress_line(job: &JobView) -> String {
-    const WIDTH: usize = 30;
-    let filled = (job.percent as usize * WIDTH / 100).min(WIDTH);
-    let eta = job.eta_seconds.map_or("-".to_string(), duration);
-    format!(
-        "job {} {} [{}{}] {:>3}% {}/{} {}/s ETA {} ({})",
-        job.id,
-        job.kind,
-        "#".repeat(filled),
-        "-".repeat(WIDTH - filled),
-        job.percent,
+/// A job's progress as [`crate::progress::Progress`] shows it: what,
+/// percent, bytes done and state, and the rate with the time left while it
+/// runs.
+pub fn job_progress(job: &JobView) -> (String, u64, String, String) {
+    let what = format!("job {} {}", job.id, job.kind);
+    let steady = format!(
+        "{} of {}, {}",
         format_size(job.bytes_done),
         format_size(job.bytes_total),
-        format_size(job.rate_bytes_per_second),
-        eta,
         job.state
-    )
+    );
+    let detail = match (job.state.as_str(), job.eta_seconds) {
+        ("running", Some(eta)) => format!(
+            "at {}/s, about {} left",
+            format_size(job.rate_bytes_per_second),
+            duration(eta)
+        ),
+        ("running", None) => format!("at {}/s", format_size(job.rate_bytes_per_second)),
+        _ => String::new(),
+    };
+    (what, u64::from(job.percent), steady, detail)
 }
 
 pub fn jobs(list: &[JobView]) -> String {
@@ -239,10 +246,9 @@ pub fn jobs(list: &[JobView]) -> String {
         "ID", "POOL", "KIND", "STATE", "DONE", "SIZE", "RATE", "ETA", "WHAT",
     ]);
     for job in list {
-        let what = if job.reason.is_empty() {
-            job.description.clone()
-        } else {
-            format!("{}: {}", job.description, job.reason)
+        let what = match &job.reason {
+            None => job.description.clone(),
+            Some(reason) => format!("{}: {reason}", job.description),
         };
         table.add_row(vec![
             job.id.to_string(),
@@ -351,7 +357,7 @@ pub fn candidates(devices: &[CandidateView]) -> String {
             format_size(device.size_bytes),
             device.status.clone(),
             holds,
-            device.reason.clone(),
+            device.reason.clone().unwrap_or_default(),
         ]);
     }
     format!("{table}\n")
@@ -364,8 +370,8 @@ fn disk_note(disk: &DiskView) -> String {
     if disk.slow {
         notes.push(format!("SLOW: {} µs per I/O", disk.latency_us));
     }
-    if !disk.reason.is_empty() {
-        notes.push(disk.reason.clone());
+    if let Some(reason) = &disk.reason {
+        notes.push(reason.clone());
     }
     if disk.missed_extents > 0 {
         notes.push(format!(
@@ -544,6 +550,20 @@ pub fn space_detail(detail: &SpaceDetail) -> String {
 }
 
 /// `prep: the write-back log of space s, 1.2G of 8G written (15%)`.
+/// A log being prepared as [`crate::progress::Progress`] shows it: what,
+/// percent, bytes written.
+pub fn preparation_progress(preparing: &crate::api::PreparationView) -> (String, u64, String) {
+    (
+        format!("prep: the write-back log of space {}", preparing.space),
+        preparing.done_bytes * 100 / preparing.total_bytes.max(1),
+        format!(
+            "{} of {} written",
+            format_size(preparing.done_bytes),
+            format_size(preparing.total_bytes)
+        ),
+    )
+}
+
 pub fn preparation_line(preparing: &crate::api::PreparationView) -> String {
     let percent = preparing.done_bytes * 100 / preparing.total_bytes.max(1);
     format!(
@@ -577,7 +597,7 @@ mod tests {
     fn a_resync_after_an_unclean_shutdown_shows_its_progress() {
         let mut space: SpaceView = serde_json::from_value(serde_json::json!({
             "pool": "tank", "name": "m", "layout": "mirror",
-            "layout_description": "2-way mirror", "copies": 2, "redundancy": 0,
+            "layout_description": "2-way mirror", "copies": 2, "redundancy": 1,
             "columns": 1, "data_columns": 1, "columns_reason": "", "interleave_bytes": 262144,
             "size_bytes": 4u64 << 30, "raw_bytes": 8u64 << 30, "extents": 16,
             "fault_domain": "disk", "failures_tolerated": 1, "health": "healthy",
@@ -613,7 +633,7 @@ mod tests {
             kind: "repair".into(),
             description: "re-create the slabs of disk 3".into(),
             state: state.into(),
-            reason: String::new(),
+            reason: None,
             bytes_total: 512 << 20,
             bytes_done: 512 << 20,
             percent: 100,

@@ -379,14 +379,14 @@ const DISK: [(&str, &str); 12] = [
     ("id", "string"),
     ("device", "string"),
     ("state", "string"),
-    ("reason", "string"),
+    ("reason", "string?"),
     ("media", "string"),
     ("usage", "string"),
     ("size_bytes", "number"),
     ("slabs_total", "number"),
     ("slabs_used", "number"),
-    ("enclosure", "string"),
-    ("node", "string"),
+    ("enclosure", "string?"),
+    ("node", "string?"),
 ];
 
 const SPACE: [(&str, &str); 25] = [
@@ -590,7 +590,7 @@ fn every_listing_prints_the_api_fields_as_json() {
                 ("kind", "string"),
                 ("size_bytes", "number"),
                 ("status", "string"),
-                ("reason", "string"),
+                ("reason", "string?"),
             ],
         );
         assert!(candidate["holds"].is_null(), "{candidate}");

@@ -168,7 +168,7 @@ async fn candidate(registry: &Registry, path: &str) -> CandidateView {
         kind: kind.into(),
         size_bytes,
         status: status.into(),
-        reason,
+        reason: crate::api::non_empty(&reason),
         holds: None,
     };
     let options = FileOptions {

@@ -43,7 +43,8 @@ impl Summary {
                 .disks
                 .iter()
                 .map(|disk| {
-                    let state = (disk.device.clone(), disk.state.clone(), disk.reason.clone());
+                    let reason = disk.reason.clone().unwrap_or_default();
+                    let state = (disk.device.clone(), disk.state.clone(), reason);
                     (disk.index, state)
                 })
                 .collect(),
@@ -54,7 +55,7 @@ impl Summary {
                     let state = (
                         job.description.clone(),
                         job.state.clone(),
-                        job.reason.clone(),
+                        job.reason.clone().unwrap_or_default(),
                     );
                     (job.id, state)
                 })

@@ -10,8 +10,8 @@ use terrace_engine::{
 };
 
 use crate::api::{
-    DiskView, ExtentView, ImpactView, JobView, PoolSummary, PoolView, SettingsView, SlotView,
-    SpaceDetail, SpaceView,
+    non_empty, DiskView, ExtentView, ImpactView, JobView, PoolSummary, PoolView, SettingsView,
+    SlotView, SpaceDetail, SpaceView,
 };
 use crate::units::{count, format_size};
 
@@ -111,7 +111,7 @@ pub fn summary(status: &PoolStatus) -> PoolSummary {
 pub fn space_view(pool: &str, space: &SpaceStatus, read_only: bool, export: String) -> SpaceView {
     let (layout, copies, redundancy) = match space.layout {
         Layout::Simple => ("simple", 1, 0),
-        Layout::Mirror { copies } => ("mirror", copies, 0),
+        Layout::Mirror { copies } => ("mirror", copies, copies - 1),
         Layout::Parity { redundancy } => ("parity", 1, redundancy),
     };
     let (health, survives, repair) = match space.health {
@@ -237,14 +237,14 @@ pub fn pool_view(
             id: disk.id.clone(),
             device: disk.device.clone(),
             state: disk_state_name(disk).into(),
-            reason: disk.reason.clone(),
+            reason: non_empty(&disk.reason),
             media: media_name(disk.media).into(),
             usage: disk.usage.name().into(),
             size_bytes: disk.size_bytes,
             slabs_total: disk.slabs_total,
             slabs_used: disk.slabs_used,
-            enclosure: disk.enclosure.clone(),
-            node: disk.node.clone(),
+            enclosure: non_empty(&disk.enclosure),
+            node: non_empty(&disk.node),
             latency_us: disk.latency_us,
             slow: disk.slow,
             missed_extents: disk.missed_extents,
@@ -352,7 +352,7 @@ pub fn job_view(pool: &str, job: &JobStatus, disks: &[DiskView]) -> JobView {
         kind: kind.into(),
         description,
         state: format!("{:?}", job.state).to_lowercase(),
-        reason: job.reason.clone(),
+        reason: non_empty(&job.reason),
         bytes_total: job.bytes_total,
         bytes_done: job.bytes_done,
         percent: (job.bytes_done * 100)
