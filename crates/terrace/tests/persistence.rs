@@ -304,6 +304,8 @@ fn a_second_daemon_cannot_take_a_pool_another_holds() {
         vec!["pool", "import", "--name", "held", folder.as_str()],
         vec!["pool", "import", folder.as_str()],
         vec!["pool", "create", "other", disk.as_str()],
+        // Forced too: a held disk is never probed, let alone wiped.
+        vec!["pool", "create", "other", disk.as_str(), "--force"],
     ] {
         let refused = second.cli(&args);
         assert!(

@@ -290,22 +290,18 @@ pub fn parse_usage(text: &str) -> Result<Usage, (ErrorKind, String)> {
     }
 }
 
-/// Open the disks named on the command line, with their attributes,
-/// once all of them passed the checks of [`intake`] (unless `force`,
-/// none holds anything).
+/// Open the disks named on the command line, with their attributes, and
+/// check them with [`intake`] (unless `force`, none holds anything)
+/// before anything is written to any.
 async fn new_disks(
     registry: &Registry,
     specs: Vec<DiskSpec>,
     pool: Option<&Pool>,
     force: bool,
 ) -> Result<(Vec<NewDisk>, Vec<DiskPath>), (ErrorKind, String)> {
-    let paths: Vec<&str> = specs.iter().map(|spec| spec.path.as_str()).collect();
-    intake::check_identities(registry, &paths)?;
-    let own = match pool {
-        Some(pool) => Some(pool.metadata().await.pool_id.to_string()),
-        None => None,
-    };
-    intake::check_contents(registry, &paths, own.as_deref(), force).await?;
+    let given: Vec<String> = specs.iter().map(|spec| spec.path.clone()).collect();
+    let given: Vec<&str> = given.iter().map(String::as_str).collect();
+    intake::check_identities(registry, &given)?;
     let mut disks = Vec::new();
     let mut paths = Vec::new();
     for spec in specs {
@@ -323,6 +319,13 @@ async fn new_disks(
         paths.push(path);
         disks.push(disk);
     }
+    // Claimed first (opening writes nothing): a disk another process
+    // holds is refused as in use, never probed, let alone wiped.
+    let own = match pool {
+        Some(pool) => Some(pool.metadata().await.pool_id.to_string()),
+        None => None,
+    };
+    intake::check_contents(registry, &given, own.as_deref(), force).await?;
     Ok((disks, paths))
 }
 
