@@ -2,8 +2,9 @@
 //!
 //! # Ordering and durability contract
 //!
-//! * Offsets and lengths have byte granularity; a request is at most
-//!   [`REQUEST_MAX_BYTES`]. Requests aligned to [`BLOCK_BYTES`] (4 KiB) are
+//! * Offsets and lengths have byte granularity; a read or write is at most
+//!   [`REQUEST_MAX_BYTES`]; `write_zeroes` and `trim` take any length within
+//!   the space, done in pieces of at most that (see [`zero_pieces`]). Requests aligned to [`BLOCK_BYTES`] (4 KiB) are
 //!   the efficient ones: a write that starts or ends inside a block reads
 //!   and rewrites that block under the row lock.
 //! * Requests may be issued concurrently, any number at once. Requests that
@@ -349,6 +350,24 @@ impl Space {
         length: u64,
         access: Access,
     ) -> Result<Arc<SpaceMap>, EngineError> {
+        if length > REQUEST_MAX_BYTES {
+            return Err(EngineError::TooLarge {
+                space: self.name.clone(),
+                length,
+                limit: REQUEST_MAX_BYTES,
+            });
+        }
+        self.check_range(offset, length, access)
+    }
+
+    /// [`Space::check`] without the size limit: open, writable for a
+    /// write, and within the space.
+    fn check_range(
+        &self,
+        offset: u64,
+        length: u64,
+        access: Access,
+    ) -> Result<Arc<SpaceMap>, EngineError> {
         // The map before the flag: a deletion sets the flag before it
         // takes the extents out of the map, so a request either holds the
         // map with them (and their slabs wait for it) or is refused here.
@@ -361,13 +380,6 @@ impl Space {
         self.pool.check_open()?;
         if access == Access::Write {
             self.pool.check_writable()?;
-        }
-        if length > REQUEST_MAX_BYTES {
-            return Err(EngineError::TooLarge {
-                space: self.name.clone(),
-                length,
-                limit: REQUEST_MAX_BYTES,
-            });
         }
         if offset
             .checked_add(length)
@@ -690,6 +702,20 @@ impl Space {
         length: u64,
         fua: bool,
     ) -> Result<(), EngineError> {
+        self.check_range(offset, length, Access::Write)?;
+        for (offset, length) in zero_pieces(&self.geometry, offset, length) {
+            self.write_zeroes_piece(offset, length, fua).await?;
+        }
+        Ok(())
+    }
+
+    /// [`Space::write_zeroes`] of at most [`REQUEST_MAX_BYTES`].
+    async fn write_zeroes_piece(
+        &self,
+        offset: u64,
+        length: u64,
+        fua: bool,
+    ) -> Result<(), EngineError> {
         let map = self.check(offset, length, Access::Write)?;
         let journal = self.journal();
         if let Some(journal) = &journal {
@@ -721,6 +747,15 @@ impl Space {
     /// Advise that `[offset, offset + length)` is no longer needed. Whole
     /// blocks of it may read back as zeroes afterwards.
     pub async fn trim(&self, offset: u64, length: u64) -> Result<(), EngineError> {
+        self.check_range(offset, length, Access::Write)?;
+        for (offset, length) in zero_pieces(&self.geometry, offset, length) {
+            self.trim_piece(offset, length).await?;
+        }
+        Ok(())
+    }
+
+    /// [`Space::trim`] of at most [`REQUEST_MAX_BYTES`].
+    async fn trim_piece(&self, offset: u64, length: u64) -> Result<(), EngineError> {
         let map = self.check(offset, length, Access::Write)?;
         let journal = self.journal();
         if let Some(journal) = &journal {
@@ -872,6 +907,35 @@ impl Space {
     }
 }
 
+/// `[offset, offset + length)` cut into the pieces a trim or write-zeroes
+/// is done in: at most [`REQUEST_MAX_BYTES`] each (a piece that falls back
+/// to writing zeroes, through a log or on a degraded row, holds that much
+/// in memory), cut at multiples of a whole number of rows, so that a
+/// request of whole rows stays whole rows in every piece (parity zeroes
+/// whole rows without reading them).
+pub(crate) fn zero_pieces(
+    geometry: &Geometry,
+    offset: u64,
+    length: u64,
+) -> impl Iterator<Item = (u64, u64)> {
+    let row_bytes = geometry.row_data_bytes();
+    let piece_bytes = match REQUEST_MAX_BYTES / row_bytes {
+        0 => REQUEST_MAX_BYTES,
+        rows => rows * row_bytes,
+    };
+    let end = offset + length;
+    let mut start = offset;
+    std::iter::from_fn(move || {
+        if start >= end {
+            return None;
+        }
+        let stop = ((start / piece_bytes + 1) * piece_bytes).min(end);
+        let piece = (start, stop - start);
+        start = stop;
+        Some(piece)
+    })
+}
+
 /// The disks holding slots of an extent (`targets`) that a write to it
 /// misses and must record dirty for: missing, present but out of service
 /// (Standby: a disk returning at an import is welcomed back only after
@@ -995,6 +1059,39 @@ pub(crate) fn join_buffer(parts: Vec<BytesMut>) -> BytesMut {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Trims and zeroing of any length go in pieces within the request
+    /// limit, cut on whole rows, that cover the range exactly once.
+    #[test]
+    fn zeroing_pieces_are_bounded_row_aligned_and_cover_the_range() {
+        let parity = Geometry::new(Layout::Parity { redundancy: 1 }, 8, 256 << 10, 256 << 20)
+            .expect("geometry");
+        let row = parity.row_data_bytes();
+        let wide = Geometry::new(Layout::Simple, 8, 16 << 20, 256 << 20).expect("geometry");
+        for (geometry, offset, length) in [
+            (&parity, 0, 512 << 20),
+            (&parity, 3 * row, 1000 * row),
+            (&parity, 4095, (3 << 30) + 17),
+            (&parity, 0, 0),
+            (&wide, 5, 1 << 30),
+        ] {
+            let pieces: Vec<(u64, u64)> = zero_pieces(geometry, offset, length).collect();
+            let mut next = offset;
+            for &(start, piece) in &pieces {
+                assert_eq!(start, next, "pieces follow each other");
+                assert!(piece > 0 && piece <= REQUEST_MAX_BYTES, "{piece}");
+                next = start + piece;
+            }
+            assert_eq!(next, offset + length, "pieces cover the range");
+            let row = geometry.row_data_bytes();
+            if row <= REQUEST_MAX_BYTES && offset % row == 0 && length % row == 0 {
+                assert!(pieces
+                    .iter()
+                    .all(|&(start, piece)| start % row == 0 && piece % row == 0));
+            }
+        }
+        assert!(zero_pieces(&parity, 0, 512 << 20).count() > 1 && row < REQUEST_MAX_BYTES);
+    }
 
     /// An epoch lives while any epoch before it does, and a chain far
     /// longer than a thread's stack could drop recursively goes in a loop.

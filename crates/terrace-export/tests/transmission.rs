@@ -865,6 +865,36 @@ async fn large_and_small_requests_mixed_land_intact(mode: Mode) {
     server.stop().await;
 }
 
+/// Trims and write-zeroes carry no payload: the maximum payload (32 MiB
+/// here) does not bound them, and one of the whole export, larger than
+/// that, reaches the backend whole and in one call.
+async fn trims_and_zeroing_beyond_the_maximum_payload_reach_the_backend_whole(mode: Mode) {
+    const LARGE: usize = 48 << 20;
+    let (server, disk) = TestServer::with_disk(LARGE, mode).await;
+    let (mut c, _) = RawClient::open(server.addr, "disk", true).await;
+    let pattern = pseudo_random(4096, 3);
+    for (command, flags) in [(CMD_TRIM, 0), (CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE)] {
+        for offset in [0, LARGE as u64 - 4096] {
+            assert_ok(&c.call(CMD_WRITE, 0, offset, 4096, &pattern).await);
+        }
+        assert_ok(&c.call(command, flags, 0, LARGE as u32, &[]).await);
+        for offset in [0, LARGE - 4096] {
+            assert_eq!(disk.contents(offset as u64, 4096), vec![0; 4096]);
+        }
+    }
+    let whole = |op| {
+        let calls = disk.calls();
+        calls
+            .iter()
+            .filter(|call| call.op == op)
+            .map(|call| (call.offset, call.length))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(whole(Op::Trim), vec![(0, LARGE as u64)]);
+    assert_eq!(whole(Op::WriteZeroes), vec![(0, LARGE as u64)]);
+    server.stop().await;
+}
+
 in_both_modes!(
     simple_replies_round_trip_every_command,
     zero_length_requests_succeed_without_reaching_the_backend,
@@ -884,4 +914,5 @@ in_both_modes!(
     shutdown_finishes_in_flight_requests_and_refuses_new_ones,
     shutdown_drops_connections_still_busy_after_the_grace_period,
     large_and_small_requests_mixed_land_intact,
+    trims_and_zeroing_beyond_the_maximum_payload_reach_the_backend_whole,
 );

@@ -195,3 +195,49 @@ fn ext4_on_a_two_way_mirror() {
 fn ext4_on_dual_parity() {
     ext4_survives_a_missing_disk("parity", &["--layout", "parity", "--redundancy", "2"]);
 }
+
+/// A discard of a whole device, from `blkdiscard` and from `mkfs.ext4`
+/// (which discards first by default, `-E discard`), goes through the loop
+/// device and nbdfuse as trims of hundreds of MiB, past the 32 MiB payload
+/// limit: a space of 1 GiB takes them, mkfs and fsck succeed, and neither
+/// nbdfuse nor the daemon reports an error. On single parity (with its
+/// write-back log) and on a mirror (without one, so its trims reach the
+/// disks).
+#[test]
+fn whole_device_discards_and_mkfs_with_discard_work_on_a_large_space() {
+    let mut tools = TOOLS.to_vec();
+    tools.push("blkdiscard");
+    if skip_without("the whole-device discard test", &tools) {
+        return;
+    }
+    let mut daemon = Daemon::start();
+    let disks: Vec<PathBuf> = daemon.disk_files("discard", 4, 2 * GIB);
+    daemon.create_pool("discard", &disks, "64M");
+    let parity = ["--layout", "parity", "--redundancy", "1"];
+    daemon.create_space("discard", "parity", &parity, "1G");
+    daemon.create_space("discard", "mirror", &["--layout", "mirror"], "1G");
+    for space in ["parity", "mirror"] {
+        let mountpoint = daemon.temp().join(format!("mnt-{space}"));
+        let device = BlockDevice::attach(&daemon, space);
+        run_ok(command("blkdiscard").arg(device.device()));
+        run_ok(
+            command("mkfs.ext4")
+                .args(["-q", "-F", "-E", "discard"])
+                .arg(device.device()),
+        );
+        fsck_clean(device.device(), &format!("of {space} after mkfs"));
+        let mount = Mount::at(device.device(), &mountpoint);
+        let written = write_tree(&mountpoint, 3, 40);
+        sync();
+        mount.unmount();
+        fsck_clean(device.device(), &format!("of {space} after writing"));
+        device.detach();
+        let device = BlockDevice::attach(&daemon, space);
+        let mount = Mount::at(device.device(), &mountpoint);
+        assert_same_tree(&written, &hash_tree(&mountpoint), space);
+        mount.unmount();
+        device.detach();
+    }
+    daemon.assert_log_clean(&[]);
+    daemon.stop();
+}

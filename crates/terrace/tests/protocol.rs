@@ -457,3 +457,89 @@ fn a_pool_imported_read_only_serves_read_only_exports() {
     connection.disconnect();
     daemon.stop();
 }
+
+/// NBD_CMD_TRIM and NBD_CMD_WRITE_ZEROES carry no payload: the advertised
+/// maximum payload (32 MiB) does not bound them, and the daemon takes them
+/// at any length up to the export's size — 512 MiB, then the whole export
+/// — on single parity (its write-back log holding some of the data) and
+/// on a mirror. Zeroed ranges read back as zeroes, the rest as written;
+/// a mirror's trimmed whole rows too.
+#[test]
+fn trims_and_zeroing_of_any_length_up_to_the_export_size_are_taken() {
+    let mut daemon = Daemon::start();
+    let disks = daemon.disk_files("large", 4, 2 * GIB);
+    daemon.create_pool("large", &disks, "64M");
+    let parity = ["--layout", "parity", "--redundancy", "1"];
+    daemon.create_space("large", "parity", &parity, "1G");
+    daemon.create_space("large", "mirror", &["--layout", "mirror"], "1G");
+    for export in ["parity", "mirror"] {
+        let mut connection = Connection::open(&daemon.nbd_socket, export);
+        let size = connection.info.size;
+        assert_eq!(size, GIB);
+        let maximum = connection.info.block_sizes.expect("block sizes").2;
+        assert!(u64::from(maximum) < 512 * MIB);
+        // Marks at the edges of the ranges zeroed below, and beyond them.
+        let marks = [
+            0,
+            100 * MIB,
+            256 * MIB - 4096,
+            256 * MIB,
+            768 * MIB,
+            size - 4096,
+        ];
+        let write_marks = |connection: &mut Connection| {
+            for (index, &offset) in marks.iter().enumerate() {
+                let data = random_bytes(index as u64 + 1, 4096);
+                connection.write(offset, &data, 0).expect("write a mark");
+            }
+        };
+        let check_marks =
+            |connection: &mut Connection, zeroed: &dyn Fn(u64) -> bool, when: &str| {
+                for (index, &offset) in marks.iter().enumerate() {
+                    let read = connection.read(offset, 4096).expect("read a mark");
+                    let wanted = if zeroed(offset) {
+                        vec![0u8; 4096]
+                    } else {
+                        random_bytes(index as u64 + 1, 4096)
+                    };
+                    assert!(read == wanted, "{export}: mark at {offset} {when}");
+                }
+            };
+        write_marks(&mut connection);
+        let half = (512 * MIB) as u32;
+        assert_eq!(
+            connection.command(CMD_WRITE_ZEROES, 256 * MIB, half),
+            Ok(()),
+            "{export}: write zeroes of 512 MiB"
+        );
+        let inside = |offset: u64| (256 * MIB..768 * MIB).contains(&offset);
+        check_marks(&mut connection, &inside, "after zeroing 512 MiB");
+        assert_eq!(
+            connection.command(CMD_TRIM, 256 * MIB, half),
+            Ok(()),
+            "{export}: trim of 512 MiB"
+        );
+        check_marks(&mut connection, &inside, "after trimming 512 MiB");
+        assert_eq!(
+            connection.command(CMD_WRITE_ZEROES, 0, size as u32),
+            Ok(()),
+            "{export}: write zeroes of the whole export"
+        );
+        check_marks(&mut connection, &|_| true, "after zeroing it whole");
+        write_marks(&mut connection);
+        assert_eq!(
+            connection.command(CMD_TRIM, 0, size as u32),
+            Ok(()),
+            "{export}: trim of the whole export"
+        );
+        if export == "mirror" {
+            // A trim of whole rows of a space without a log reads back as
+            // zeroes (a log keeps what it holds: trims are advisory).
+            check_marks(&mut connection, &|_| true, "after trimming it whole");
+        }
+        connection.flush().expect("flush");
+        connection.disconnect();
+    }
+    daemon.assert_log_clean(&[]);
+    daemon.stop();
+}

@@ -48,8 +48,27 @@ fn errno(error: &EngineError) -> Errno {
     }
 }
 
+/// Requests the engine refused as invalid though the export let them
+/// through: a limit the export does not advertise (a defect) or one a
+/// client broke. The first few are logged; no more, so that a client
+/// repeating one cannot fill the log.
+const REFUSALS_LOGGED_MAX: u64 = 16;
+
+static REFUSALS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 fn map<T>(result: Result<T, EngineError>) -> Result<T, Errno> {
-    result.map_err(|error| errno(&error))
+    result.map_err(|error| {
+        let errno = errno(&error);
+        if errno == Errno::Invalid {
+            let seen = REFUSALS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if seen < REFUSALS_LOGGED_MAX {
+                super::log(format!("request refused as invalid: {error}"));
+            } else if seen == REFUSALS_LOGGED_MAX {
+                super::log("further requests refused as invalid are not logged");
+            }
+        }
+        errno
+    })
 }
 
 /// "2-way mirror, 4 columns, 256K interleave".

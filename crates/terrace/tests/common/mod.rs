@@ -496,6 +496,20 @@ impl Daemon {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// Fail on any line of the daemon's log that reports a problem (see
+    /// [`problem_lines`]) and contains none of `allowed`: what a test
+    /// expects (a disk it took away, a request it meant to be refused).
+    #[track_caller]
+    pub fn assert_log_clean(&self, allowed: &[&str]) {
+        let problems = problem_lines(&self.log_text(), allowed);
+        assert!(
+            problems.is_empty(),
+            "the daemon's log reports problems:\n{}\n{}",
+            problems.join("\n"),
+            self.log_tail()
+        );
+    }
+
     pub fn log_tail(&self) -> String {
         format!(
             "--- daemon log ({}) ---\n{}",
@@ -680,6 +694,24 @@ impl Drop for Daemon {
     }
 }
 
+/// Words that mark a line of a log or of a client's standard error as a
+/// problem report.
+const PROBLEM_WORDS: [&str; 7] = [
+    "error", "warn", "fail", "panic", "refused", "invalid", "denied",
+];
+
+/// The lines of `text` that report a problem and contain none of `allowed`.
+pub fn problem_lines(text: &str, allowed: &[&str]) -> Vec<String> {
+    text.lines()
+        .filter(|line| {
+            let lower = line.to_lowercase();
+            PROBLEM_WORDS.iter().any(|word| lower.contains(word))
+                && !allowed.iter().any(|allowed| line.contains(allowed))
+        })
+        .map(str::to_string)
+        .collect()
+}
+
 /// A space presented as a file by nbdfuse; unmounted on drop.
 pub struct FuseFile {
     mountpoint: PathBuf,
@@ -790,11 +822,18 @@ impl FuseFile {
         }
     }
 
-    /// Unmount now and require that it went well.
+    /// Unmount now and require that it went well, and that nbdfuse
+    /// reported no error on its standard error meanwhile.
     pub fn detach(mut self) {
         if let Err(problem) = self.unmount() {
             panic!("nbdfuse unmount failed: {problem}");
         }
+        let problems = problem_lines(&self.log_text(), &[]);
+        assert!(
+            problems.is_empty(),
+            "nbdfuse reported errors:\n{}",
+            problems.join("\n")
+        );
     }
 }
 
