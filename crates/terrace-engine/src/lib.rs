@@ -41,6 +41,7 @@ mod space;
 mod status;
 mod target;
 mod units;
+mod verify;
 mod zero;
 
 pub use admin::{default_fault_domain, SpaceConfig, SpaceCreated, SpaceSize};
@@ -64,6 +65,7 @@ pub use status::{
     CacheInfo, DiskStatus, FailureImpact, PoolHealth, PoolStatus, SpaceHealth, SpaceStatus,
 };
 pub use units::format_size;
+pub use verify::{Finding, Place, Problem, ProblemKind, Role, FINDINGS_MAX};
 
 pub use terrace_io as io;
 pub use terrace_layout as layout;

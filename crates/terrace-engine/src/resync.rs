@@ -22,6 +22,7 @@ use terrace_layout::Layout;
 use crate::error::EngineError;
 use crate::row::RowIo;
 use crate::space::Space;
+use crate::verify::{self, Finding, Problem, ProblemKind, FINDINGS_MAX};
 
 /// What a pass over a space found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -29,6 +30,9 @@ pub struct RedundancyReport {
     pub rows: u64,
     /// Rows whose redundancy disagreed (verify) or was rewritten (resync).
     pub mismatched_rows: Vec<(u64, u64)>,
+    /// The first [`FINDINGS_MAX`] of those rows, with what disagrees and
+    /// where (the rest are counted in `mismatched_rows` only).
+    pub findings: Vec<Finding>,
     /// Rows that could not be checked because a needed slot is offline.
     pub skipped_rows: u64,
     /// Mirror rows not checked because a crash left them to resynchronise
@@ -111,7 +115,12 @@ async fn walk_rows(
         report.rows += 1;
         match check_row(&io, pass).await {
             RowState::Agrees => {}
-            RowState::Disagrees => report.mismatched_rows.push((extent, row)),
+            RowState::Disagrees(problems) => {
+                report.mismatched_rows.push((extent, row));
+                if report.findings.len() < FINDINGS_MAX {
+                    report.findings.push(finding(space, extent, row, problems));
+                }
+            }
             RowState::Skipped => report.skipped_rows += 1,
         }
     }
@@ -158,8 +167,19 @@ pub(crate) async fn resync_crashed_row(
 
 enum RowState {
     Agrees,
-    Disagrees,
+    Disagrees(Vec<Problem>),
     Skipped,
+}
+
+fn finding(space: &Space, extent: u64, row: u64, problems: Vec<Problem>) -> Finding {
+    let length = space.geometry.row_data_bytes();
+    Finding {
+        offset: extent * space.geometry.extent_data_bytes() + row * length,
+        length,
+        extent,
+        row,
+        problems,
+    }
 }
 
 /// Read the whole row of every online slot (`None` for offline or failed).
@@ -179,6 +199,7 @@ async fn check_row(io: &RowIo<'_>, pass: Pass) -> RowState {
     let slots = read_slots(io).await;
     let geometry = io.geometry();
     let mut fixes: Vec<(u32, BytesMut)> = Vec::new();
+    let mut problems = Vec::new();
     let mut skipped = false;
     match geometry.layout() {
         Layout::Simple => return RowState::Agrees,
@@ -192,6 +213,7 @@ async fn check_row(io: &RowIo<'_>, pass: Pass) -> RowState {
                     skipped = true;
                     continue;
                 };
+                let before = fixes.len();
                 for &slot in &copy_slots {
                     if slots[slot as usize]
                         .as_ref()
@@ -199,6 +221,12 @@ async fn check_row(io: &RowIo<'_>, pass: Pass) -> RowState {
                     {
                         fixes.push((slot, source.clone()));
                     }
+                }
+                if fixes.len() > before {
+                    problems.push(Problem {
+                        kind: ProblemKind::Copies { column },
+                        places: copy_slots.iter().map(|&s| verify::place(io, s)).collect(),
+                    });
                 }
             }
         }
@@ -218,20 +246,32 @@ async fn check_row(io: &RowIo<'_>, pass: Pass) -> RowState {
                 [p, q] => terrace_ec::encode_pq(&data, p, q),
                 _ => unreachable!("parity layouts have one or two parity columns"),
             }
+            let stored: Vec<Option<&[u8]>> = (0..redundancy)
+                .map(|index| slots[geometry.parity_column(io.row, index) as usize].as_deref())
+                .collect();
+            let wrong: Vec<bool> = stored
+                .iter()
+                .zip(&parity)
+                .map(|(stored, expected)| stored.is_some_and(|stored| stored != &expected[..]))
+                .collect();
+            if wrong.contains(&true) {
+                problems.push(verify::parity_problem(io, &data, &stored, &wrong));
+            }
             for (index, expected) in parity.into_iter().enumerate() {
-                let slot = geometry.parity_column(io.row, index as u32);
-                if slots[slot as usize]
-                    .as_ref()
-                    .is_some_and(|stored| *stored != expected)
-                {
-                    fixes.push((slot, expected));
+                if wrong[index] {
+                    fixes.push((geometry.parity_column(io.row, index as u32), expected));
                 }
             }
         }
     }
-    fixes.extend(second_copies(io, &slots).await);
+    let moving = second_copies(io, &slots).await;
+    problems.extend(moving.iter().map(|(slot, _)| Problem {
+        kind: ProblemKind::Moving { slot: *slot },
+        places: vec![verify::place(io, *slot)],
+    }));
+    fixes.extend(moving);
     let state = match (fixes.is_empty(), skipped) {
-        (false, _) => RowState::Disagrees,
+        (false, _) => RowState::Disagrees(problems),
         (true, true) => RowState::Skipped,
         (true, false) => RowState::Agrees,
     };

@@ -671,6 +671,19 @@ pub fn space_request(command: SpaceCommand, control: &PathBuf) -> Result<Request
     })
 }
 
+/// What makes an answer a failure (exit 1) though the daemon answered:
+/// a verify that found rows whose redundancy disagrees.
+pub fn failure_in(request: &Request, result: &serde_json::Value) -> Option<String> {
+    match request {
+        Request::SpaceVerify { name, .. } => {
+            let mismatched = result["mismatched_rows"].as_u64().unwrap_or(0);
+            (mismatched > 0)
+                .then(|| format!("space {name}: {mismatched} rows whose copies or parity disagree"))
+        }
+        _ => None,
+    }
+}
+
 /// Turn an answer into text, by the request that asked for it.
 pub fn render(request: &Request, result: serde_json::Value) -> Result<String, CliError> {
     Ok(match request {
@@ -693,21 +706,7 @@ pub fn render(request: &Request, result: serde_json::Value) -> Result<String, Cl
             render::jobs(&[parse::<JobView>(result)?])
         }
         Request::PoolSet { .. } => render::pool_status(&parse::<PoolView>(result)?),
-        Request::SpaceVerify { .. } => {
-            let unsynced = match result["unsynced_rows"].as_u64().unwrap_or(0) {
-                0 => String::new(),
-                n => format!(
-                    "; {n} not checked yet: an unclean shutdown left them to resynchronise, which is under way"
-                ),
-            };
-            format!(
-                "space {}: {} rows checked, {} mismatched, {} skipped (a needed disk is offline, or still being caught up or rebuilt){unsynced}\n",
-                result["space"].as_str().unwrap_or_default(),
-                result["rows"],
-                result["mismatched_rows"],
-                result["skipped_rows"],
-            )
-        }
+        Request::SpaceVerify { .. } => render::verify(&result),
         Request::SpaceCreate(_) | Request::SpaceResize { .. } | Request::SpaceCache { .. } => {
             let space: SpaceView = parse(result)?;
             // The cache is what `space cache` changed, and a creation may

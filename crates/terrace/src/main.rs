@@ -211,6 +211,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
         Command::Job(command) => cli::job_request(&command),
     };
     let result = runtime()?.block_on(cli::call_showing_preparation(&control, &request))?;
+    let failed = cli::failure_in(&request, &result);
     if cli.json {
         println!(
             "{}",
@@ -219,7 +220,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
     } else {
         print!("{}", cli::render(&request, result)?);
     }
-    Ok(())
+    failed.map_or(Ok(()), |why| Err(CliError::Refused(why)))
 }
 
 fn main() -> ExitCode {

@@ -574,6 +574,48 @@ pub fn preparation_line(preparing: &crate::api::PreparationView) -> String {
     )
 }
 
+/// `space verify`: the counts, then each row found disagreeing, with what
+/// disagrees and where.
+pub fn verify(result: &serde_json::Value) -> String {
+    let unsynced = match result["unsynced_rows"].as_u64().unwrap_or(0) {
+        0 => String::new(),
+        n => format!(
+            "; {n} not checked yet: an unclean shutdown left them to resynchronise, which is under way"
+        ),
+    };
+    let mut text = format!(
+        "space {}: {} rows checked, {} mismatched, {} skipped (a needed disk is offline, or still being caught up or rebuilt){unsynced}\n",
+        result["space"].as_str().unwrap_or_default(),
+        result["rows"],
+        result["mismatched_rows"],
+        result["skipped_rows"],
+    );
+    for finding in result["findings"].as_array().into_iter().flatten() {
+        text += &format!(
+            "row {} of extent {} (space offset {}, {} bytes):\n",
+            finding["row"], finding["extent"], finding["offset"], finding["length"]
+        );
+        for problem in finding["problems"].as_array().into_iter().flatten() {
+            text += &format!("  {}:\n", problem["what"].as_str().unwrap_or_default());
+            for place in problem["places"].as_array().into_iter().flatten() {
+                let role = place["role"].as_str().unwrap_or_default();
+                text += &match (place["disk"].as_u64(), place["disk_offset"].as_u64()) {
+                    (Some(disk), Some(offset)) => format!(
+                        "    {role} (slot {}): disk {disk} {} at byte {offset}\n",
+                        place["slot"],
+                        place["device"].as_str().unwrap_or_default()
+                    ),
+                    _ => format!("    {role} (slot {}): not readable now\n", place["slot"]),
+                };
+            }
+        }
+    }
+    if let Some(more) = result["findings_more"].as_u64().filter(|&more| more > 0) {
+        text += &format!("... and {more} more rows that disagree\n");
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

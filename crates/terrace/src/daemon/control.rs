@@ -107,18 +107,12 @@ async fn handle(daemon: &Arc<Daemon>, request: Request) -> Answer {
         Request::DiskSet { pool, disk, usage } => disk_set(registry, &pool, &disk, &usage).await,
         Request::SpaceCreate(create) => space_create(registry, create).await,
         Request::SpaceVerify { pool, name } => {
-            let (_, space) = find_space(registry, pool.as_deref(), &name)?;
+            let (entry, space) = find_space(registry, pool.as_deref(), &name)?;
             let name = space.name();
             let report = terrace_engine::verify_space(&space)
                 .await
                 .map_err(failure)?;
-            value(serde_json::json!({
-                "space": name,
-                "rows": report.rows,
-                "mismatched_rows": report.mismatched_rows.len(),
-                "skipped_rows": report.skipped_rows,
-                "unsynced_rows": report.unsynced_rows,
-            }))
+            Ok(super::verify::answer(&entry.pool, name, &report).await)
         }
         Request::SpaceCache { pool, name, bytes } => {
             if bytes == 0 {

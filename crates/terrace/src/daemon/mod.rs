@@ -31,6 +31,7 @@ pub mod probe;
 pub mod readahead;
 pub mod registry;
 pub mod sockets;
+pub mod verify;
 pub mod views;
 
 use std::net::SocketAddr;
