@@ -183,6 +183,8 @@ fn ext4_survives_a_missing_disk(space: &str, layout: &[&str]) {
     assert_eq!(view["read_only"], false, "{view}");
 
     check_degraded(&daemon, space, &written);
+    // The one disk left out, and nothing else.
+    daemon.assert_log_clean(&["ONLINE -> DEGRADED: 1 disk failed or missing"]);
     daemon.stop();
 }
 
