@@ -163,41 +163,18 @@ impl Pool {
             let (record, geometry) = plan_space(
                 &config,
                 metadata,
-                allocator,
+                allocator.clone(),
                 level,
                 self.shared.env.wall_clock_ns(),
-            )?;
+            )
+            .map_err(|refusal| {
+                self.with_largest_fit(refusal, &config, metadata, &allocator, level)
+            })?;
             let mut next = metadata.clone();
             next.next_space_id += 1;
             next.spaces.push(record.clone());
-            let cache_bytes = crate::cache::cache_size(&config, &next)?;
-            let log = match cache_bytes {
-                Some(bytes) => {
-                    let mut with_log = next.clone();
-                    match crate::cache::plan_log(&self.shared, &mut with_log, record.id, bytes) {
-                        // A default log that would leave the metadata no
-                        // room for a repair is left out, like one that
-                        // finds no slabs.
-                        Ok(log)
-                            if config.cache_bytes.is_some()
-                                || crate::room::check_room(
-                                    &with_log,
-                                    self.shared.metadata_slot_bytes,
-                                )
-                                .is_ok() =>
-                        {
-                            next = with_log;
-                            Some(log)
-                        }
-                        Ok(_) => None,
-                        // The default log is best effort: a full pool still
-                        // gets its space (without a log, which status shows).
-                        Err(_) if config.cache_bytes.is_none() => None,
-                        Err(error) => return Err(error),
-                    }
-                }
-                None => None,
-            };
+            let log = self.plan_new_log(&config, &mut next, record.id)?;
+            let record = next.spaces[metadata.spaces.len()].clone();
             (next, metadata.spaces.len(), record, geometry, log)
         };
         crate::room::check_room(&next, self.shared.metadata_slot_bytes)?;
@@ -236,6 +213,97 @@ impl Pool {
             space,
             columns_reason: record.columns_reason,
         })
+    }
+
+    /// A space of a given size that does not fit: its refusal also says the
+    /// largest size that would, and over how many columns (what `--max`
+    /// gives, its log included), so that the user need not search for it.
+    fn with_largest_fit(
+        &self,
+        refusal: EngineError,
+        config: &SpaceConfig,
+        metadata: &PoolMetadata,
+        allocator: &Allocator,
+        level: FaultDomain,
+    ) -> EngineError {
+        let (SpaceSize::Bytes(bytes), EngineError::NoCapacity { space, detail }) =
+            (config.size, &refusal)
+        else {
+            return refusal;
+        };
+        let largest = SpaceConfig {
+            size: SpaceSize::Max,
+            ..config.clone()
+        };
+        let fit =
+            plan_space(&largest, metadata, allocator.clone(), level, 0).and_then(|(record, _)| {
+                let mut next = metadata.clone();
+                next.next_space_id += 1;
+                next.spaces.push(record.clone());
+                self.plan_new_log(&largest, &mut next, record.id)?;
+                Ok(next.spaces[metadata.spaces.len()].clone())
+            });
+        let fit = match fit {
+            Ok(record) => format!(
+                "at most {} with {} (--max)",
+                format_size(record.size_bytes),
+                terrace_layout::count(record.columns, "column")
+            ),
+            Err(_) => "nothing of this layout fits".to_string(),
+        };
+        EngineError::NoCapacity {
+            space: space.clone(),
+            detail: format!("{} does not fit: {fit}; {detail}", format_size(bytes)),
+        }
+    }
+
+    /// Plan the log of new space `owner` (the last of `next.spaces`) into
+    /// `next` by [`crate::cache::log_choices`]. A space of the largest
+    /// size gives back extents from its end until the log fits on capacity
+    /// disks. A default log is best effort: a pool too small for even the
+    /// smallest default log still gets its space (without a log, which
+    /// status shows); a log asked for is not.
+    fn plan_new_log(
+        &self,
+        config: &SpaceConfig,
+        next: &mut PoolMetadata,
+        owner: SpaceId,
+    ) -> Result<Option<(Space, terrace_meta::CacheRecord)>, EngineError> {
+        let choices = crate::cache::log_choices(config.cache_bytes, config.layout, next)?;
+        if choices.is_empty() {
+            return Ok(None);
+        }
+        let required = config.cache_bytes.is_some();
+        let position = next.spaces.len() - 1;
+        assert_eq!(
+            next.spaces[position].id, owner,
+            "the new space is planned last"
+        );
+        let whole = next.spaces[position].clone();
+        loop {
+            match crate::cache::first_log_that_fits(&self.shared, next, owner, &choices) {
+                Ok((with_log, log)) => {
+                    *next = with_log;
+                    return Ok(Some(log));
+                }
+                Err(refusal) => {
+                    let shrinkable = config.size == SpaceSize::Max
+                        && next.spaces[position].extents.len() > 1
+                        && choices
+                            .iter()
+                            .any(|(_, disks)| *disks != crate::cache::LogDisks::Journal);
+                    if !shrinkable {
+                        // Given up: the space keeps the size it was planned with.
+                        next.spaces[position] = whole;
+                        return if required { Err(refusal) } else { Ok(None) };
+                    }
+                    let geometry = next.spaces[position].geometry(next.slab_bytes)?;
+                    let record = &mut next.spaces[position];
+                    record.extents.pop();
+                    record.size_bytes = record.extents.len() as u64 * geometry.extent_data_bytes();
+                }
+            }
+        }
     }
 
     /// Delete a space and free its slabs. Its data is gone.

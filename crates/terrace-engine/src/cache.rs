@@ -51,25 +51,68 @@ pub(crate) fn journal_disks(metadata: &PoolMetadata) -> usize {
 }
 
 /// The cache size a new space gets in a pool with `metadata`: as asked, or
-/// the default (`None`: no cache).
+/// the default (`None`: no cache). The first of [`log_choices`].
 pub fn cache_size(
     config: &SpaceConfig,
     metadata: &PoolMetadata,
 ) -> Result<Option<u64>, EngineError> {
-    match config.cache_bytes {
-        Some(0) => Ok(None),
-        Some(bytes) => check_size(bytes).map(Some),
-        None => {
-            let copies = log_copies(config.layout) as usize;
-            if journal_disks(metadata) >= copies {
-                Ok(Some(CACHE_DEFAULT_BYTES))
-            } else if matches!(config.layout, Layout::Parity { .. }) {
-                Ok(Some(CACHE_SMALL_BYTES))
+    let choices = log_choices(config.cache_bytes, config.layout, metadata)?;
+    Ok(choices.first().map(|(bytes, _)| *bytes))
+}
+
+/// Where a log is placed: on the journal disks, or on capacity disks
+/// (the disks the spaces use) for the reason given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LogDisks {
+    Journal,
+    Capacity { why: String },
+}
+
+/// The logs a space with `layout` may get, tried in order: `asked` bytes
+/// (`Some(0)`: none), or the default. With journal disks enough for its
+/// copies a log goes there; when they have no room left it goes on
+/// capacity disks instead. A parity space always gets a log unless asked
+/// for none (as Storage Spaces does: without one, a crash mid-write leaves
+/// a write hole): 1 GiB on journal disks, else 32 MiB on capacity disks.
+/// Other layouts get a default log only on journal disks.
+pub fn log_choices(
+    asked: Option<u64>,
+    layout: Layout,
+    metadata: &PoolMetadata,
+) -> Result<Vec<(u64, LogDisks)>, EngineError> {
+    let copies = log_copies(layout) as usize;
+    let journals = journal_disks(metadata);
+    let parity = matches!(layout, Layout::Parity { .. });
+    let full = |bytes: u64| LogDisks::Capacity {
+        why: format!(
+            "the journal disks have no room left for {}",
+            format_size(bytes)
+        ),
+    };
+    let few = LogDisks::Capacity {
+        why: match journals {
+            0 => "the pool has no journal disks".to_string(),
+            n => format!("the pool has {n} journal disks, and the log needs {copies}"),
+        },
+    };
+    Ok(match asked {
+        Some(0) => Vec::new(),
+        Some(bytes) => {
+            let bytes = check_size(bytes)?;
+            if journals >= copies {
+                vec![(bytes, LogDisks::Journal), (bytes, full(bytes))]
             } else {
-                Ok(None)
+                vec![(bytes, few)]
             }
         }
-    }
+        None if journals >= copies && parity => vec![
+            (CACHE_DEFAULT_BYTES, LogDisks::Journal),
+            (CACHE_SMALL_BYTES, full(CACHE_DEFAULT_BYTES)),
+        ],
+        None if journals >= copies => vec![(CACHE_DEFAULT_BYTES, LogDisks::Journal)],
+        None if parity => vec![(CACHE_SMALL_BYTES, few)],
+        None => Vec::new(),
+    })
 }
 
 fn check_size(bytes: u64) -> Result<u64, EngineError> {
@@ -94,12 +137,13 @@ fn log_disks_kind(on_journal: bool) -> &'static str {
 }
 
 /// Plan the log of space `owner` into `next` (its record and the owner's
-/// cache record) and build it; nothing is written.
+/// cache record) on `disks` and build it; nothing is written.
 pub(crate) fn plan_log(
     shared: &Arc<PoolShared>,
     next: &mut PoolMetadata,
     owner: SpaceId,
     bytes: u64,
+    disks: &LogDisks,
 ) -> Result<(Space, CacheRecord), EngineError> {
     let owner_record = next
         .spaces
@@ -116,7 +160,7 @@ pub(crate) fn plan_log(
             SpaceSize::Bytes(bytes),
         )
     };
-    let on_journal = journal_disks(next) >= copies as usize;
+    let on_journal = *disks == LogDisks::Journal;
     let allocator = if on_journal {
         shared.allocator(next, FaultDomain::Disk, |_, disk| is_journal_disk(disk))
     } else {
@@ -138,16 +182,13 @@ pub(crate) fn plan_log(
     )?;
     record.role = SpaceRole::Log { owner };
     record.export = None;
-    record.columns_reason = if on_journal {
-        format!(
-            "the write-back log of space {}: {copies} copies on journal disks",
-            owner.0
-        )
-    } else {
-        format!(
-            "the write-back log of space {}: {copies} copies on capacity disks (no journal disks)",
-            owner.0
-        )
+    record.columns_reason = match disks {
+        LogDisks::Journal => {
+            format!("the write-back log of space {owner_name}: {copies} copies on journal disks")
+        }
+        LogDisks::Capacity { why } => format!(
+            "the write-back log of space {owner_name}: {copies} copies on capacity disks, as {why}"
+        ),
     };
     let cache = CacheRecord {
         bytes,
@@ -163,6 +204,34 @@ pub(crate) fn plan_log(
     }
     let log = build_space(shared, next, &record)?;
     Ok((log, cache))
+}
+
+/// The first of `choices` (see [`log_choices`]) whose log fits, with
+/// room left in the metadata for a repair, planned into a copy of
+/// `metadata`; else the refusal of the last.
+pub(crate) fn first_log_that_fits(
+    shared: &Arc<PoolShared>,
+    metadata: &PoolMetadata,
+    owner: SpaceId,
+    choices: &[(u64, LogDisks)],
+) -> Result<(PoolMetadata, (Space, CacheRecord)), EngineError> {
+    let mut refusal = None;
+    for (bytes, disks) in choices {
+        let mut next = metadata.clone();
+        let planned = plan_log(shared, &mut next, owner, *bytes, disks).and_then(|log| {
+            crate::room::check_room(&next, shared.metadata_slot_bytes)?;
+            Ok(log)
+        });
+        match planned {
+            Ok(log) => return Ok((next, log)),
+            Err(error) => refusal = Some(error),
+        }
+    }
+    Err(refusal.unwrap_or(EngineError::InvalidSetting {
+        what: "write-back cache size",
+        value: 0,
+        rule: "from 256K to 100G",
+    }))
 }
 
 impl Pool {
@@ -335,10 +404,11 @@ impl Pool {
     async fn add_cache(&self, space: &Arc<Space>, bytes: u64) -> Result<u64, EngineError> {
         let (log, cache, slab_bytes) = {
             let mut control = self.shared.control.lock().await;
-            let mut next = control.metadata.clone();
-            let (log, cache) = plan_log(&self.shared, &mut next, space.id(), bytes)?;
+            let layout = space.geometry().layout();
+            let choices = log_choices(Some(bytes), layout, &control.metadata)?;
+            let (next, (log, cache)) =
+                first_log_that_fits(&self.shared, &control.metadata, space.id(), &choices)?;
             let slab_bytes = next.slab_bytes;
-            crate::room::check_room(&next, self.shared.metadata_slot_bytes)?;
             self.shared.commit(&mut control, next).await?;
             (Arc::new(log), cache, slab_bytes)
         };

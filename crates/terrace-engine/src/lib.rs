@@ -63,6 +63,7 @@ pub use scan::{scan, DeviceKind, DeviceReport};
 pub use space::{Space, REQUEST_MAX_BYTES};
 pub use status::{
     CacheInfo, DiskStatus, FailureImpact, PoolHealth, PoolStatus, SpaceHealth, SpaceStatus,
+    Unrepaired,
 };
 pub use units::format_size;
 pub use verify::{Finding, Place, Problem, ProblemKind, Role, FINDINGS_MAX};

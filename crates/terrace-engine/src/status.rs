@@ -61,6 +61,26 @@ pub struct DiskStatus {
     pub slow: bool,
     /// Extents written while it was missing: back, it resyncs only these.
     pub missed_extents: u64,
+    /// Lost (failed or missing) with slabs that no running job re-creates
+    /// and that a repair would find no room for now.
+    pub unrepaired: Option<Unrepaired>,
+    /// The active job (other than a log move) that involves it, if any.
+    pub job: Option<u64>,
+}
+
+/// The slabs of a lost disk that a repair finds no room for, and what
+/// would make room.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unrepaired {
+    /// The refusal of the repair (or of its first slot left out).
+    pub reason: String,
+    /// Slabs that find no room.
+    pub slabs: u64,
+    /// The smallest disk that, added, would take them all.
+    pub disk_bytes: u64,
+    /// Only slabs of write-back logs find no room (the spaces' data is
+    /// repaired): a journal disk would take them too.
+    pub logs_only: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,6 +138,10 @@ pub struct CacheInfo {
     pub log_copies: u32,
     /// Health of the log's own mirror.
     pub log_health: SpaceHealth,
+    /// Where the log was placed and why ("the write-back log of space p: 2
+    /// copies on capacity disks, as the journal disks have no room left
+    /// for 1G").
+    pub placement: String,
 }
 
 /// What would happen if one disk, enclosure or node failed now.
@@ -167,6 +191,8 @@ pub struct PoolStatus {
     /// A write-back log being prepared (its slabs written with zeroes
     /// before its cache takes them), if any.
     pub preparing: Option<Preparation>,
+    /// The pool's failure policy (what happens to a lost disk on its own).
+    pub settings: terrace_meta::PoolSettings,
 }
 
 /// A write-back log being prepared: for a new cache, or the new part of a
@@ -210,10 +236,18 @@ impl Space {
 
     /// Whether losing the disks `gone` as well would cost this space data
     /// (`Some(true)`), all redundancy (`Some(false)`), or neither (`None`).
+    /// Only extents with a slab on a gone disk count: a space already
+    /// degraded elsewhere loses nothing more to a disk it has nothing on.
     fn impact_of(&self, gone: &dyn Fn(u16) -> bool) -> Option<bool> {
         let map = self.map();
         let mut worst = None;
         for targets in &map.extents {
+            if !targets
+                .iter()
+                .any(|target| gone(target.home().disk.index.0))
+            {
+                continue;
+            }
             let lost = |slot: u32| {
                 let target = &targets[slot as usize];
                 !target.complete() || gone(target.home().disk.index.0)
@@ -287,6 +321,7 @@ impl Pool {
             impact: self.impacts(&metadata),
             disks,
             spaces,
+            settings: metadata.settings,
             log_memory_bytes: self.log_memory().0,
             log_memory_max_bytes: self.log_memory().1,
             preparing: self
@@ -316,6 +351,7 @@ impl Pool {
     }
 
     fn disk_statuses(&self, metadata: &PoolMetadata) -> Vec<DiskStatus> {
+        let mut unrepaired = self.unrepaired(metadata);
         let used = metadata.used_slabs();
         let runtime = self.shared.disks();
         let mut online: Vec<u64> = runtime
@@ -360,6 +396,13 @@ impl Pool {
                         && latency_us >= SLOW_FLOOR_US
                         && latency_us > median * SLOW_FACTOR,
                     missed_extents: metadata.dirty_of(disk.index).count() as u64,
+                    unrepaired: unrepaired.remove(&disk.index),
+                    job: metadata
+                        .jobs
+                        .iter()
+                        .filter(|job| job.is_active() && job.kind != JobKind::LogsToJournal)
+                        .find(|job| crate::jobs::job_disks(metadata, job).contains(&disk.index))
+                        .map(|job| job.id),
                 }
             })
             .collect()
@@ -499,10 +542,8 @@ fn space_status(
             .progress(space.id, space.pool.env.now_ns()),
         cache: space.journal().map(|journal| {
             let log = journal.log();
-            let mut log_disks: Vec<u16> = metadata
-                .spaces
-                .iter()
-                .find(|s| s.id == log.id())
+            let log_record = metadata.spaces.iter().find(|s| s.id == log.id());
+            let mut log_disks: Vec<u16> = log_record
                 .map(|s| {
                     s.extents
                         .iter()
@@ -517,6 +558,7 @@ fn space_status(
                 log_disks,
                 log_copies: log.geometry().layout().copies(),
                 log_health: log.health(),
+                placement: log_record.map_or(String::new(), |s| s.columns_reason.clone()),
             }
         }),
     })

@@ -234,6 +234,10 @@ pub struct PoolSummary {
     /// Slabs of the journal disks in service, and those the logs use.
     pub journal_bytes: u64,
     pub journal_allocated_bytes: u64,
+    /// What the admin should do first (`pool status` lists every action);
+    /// null when nothing needs them.
+    #[serde(default)]
+    pub action: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -261,6 +265,12 @@ pub struct DiskView {
     /// Extents written while it was missing: back, it resyncs only these.
     #[serde(default)]
     pub missed_extents: u64,
+    /// Lost, and why its repair does not run: no room for what it held.
+    #[serde(default)]
+    pub unrepaired: Option<String>,
+    /// What the admin should do about it; null when nothing.
+    #[serde(default)]
+    pub action: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -362,6 +372,9 @@ pub struct SpaceView {
     pub resync_rate_bytes_per_second: u64,
     #[serde(default)]
     pub resync_eta_seconds: Option<u64>,
+    /// What the admin should do about it; null when nothing.
+    #[serde(default)]
+    pub action: Option<String>,
 }
 
 /// A space's write-back cache: where its log lives and how full it is.
@@ -380,6 +393,9 @@ pub struct CacheView {
     pub log_disks: Vec<u16>,
     pub log_copies: u32,
     pub log_health: String,
+    /// Where the log was placed and why.
+    #[serde(default)]
+    pub placement: String,
     /// What losing log disks costs.
     pub protects: String,
     pub absorbed_writes: u64,

@@ -713,10 +713,10 @@ pub fn render(request: &Request, result: serde_json::Value) -> Result<String, Cl
             // have given one by default: say where it is either way.
             let cache = space.cache.as_ref().map_or(String::new(), |cache| {
                 format!(
-                    "; write-back cache {}, log on disks {} ({} copies)",
+                    "; write-back cache {}, log on disks {}{}",
                     crate::units::format_size(cache.bytes),
                     render::log_disks(cache),
-                    cache.log_copies
+                    render::log_placement(cache)
                 )
             });
             format!(

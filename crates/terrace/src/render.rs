@@ -75,6 +75,9 @@ pub fn pool_status(pool: &PoolView) -> String {
         format_size(pool.metadata_slot_bytes),
         format_size(pool.metadata_reserve_bytes),
     );
+    for action in actions(pool) {
+        out.push_str(&format!("action: {action}\n"));
+    }
     if let Some(preparing) = &pool.preparing {
         out.push_str(&preparation_line(preparing));
         out.push('\n');
@@ -160,6 +163,19 @@ pub fn pool_status(pool: &PoolView) -> String {
         }
     ));
     out
+}
+
+/// Every action of the pool, as its views carry them: spaces that lost
+/// data first, then disks, then the other spaces (see `daemon::actions`).
+fn actions(pool: &PoolView) -> Vec<&str> {
+    let offline = |space: &&SpaceView| space.health == "offline";
+    let first = pool.spaces.iter().filter(offline);
+    let last = pool.spaces.iter().filter(|space| !offline(space));
+    first
+        .filter_map(|space| space.action.as_deref())
+        .chain(pool.disks.iter().filter_map(|disk| disk.action.as_deref()))
+        .chain(last.filter_map(|space| space.action.as_deref()))
+        .collect()
 }
 
 /// "If X fails now": only the failures that would cost something.
@@ -379,6 +395,9 @@ fn disk_note(disk: &DiskView) -> String {
             count(disk.missed_extents, "extent")
         ));
     }
+    if let Some(why) = &disk.unrepaired {
+        notes.push(format!("not repaired: {why}"));
+    }
     notes.join("; ")
 }
 
@@ -405,6 +424,16 @@ pub fn log_disks(cache: &CacheView) -> String {
 }
 
 /// The write-back cache of a space, in a few indented lines.
+/// Where a log went and why, after its disks: ": 2 copies on capacity
+/// disks, as the journal disks have no room left for 1G" (" (2 copies)"
+/// for a log placed before the reason was kept).
+pub fn log_placement(cache: &CacheView) -> String {
+    match cache.placement.split_once(": ") {
+        Some((_, why)) => format!(": {why}"),
+        None => format!(" ({} copies)", cache.log_copies),
+    }
+}
+
 pub fn cache_lines(space: &SpaceView) -> String {
     let Some(cache) = &space.cache else {
         return "  write-back cache: none (writes go straight to the disks)\n".to_string();
@@ -429,6 +458,9 @@ pub fn cache_lines(space: &SpaceView) -> String {
         format_size(cache.destage_rate_bytes_per_second),
         cache.protects,
     ));
+    if let Some((_, why)) = cache.placement.split_once(": ") {
+        out.push_str(&format!("    log: {why}\n"));
+    }
     if let Some(reason) = &cache.write_through {
         out.push_str(&format!("    {reason}\n"));
     }

@@ -25,7 +25,7 @@
 mod plan;
 mod run;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
@@ -204,6 +204,18 @@ pub(crate) fn job_disks(metadata: &PoolMetadata, job: &JobRecord) -> BTreeSet<Di
     let mut disks: BTreeSet<DiskIndex> = kind_disks(job.kind).into_iter().collect();
     disks.extend(move_sources(metadata, job.moves.iter().filter(|m| !m.done)));
     disks
+}
+
+/// Slabs of spaces (and logs) on `disk`.
+fn held_slabs(metadata: &PoolMetadata, disk: DiskIndex) -> u64 {
+    metadata
+        .spaces
+        .iter()
+        .flat_map(|space| space.extents.iter())
+        .filter_map(|extent| extent.slabs.as_ref())
+        .flatten()
+        .filter(|slab| slab.disk == disk)
+        .count() as u64
 }
 
 /// The disks that hold the slots `moves` fill elsewhere.
@@ -490,6 +502,56 @@ impl Pool {
                 }
             });
         }
+    }
+
+    /// The lost disks whose slabs no active job re-creates and a repair
+    /// would find no room for (all of them, or some log slots), by disk.
+    pub(crate) fn unrepaired(
+        &self,
+        metadata: &PoolMetadata,
+    ) -> BTreeMap<DiskIndex, crate::status::Unrepaired> {
+        let reserved = self.shared.reserved_slabs();
+        let mut found = BTreeMap::new();
+        for (index, record) in metadata.disks.iter().enumerate() {
+            let disk = DiskIndex(index as u16);
+            let held = held_slabs(metadata, disk);
+            let repairing = metadata.jobs.iter().any(|job| {
+                job.is_active()
+                    && job.kind != JobKind::LogsToJournal
+                    && job_disks(metadata, job).contains(&disk)
+            });
+            if !matches!(record.state, DiskState::Failed | DiskState::Missing)
+                || held == 0
+                || repairing
+            {
+                continue;
+            }
+            let (reason, slabs, logs_only) = match plan::unplaced_logs(metadata, disk, &reserved) {
+                Ok((unplaced, _)) if unplaced.is_empty() => continue,
+                Ok((unplaced, _)) => {
+                    let slabs = unplaced.len() as u64;
+                    let first = unplaced.into_iter().next().map(plan::Unplaced::refusal);
+                    (
+                        first.map(|e| e.to_string()).unwrap_or_default(),
+                        slabs,
+                        true,
+                    )
+                }
+                Err(error) => (error.to_string(), held, false),
+            };
+            let disk_bytes = terrace_meta::format::data_offset(self.shared.metadata_slot_bytes)
+                + slabs * metadata.slab_bytes;
+            found.insert(
+                disk,
+                crate::status::Unrepaired {
+                    reason,
+                    slabs,
+                    disk_bytes,
+                    logs_only,
+                },
+            );
+        }
+        found
     }
 
     fn space_by_id(&self, id: SpaceId) -> Option<Arc<crate::space::Space>> {

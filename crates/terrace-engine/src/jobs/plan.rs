@@ -158,18 +158,76 @@ fn choose_target<'a>(
 }
 
 /// The moves of a job: every slot that the job's disk holds (or, for a
-/// resync, the dirty extents of the returning disk, in place).
+/// resync, the dirty extents of the returning disk, in place). A repair
+/// that finds room for the spaces' data but not for some log slots
+/// re-creates the data and leaves those log slots (their logs keep their
+/// other copies; [`unplaced_logs`] names them for status); with nothing
+/// else to move it is refused.
 pub(crate) fn plan(
     metadata: &PoolMetadata,
     kind: JobKind,
     reserved: &BTreeSet<SlabRef>,
 ) -> Result<Vec<MoveRecord>, EngineError> {
+    let (moves, unplaced) = plan_moves(metadata, kind, reserved)?;
+    match unplaced.into_iter().next() {
+        Some(first) if moves.is_empty() => Err(first.refusal()),
+        _ => Ok(moves),
+    }
+}
+
+/// A slot a repair finds no room for: the space as a refusal names it,
+/// and the extent.
+#[derive(Debug, Clone)]
+pub(crate) struct Unplaced {
+    pub(crate) space: String,
+    pub(crate) extent: u64,
+}
+
+impl Unplaced {
+    pub(crate) fn refusal(self) -> EngineError {
+        EngineError::NoRoomToRepair {
+            space: self.space,
+            extent: self.extent,
+        }
+    }
+}
+
+/// The log slots a repair of `disk` would find no room for now, and how
+/// many slots of the disk it would re-create.
+pub(crate) fn unplaced_logs(
+    metadata: &PoolMetadata,
+    disk: DiskIndex,
+    reserved: &BTreeSet<SlabRef>,
+) -> Result<(Vec<Unplaced>, usize), EngineError> {
+    let (moves, unplaced) = plan_moves(metadata, JobKind::Repair { disk }, reserved)?;
+    Ok((unplaced, moves.len()))
+}
+
+/// A space as a refusal names it: a log after the space it serves.
+fn shown_name(metadata: &PoolMetadata, space: &terrace_meta::SpaceRecord) -> String {
+    match space.role {
+        SpaceRole::Log { owner } => match metadata.space_by_id(owner) {
+            Some(owner) => format!("{} (its write-back log)", owner.name),
+            None => space.name.clone(),
+        },
+        SpaceRole::Data => space.name.clone(),
+    }
+}
+
+/// [`plan`]'s moves, and (repairs only) the refusals of the log slots
+/// left where they are for lack of room.
+fn plan_moves(
+    metadata: &PoolMetadata,
+    kind: JobKind,
+    reserved: &BTreeSet<SlabRef>,
+) -> Result<(Vec<MoveRecord>, Vec<Unplaced>), EngineError> {
     let (source, only) = match kind {
         JobKind::Repair { disk } | JobKind::Evacuate { disk } => (disk, None),
         JobKind::Replace { old, new } => (old, Some(new)),
-        JobKind::Resync { disk } => return Ok(resync_moves(metadata, disk)),
-        JobKind::LogsToJournal => return Ok(log_moves(metadata, reserved)),
+        JobKind::Resync { disk } => return Ok((resync_moves(metadata, disk), Vec::new())),
+        JobKind::LogsToJournal => return Ok((log_moves(metadata, reserved), Vec::new())),
     };
+    let mut unplaced = Vec::new();
     let mut moves = Vec::new();
     let mut level_pools = LevelPools::default();
     for space in &metadata.spaces {
@@ -201,11 +259,21 @@ pub(crate) fn plan(
                     slot,
                     pools,
                     None,
-                )
-                .ok_or(EngineError::NoRoomToRepair {
-                    space: space.name.clone(),
+                );
+                let no_room = Unplaced {
+                    space: shown_name(metadata, space),
                     extent: extent as u64,
-                })?;
+                };
+                let target = match target {
+                    Some(target) => target,
+                    None if matches!(kind, JobKind::Repair { .. })
+                        && matches!(space.role, SpaceRole::Log { .. }) =>
+                    {
+                        unplaced.push(no_room);
+                        continue;
+                    }
+                    None => return Err(no_room.refusal()),
+                };
                 moves.push(MoveRecord {
                     space: space.id,
                     extent: extent as u32,
@@ -217,7 +285,7 @@ pub(crate) fn plan(
             }
         }
     }
-    Ok(moves)
+    Ok((moves, unplaced))
 }
 
 /// Whether an extent's data survives losing `source` on top of the disks

@@ -188,11 +188,14 @@ impl Pool {
             {
                 continue;
             }
+            // Not started (no room, most often): recorded failed with why,
+            // so that `job list` says it, under either policy; tried again
+            // when the placement changes.
             if let Err(error) = self.start_repair(index).await {
-                if metadata.settings.retire_missing == RetireMissing::Always {
-                    self.record_failed_job(JobKind::Repair { disk: index }, error.to_string())
-                        .await;
-                }
+                let bytes = super::held_slabs(&metadata, index) * metadata.slab_bytes;
+                let reason = format!("no repair started: {error}");
+                self.record_failed_job(JobKind::Repair { disk: index }, reason, bytes)
+                    .await;
             }
         }
     }
@@ -229,12 +232,14 @@ impl Pool {
             // metadata slot): tried again when the placement changes.
             Err(error) => {
                 drop(control);
-                self.record_failed_job(kind, error.to_string()).await;
+                self.record_failed_job(kind, error.to_string(), 0).await;
             }
         }
     }
 
-    async fn record_failed_job(&self, kind: JobKind, reason: String) {
+    /// Record a job that could not start, with why and the bytes it would
+    /// have moved (none of them done).
+    async fn record_failed_job(&self, kind: JobKind, reason: String, bytes_total: u64) {
         let mut control = self.shared.control.lock().await;
         let mut next = control.metadata.clone();
         let now = self.shared.env.wall_clock_ns();
@@ -245,7 +250,7 @@ impl Pool {
             reason,
             created_ns: now,
             finished_ns: now,
-            bytes_total: 0,
+            bytes_total,
             bytes_done: 0,
             moves: Vec::new(),
             folded_moves: 0,
@@ -713,10 +718,16 @@ impl Pool {
         let Some(job) = next.jobs.iter_mut().find(|job| job.id == job_id) else {
             return;
         };
+        // Its progress as it was when it failed, not as last persisted.
+        self.save_watermarks(job);
         job.state = JobState::Failed;
         job.reason = reason;
         job.finished_ns = self.shared.env.wall_clock_ns();
         let failed = job.clone();
+        let position = next.jobs.iter().position(|job| job.id == job_id);
+        if let Some(position) = position {
+            next.jobs[position].bytes_done = recorded_bytes_done(&next, &failed);
+        }
         trim_history(&mut next);
         if self.shared.commit(&mut control, next).await.is_ok() {
             // Under the lock, as its targets are free once committed.

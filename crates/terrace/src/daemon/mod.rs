@@ -20,6 +20,7 @@
 //! (mirrors in the background, while they serve), and nothing acknowledged
 //! after a flush is lost.
 
+pub mod actions;
 pub mod candidates;
 pub mod catalog;
 pub mod control;

@@ -2,8 +2,8 @@
 
 use terrace_engine::layout::Layout;
 use terrace_engine::meta::{
-    DiskIndex, DiskState, FaultDomain, JobKind, Media, PoolMetadata, PoolSettings, RepairPolicy,
-    RetireMissing,
+    DiskIndex, DiskState, FaultDomain, JobKind, JobState, Media, PoolMetadata, PoolSettings,
+    RepairPolicy, RetireMissing,
 };
 use terrace_engine::{
     Condition, DiskStatus, JobStatus, PoolHealth, PoolStatus, SpaceHealth, SpaceStatus,
@@ -105,6 +105,7 @@ pub fn summary(status: &PoolStatus) -> PoolSummary {
         allocated_bytes: status.allocated_bytes,
         journal_bytes: status.journal_bytes,
         journal_allocated_bytes: status.journal_allocated_bytes,
+        action: super::actions::pool_actions(status).into_iter().next(),
     }
 }
 
@@ -160,6 +161,7 @@ pub fn space_view(pool: &str, space: &SpaceStatus, read_only: bool, export: Stri
             .cache
             .as_ref()
             .map(|cache| cache_view(cache, space.layout)),
+        action: None,
     }
 }
 
@@ -185,6 +187,7 @@ fn cache_view(cache: &terrace_engine::CacheInfo, layout: Layout) -> crate::api::
         log_disks: cache.log_disks.clone(),
         log_copies: cache.log_copies,
         log_health: log_health.into(),
+        placement: cache.placement.clone(),
         protects: match status.write_through {
             Some(_) => write_through_protects(layout).to_string(),
             None => format!(
@@ -248,13 +251,18 @@ pub fn pool_view(
             latency_us: disk.latency_us,
             slow: disk.slow,
             missed_extents: disk.missed_extents,
+            unrepaired: disk.unrepaired.as_ref().map(|u| u.reason.clone()),
+            action: super::actions::disk_action(status, disk),
         })
         .collect();
     let read_only = status.read_only.is_some();
     let spaces = status
         .spaces
         .iter()
-        .map(|space| space_view(&status.name, space, read_only, export_name(&space.name)))
+        .map(|space| SpaceView {
+            action: super::actions::space_action(status, space),
+            ..space_view(&status.name, space, read_only, export_name(&space.name))
+        })
         .collect();
     PoolView {
         summary: summary(status),
@@ -355,9 +363,12 @@ pub fn job_view(pool: &str, job: &JobStatus, disks: &[DiskView]) -> JobView {
         reason: non_empty(&job.reason),
         bytes_total: job.bytes_total,
         bytes_done: job.bytes_done,
-        percent: (job.bytes_done * 100)
-            .checked_div(job.bytes_total)
-            .map_or(100, |percent| percent as u32),
+        // A job with nothing to move is done at once: 100 %; one that
+        // could not start moved nothing: 0 %.
+        percent: (job.bytes_done * 100).checked_div(job.bytes_total).map_or(
+            if job.state == JobState::Done { 100 } else { 0 },
+            |percent| percent as u32,
+        ),
         rate_bytes_per_second: job.rate_bytes_per_second,
         eta_seconds: job.eta_seconds,
         moves_total: job.moves_total,
@@ -491,6 +502,7 @@ mod tests {
             log_disks: vec![3, 4],
             log_copies: 2,
             log_health,
+            placement: String::new(),
         }
     }
 
