@@ -169,7 +169,7 @@ fn space_cache_says_what_it_made_or_what_it_needs() {
     daemon.create_space("wb", "p", &["--layout", "parity", "--cache", "64M"], "64M");
     let text = daemon.cli_ok(&["space", "cache", "p", "96M"]).stdout;
     assert!(
-        text.contains("write-back cache 96M, log on disks 3, 4 (2 copies)"),
+        text.contains("write-back cache 96M, log on disks 3, 4: 2 copies on journal disks"),
         "{text}"
     );
     let refused = daemon.cli(&["space", "cache", "p", "1G"]);

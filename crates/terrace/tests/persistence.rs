@@ -635,8 +635,12 @@ fn a_pool_with_failed_journal_disks_is_destroyed() {
     full.fail(&journals);
     // The next commit finds the journal disks failed.
     daemon.cli_ok(&["pool", "set", "t3", "--repair-rate", "100M"]);
+    // The journal disks are failed; whether the pool still reads DEGRADED
+    // depends on how far the repair of the log's copies has come.
     let pool = daemon.pool_status("t3");
-    assert_eq!(pool["state"], "DEGRADED", "{pool}");
+    for disk in [4, 5] {
+        assert_eq!(pool["disks"][disk]["state"], "FAILED", "{pool}");
+    }
 
     let answer = daemon.cli(&["pool", "destroy", "t3", "--yes"]);
     assert!(answer.success(), "{}", answer.describe());
