@@ -31,22 +31,7 @@ fn pool_with_journals(
 ) -> Vec<PathBuf> {
     let mut files = daemon.disk_files(&format!("{name}-cap"), capacity, capacity_bytes);
     files.extend(daemon.disk_files(&format!("{name}-jrn"), 2, journal_bytes));
-    let specs: Vec<String> = files
-        .iter()
-        .enumerate()
-        .map(|(index, file)| {
-            let usage = if index >= capacity {
-                ",usage=journal"
-            } else {
-                ""
-            };
-            format!("{}{usage}", file.display())
-        })
-        .collect();
-    let mut args = vec!["pool", "create", name];
-    args.extend(specs.iter().map(String::as_str));
-    args.extend(["--slab", SLAB]);
-    daemon.cli_json(&args);
+    daemon.create_pool_with_usage(name, &files, capacity, "journal", SLAB);
     files
 }
 

@@ -145,23 +145,7 @@ fn write_source(daemon: &Daemon, name: &str, seed: u64, length: u64) -> PathBuf 
 
 /// `pool create` with some of the disks as hot spares.
 fn create_pool_with_spares(daemon: &Daemon, pool: &str, files: &[PathBuf], spares: usize) {
-    let first_spare = files.len() - spares;
-    let specs: Vec<String> = files
-        .iter()
-        .enumerate()
-        .map(|(index, file)| {
-            let usage = if index >= first_spare {
-                ",usage=hot-spare"
-            } else {
-                ""
-            };
-            format!("{}{usage}", file.display())
-        })
-        .collect();
-    let mut args = vec!["pool", "create", pool];
-    args.extend(specs.iter().map(String::as_str));
-    args.extend(["--slab", SLAB]);
-    daemon.cli_json(&args);
+    daemon.create_pool_with_usage(pool, files, files.len() - spares, "hot-spare", SLAB);
 }
 
 fn set_pool(daemon: &Daemon, pool: &str, settings: &[&str]) {

@@ -631,9 +631,33 @@ impl Daemon {
     /// `pool create NAME DISKS... --slab SLAB`; returns the pool view.
     #[track_caller]
     pub fn create_pool(&self, name: &str, disks: &[PathBuf], slab: &str) -> Value {
-        let paths: Vec<String> = disks.iter().map(|p| p.display().to_string()).collect();
+        self.create_pool_with_usage(name, disks, disks.len(), "auto", slab)
+    }
+
+    /// `pool create NAME DISKS --slab SLAB`, the disks from index `first`
+    /// on with usage `usage` (hot spares or journal disks after the rest).
+    #[track_caller]
+    pub fn create_pool_with_usage(
+        &self,
+        name: &str,
+        disks: &[PathBuf],
+        first: usize,
+        usage: &str,
+        slab: &str,
+    ) -> Value {
+        let specs: Vec<String> = disks
+            .iter()
+            .enumerate()
+            .map(|(index, disk)| {
+                if index >= first {
+                    format!("{},usage={usage}", disk.display())
+                } else {
+                    disk.display().to_string()
+                }
+            })
+            .collect();
         let mut args = vec!["pool", "create", name];
-        args.extend(paths.iter().map(String::as_str));
+        args.extend(specs.iter().map(String::as_str));
         args.extend(["--slab", slab]);
         self.cli_json(&args)
     }
