@@ -407,7 +407,15 @@ fn file_held(label: &str, paths: &[PathBuf], plan: &WritePlan) -> Result<bool, C
     let mut held = false;
     for path in paths {
         if let Some(reason) = guard::data_held(path) {
-            held = plan.held(label, format!("{}: {reason}", path.display()))?;
+            // A target of one path is named by it already; a stripe's
+            // member is named with the reason.
+            let shown = path.display().to_string();
+            let reason = if shown == label {
+                reason
+            } else {
+                format!("{shown}: {reason}")
+            };
+            held = plan.held(label, reason)?;
         }
     }
     Ok(held)

@@ -631,3 +631,37 @@ fn a_file_with_data_is_not_written_over_unless_told() {
     sparse_file(&fresh, 4 * MIB);
     run(bench(&["-p", "database", "--depths", "1"]).arg(&fresh)).check();
 }
+
+/// A device holding a file system is refused by name, as `pool create`
+/// names it, and nothing on it changes.
+#[test]
+fn a_device_with_a_file_system_is_named_and_not_written_over() {
+    if common::skip_without("a device bench refusal", &["losetup", "mkfs.ext4"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("fs.img");
+    sparse_file(&file, 64 * MIB);
+    run_ok(
+        common::command("mkfs.ext4")
+            .args(["-q", "-F", "-L", "benchfs"])
+            .arg(&file),
+    );
+    let before = std::fs::read(&file).unwrap();
+    let device = common::LoopDevice::attach(&file);
+    let answer = run(bench(&["-p", "database", "--depths", "1"]).arg(&device.device));
+    assert_eq!(answer.code(), Some(1), "{}", answer.describe());
+    assert!(
+        answer.stderr.contains("ext4 file system")
+            && answer.stderr.contains("benchfs")
+            && answer.stderr.contains("--destroy-data")
+            && answer.stderr.matches(device.device.as_str()).count() == 1,
+        "{}",
+        answer.describe()
+    );
+    device.detach();
+    assert!(
+        std::fs::read(&file).unwrap() == before,
+        "the device changed"
+    );
+}

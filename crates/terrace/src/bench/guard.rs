@@ -29,7 +29,8 @@ pub const SIGNATURE_BYTES: usize = 128 << 10;
 
 /// Why `path` holds data that a benchmark writing over it would destroy,
 /// if it does. A path that cannot be looked at is left for the open to
-/// report. (The one place a fuller signature probe would go.)
+/// report. A device is probed as `pool create` probes it (see
+/// `daemon/probe.rs`), so a signature at its end counts too.
 pub fn data_held(path: &Path) -> Option<String> {
     let metadata = std::fs::metadata(path).ok()?;
     if metadata.file_type().is_block_device() {
@@ -38,6 +39,10 @@ pub fn data_held(path: &Path) -> Option<String> {
             crate::daemon::candidates::block_device_problem(&device.to_string_lossy())
         {
             return Some(format!("the device is {problem}"));
+        }
+        // What the pool commands refuse, named; then anything else at its start.
+        if let Ok(Some(signature)) = crate::daemon::probe::probe_path(&path.to_string_lossy()) {
+            return Some(format!("the device holds {signature}"));
         }
         return match start_is_zero(path) {
             Ok(true) => None,
