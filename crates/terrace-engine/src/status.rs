@@ -19,6 +19,7 @@ use terrace_layout::Layout;
 use terrace_meta::{DiskState, FaultDomain, JobKind, JobState, Media, PoolMetadata, Usage};
 
 use crate::disk::Condition;
+pub use crate::jobs::Unrepaired;
 use crate::pool::Pool;
 use crate::space::Space;
 
@@ -66,21 +67,6 @@ pub struct DiskStatus {
     pub unrepaired: Option<Unrepaired>,
     /// The active job (other than a log move) that involves it, if any.
     pub job: Option<u64>,
-}
-
-/// The slabs of a lost disk that a repair finds no room for, and what
-/// would make room.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Unrepaired {
-    /// The refusal of the repair (or of its first slot left out).
-    pub reason: String,
-    /// Slabs that find no room.
-    pub slabs: u64,
-    /// The smallest disk that, added, would take them all.
-    pub disk_bytes: u64,
-    /// Only slabs of write-back logs find no room (the spaces' data is
-    /// repaired): a journal disk would take them too.
-    pub logs_only: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

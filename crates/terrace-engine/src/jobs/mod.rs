@@ -230,6 +230,21 @@ fn move_sources<'a>(
     })
 }
 
+/// The slabs of a lost disk that a repair finds no room for, and what
+/// would make room.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unrepaired {
+    /// The refusal of the repair (or of its first slot left out).
+    pub reason: String,
+    /// Slabs that find no room.
+    pub slabs: u64,
+    /// The smallest disk that, added, would take them all.
+    pub disk_bytes: u64,
+    /// Only slabs of write-back logs find no room (the spaces' data is
+    /// repaired): a journal disk would take them too.
+    pub logs_only: bool,
+}
+
 impl Pool {
     /// Re-create the slabs of a failed or missing disk elsewhere.
     pub async fn start_repair(&self, disk: DiskIndex) -> Result<u64, EngineError> {
@@ -506,10 +521,7 @@ impl Pool {
 
     /// The lost disks whose slabs no active job re-creates and a repair
     /// would find no room for (all of them, or some log slots), by disk.
-    pub(crate) fn unrepaired(
-        &self,
-        metadata: &PoolMetadata,
-    ) -> BTreeMap<DiskIndex, crate::status::Unrepaired> {
+    pub(crate) fn unrepaired(&self, metadata: &PoolMetadata) -> BTreeMap<DiskIndex, Unrepaired> {
         let reserved = self.shared.reserved_slabs();
         let mut found = BTreeMap::new();
         for (index, record) in metadata.disks.iter().enumerate() {
@@ -543,7 +555,7 @@ impl Pool {
                 + slabs * metadata.slab_bytes;
             found.insert(
                 disk,
-                crate::status::Unrepaired {
+                Unrepaired {
                     reason,
                     slabs,
                     disk_bytes,
