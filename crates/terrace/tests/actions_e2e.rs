@@ -12,9 +12,9 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use common::{delete_and_wait, disks_of, wait_until, Daemon, MIB};
+use common::{delete_and_wait, disks_of, wait_until, zero_disk, Daemon, MIB};
 use serde_json::Value;
 
 const SLAB: &str = "16M";
@@ -158,17 +158,6 @@ fn a_missing_disk_under_retire_missing_never_asks_to_reconnect_or_replace_it() {
     assert_eq!(status["action"], expected, "{status}");
     assert_eq!(status["disks"][disk]["action"], expected, "{status}");
     assert_eq!(action_lines(&daemon, "nv"), vec![expected]);
-}
-
-/// Overwrite a whole disk file with zeroes, the daemon still holding it.
-fn zero_disk(path: &Path) {
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .open(path)
-        .expect("open a disk file");
-    let size = file.metadata().expect("size").len();
-    file.set_len(0).expect("truncate");
-    file.set_len(size).expect("extend");
 }
 
 #[test]

@@ -13,19 +13,13 @@ use common::nbd::Connection;
 use common::{random_bytes, run, run_ok, sparse_file, Daemon, MIB, TERRACE};
 use serde_json::Value;
 
+/// What makes a benchmark's points short, for tests.
+const SHORT_POINTS: [&str; 5] = ["--no-progress", "--warmup", "0", "--duration", "100ms"];
+
 /// `terrace bench` with short points.
 fn bench(args: &[&str]) -> Command {
     let mut command = Command::new(TERRACE);
-    command
-        .args([
-            "bench",
-            "--no-progress",
-            "--warmup",
-            "0",
-            "--duration",
-            "100ms",
-        ])
-        .args(args);
+    command.arg("bench").args(SHORT_POINTS).args(args);
     command
 }
 
@@ -463,18 +457,9 @@ fn daemon_with_a_mirror() -> Daemon {
 /// `terrace bench` with short points against the daemon's `space:vm`,
 /// with `args` before the target.
 fn bench_space(daemon: &Daemon, args: &[&str]) -> common::Run {
-    let mut all = vec![
-        "bench",
-        "--no-progress",
-        "--warmup",
-        "0",
-        "--duration",
-        "100ms",
-        "--depths",
-        "2",
-        "--size",
-        "8M",
-    ];
+    let mut all = vec!["bench"];
+    all.extend(SHORT_POINTS);
+    all.extend(["--depths", "2", "--size", "8M"]);
     all.extend_from_slice(args);
     all.push("space:vm");
     daemon.cli(&all)

@@ -17,14 +17,14 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::{
     assert_reads_back, command, delete_and_wait, disks_of, extent_disks, random_bytes, run, run_ok,
-    run_with, skip_without, wait_until, Daemon, MIB,
+    run_with, skip_without, wait_until, zero_disk, Daemon, MIB,
 };
 use serde_json::Value;
 
@@ -110,18 +110,6 @@ fn assert_redundant(daemon: &Daemon, name: &str) {
     assert_eq!(check["mismatched_rows"], 0, "{name}: {check}");
     assert_eq!(check["skipped_rows"], 0, "{name}: {check}");
     assert!(check["rows"].as_u64().unwrap_or(0) > 0, "{name}: {check}");
-}
-
-/// Overwrite a whole disk file with zeroes (label, metadata and data), the
-/// daemon still holding it open.
-fn zero_disk(path: &Path) {
-    let file = std::fs::OpenOptions::new()
-        .write(true)
-        .open(path)
-        .expect("open a disk file");
-    let size = file.metadata().expect("size").len();
-    file.set_len(0).expect("truncate");
-    file.set_len(size).expect("extend");
 }
 
 /// Zero a disk and wait until the pool has failed it for its lost label.

@@ -1134,3 +1134,15 @@ pub fn assert_reads_back(daemon: &Daemon, name: &str, source: &Path, when: &str)
         "{name}: data {when}"
     );
 }
+
+/// Overwrite a whole disk file with zeroes (label, metadata and data), the
+/// daemon still holding it open.
+pub fn zero_disk(path: &Path) {
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .expect("open a disk file");
+    let size = file.metadata().expect("size").len();
+    file.set_len(0).expect("truncate");
+    file.set_len(size).expect("extend");
+}
