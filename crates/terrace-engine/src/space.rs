@@ -4,9 +4,10 @@
 //!
 //! * Offsets and lengths have byte granularity; a read or write is at most
 //!   [`REQUEST_MAX_BYTES`]; `write_zeroes` and `trim` take any length within
-//!   the space, done in pieces of at most that (see [`zero_pieces`]). Requests aligned to [`BLOCK_BYTES`] (4 KiB) are
-//!   the efficient ones: a write that starts or ends inside a block reads
-//!   and rewrites that block under the row lock.
+//!   the space, done in pieces of at most that (see [`zero_pieces`]).
+//!   Requests aligned to [`BLOCK_BYTES`] (4 KiB) are the efficient ones: a
+//!   write that starts or ends inside a block reads and rewrites that block
+//!   under the row lock.
 //! * Requests may be issued concurrently, any number at once. Requests that
 //!   overlap and are in flight together complete in an unspecified order, but
 //!   every copy and every parity of a block ends up agreeing with one of them:
