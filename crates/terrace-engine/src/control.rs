@@ -84,6 +84,10 @@ pub struct PoolShared {
     /// The log being prepared now, if any (see `admin::preallocate_log`):
     /// its owner's name, the bytes to write and those written.
     pub(crate) preparing: std::sync::Mutex<Option<(String, u64, Arc<AtomicU64>)>>,
+    /// (disk, space, extent) a write to that disk failed on: the disk
+    /// missed it, which the commit recording the failure records with it
+    /// (see [`PoolShared::note_failed_write`]).
+    failed_writes: std::sync::Mutex<Vec<(DiskIndex, SpaceId, u32)>>,
 }
 
 /// Slabs reserved until dropped (see [`PoolShared::reserve`]).
@@ -279,6 +283,7 @@ impl PoolShared {
             departures: Default::default(),
             changes: Default::default(),
             preparing: Default::default(),
+            failed_writes: Default::default(),
             failures_observed,
             log_memory: LogMemory {
                 held: AtomicU64::new(0),
@@ -714,7 +719,9 @@ impl PoolShared {
     /// stale copy again.
     pub(crate) async fn persist_failures(&self) -> Result<(), EngineError> {
         let observed = self.failures_observed.load(Ordering::Acquire);
-        if observed <= self.failures_persisted.load(Ordering::Acquire) {
+        if observed <= self.failures_persisted.load(Ordering::Acquire)
+            && self.failed_writes().is_empty()
+        {
             return Ok(());
         }
         // Boxed: every request's future embeds this one, and a commit's
@@ -727,13 +734,48 @@ impl PoolShared {
         if self.read_only.is_none() {
             let mut next = control.metadata.clone();
             self.absorb_conditions(&mut next);
-            if next != control.metadata {
-                self.commit(&mut control, next).await?;
+            let missed = std::mem::take(&mut *self.failed_writes());
+            for &(disk, space, extent) in &missed {
+                add_dirty(&mut next.dirty, disk, space, extent);
             }
+            if next != control.metadata {
+                if let Err(error) = self.commit(&mut control, next).await {
+                    self.failed_writes().extend(missed);
+                    return Err(error);
+                }
+            }
+            let mut known = self.dirty_known.lock().unwrap_or_else(|e| e.into_inner());
+            known.extend(
+                missed
+                    .iter()
+                    .map(|(disk, space, extent)| (disk.0, space.0, *extent)),
+            );
         }
         self.failures_persisted
             .fetch_max(observed, Ordering::AcqRel);
         Ok(())
+    }
+
+    fn failed_writes(&self) -> std::sync::MutexGuard<'_, Vec<(DiskIndex, SpaceId, u32)>> {
+        self.failed_writes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A write to `extent` of `space` failed on `disk` (which is failed by
+    /// it): what the disk holds of the extent may be old or torn. Recorded
+    /// missed for it with the failure, before the request completes (see
+    /// [`PoolShared::persist_failures`]), so that a disk taken back after
+    /// its failure (`Pool::clear`) catches up on it as on the extents
+    /// written after.
+    pub(crate) fn note_failed_write(&self, disk: DiskIndex, space: SpaceId, extent: u32) {
+        let known = self.dirty_known.lock().unwrap_or_else(|e| e.into_inner());
+        if known.contains(&(disk.0, space.0, extent)) {
+            return;
+        }
+        drop(known);
+        let mut pending = self.failed_writes();
+        if !pending.contains(&(disk, space, extent)) {
+            pending.push((disk, space, extent));
+        }
     }
 
     /// Flush every online disk. Failures mark disks failed and are recorded.
@@ -800,16 +842,15 @@ fn known_dirty(metadata: &PoolMetadata) -> std::collections::HashSet<(u16, u64, 
 }
 
 /// Record in `next` the generation at which each disk it newly calls
-/// missing left (`DiskRecord::missing_since`), keep it for disks that were
-/// missing already, and clear it for the others.
+/// missing or failed left (`DiskRecord::missing_since`), keep it for disks
+/// that were out already, and clear it for the others.
 fn note_departures(current: &PoolMetadata, next: &mut PoolMetadata) {
     let generation = next.generation;
+    let out = |state: DiskState| matches!(state, DiskState::Missing | DiskState::Failed);
     for (index, disk) in next.disks.iter_mut().enumerate() {
         disk.missing_since = match (disk.state, current.disks.get(index)) {
-            (DiskState::Missing, Some(before)) if before.state == DiskState::Missing => {
-                before.missing_since
-            }
-            (DiskState::Missing, _) => generation,
+            (state, Some(before)) if out(state) && out(before.state) => before.missing_since,
+            (state, _) if out(state) => generation,
             _ => 0,
         };
     }

@@ -84,6 +84,30 @@ impl Departures {
     }
 }
 
+impl Departures {
+    /// Wait until every write that looked at the disks before now has
+    /// finished: one that saw a disk in service before it failed, and left
+    /// it out or failed there, has noted that by then (see
+    /// `Space::note_failed_during`).
+    pub(crate) async fn settle(&self) {
+        let waiting = {
+            let mut state = self.state();
+            let limit = state.epoch;
+            state.epoch += 1;
+            if state.writers.range(..=limit).next().is_some() {
+                let (sender, receiver) = oneshot::channel();
+                state.waiters.push((limit, sender));
+                Some(receiver)
+            } else {
+                None
+            }
+        };
+        if let Some(receiver) = waiting {
+            let _ = receiver.await;
+        }
+    }
+}
+
 impl Drop for Writing<'_> {
     fn drop(&mut self) {
         let mut state = self.departures.state();

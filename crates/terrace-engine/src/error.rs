@@ -163,6 +163,12 @@ pub enum EngineError {
         pool: String,
         why: String,
     },
+    #[error("disk {disk} of pool {pool} is not one to clear: {why}")]
+    NotCleared {
+        disk: u16,
+        pool: String,
+        why: String,
+    },
     #[error("{0}")]
     Io(#[from] IoError),
 }

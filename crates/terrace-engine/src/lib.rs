@@ -18,6 +18,7 @@
 
 mod admin;
 pub mod cache;
+mod clear;
 mod control;
 mod crash_resync;
 mod departures;
@@ -45,6 +46,7 @@ mod verify;
 mod zero;
 
 pub use admin::{default_fault_domain, SpaceConfig, SpaceCreated, SpaceSize};
+pub use clear::{DiskCleared, SpaceCatchUp};
 pub use crash_resync::ResyncProgress;
 pub use disk::Condition;
 pub use error::EngineError;

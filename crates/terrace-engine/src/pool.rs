@@ -688,7 +688,14 @@ async fn open(
                 return Arc::new(Disk::absent(index, why.clone(), context));
             }
             let catching_up = catching_up.contains(&index);
-            Arc::new(runtime_disk(index, record, found, catching_up, context))
+            Arc::new(runtime_disk(
+                index,
+                record,
+                found,
+                catching_up,
+                context,
+                &metadata.name,
+            ))
         })
         .collect();
     let was_clean = metadata.clean;
@@ -897,6 +904,7 @@ fn runtime_disk(
     found: Option<(Arc<dyn BlockDevice>, Label)>,
     catching_up: bool,
     failures: DiskContext,
+    pool_name: &str,
 ) -> Disk {
     match (record.state, found) {
         (DiskState::Active, Some((device, label))) => Disk::present(index, device, label, failures),
@@ -907,15 +915,22 @@ fn runtime_disk(
         (DiskState::Removed, _) => Disk::absent(index, "removed from the pool", failures),
         (state, Some((device, label))) => {
             let disk = Disk::present(index, device, label, failures);
-            let condition = if state == DiskState::Failed {
-                Condition::Failed
+            let (condition, reason) = if state == DiskState::Failed {
+                (
+                    Condition::Failed,
+                    format!(
+                        "{}; present: once it works again, `terrace pool clear {pool_name}` \
+                         takes it back",
+                        record.state_reason
+                    ),
+                )
             } else {
-                Condition::Standby
+                (
+                    Condition::Standby,
+                    format!("{}; present but stale", record.state_reason),
+                )
             };
-            disk.set_condition(
-                condition,
-                format!("{}; present but stale", record.state_reason),
-            );
+            disk.set_condition(condition, reason);
             disk
         }
         (_, None) => Disk::absent(index, record.state_reason.clone(), failures),
@@ -924,14 +939,15 @@ fn runtime_disk(
 
 /// Why a disk found holding metadata generation `newest` (0: none
 /// readable) is an older copy of the missing disk `record` describes, if it
-/// is, or cannot be dated: the disk held every
+/// is, or cannot be dated (a failed disk likewise): the disk held every
 /// generation up to the commit that recorded it missing (less one, for a
 /// commit a power cut tore on it), and the pool's records of writes made
 /// while it was away start there. Data older than that would be taken for
 /// current.
 pub(crate) fn older_copy(record: &DiskRecord, newest: u64) -> Option<String> {
     let left = record.missing_since;
-    if record.state != DiskState::Missing || left == 0 || newest + 2 >= left {
+    let out = matches!(record.state, DiskState::Missing | DiskState::Failed);
+    if !out || left == 0 || newest + 2 >= left {
         return None;
     }
     Some(if newest == 0 {

@@ -117,17 +117,26 @@ impl RowIo<'_> {
         if let (Some(only), true) = (&first, more.is_empty()) {
             // The usual case, a slot that is not moving: one location.
             let offset = self.disk_offset(only, column_offset);
-            return only.disk.write(offset, data, fua).await;
+            let result = only.disk.write(offset, data, fua).await;
+            if result.is_err() {
+                self.missed(only);
+            }
+            return result;
         }
-        let writes: Vec<_> = first
+        let locations: Vec<&Location> = first.iter().chain(&more).collect();
+        let writes: Vec<_> = locations
             .iter()
-            .chain(&more)
             .map(|location| {
                 let offset = self.disk_offset(location, column_offset);
                 location.disk.write(offset, data.clone(), fua)
             })
             .collect();
         let results = join_all(writes).await;
+        for (location, result) in locations.iter().zip(&results) {
+            if result.is_err() {
+                self.missed(location);
+            }
+        }
         if results.iter().any(Result::is_ok) {
             return Ok(());
         }
@@ -135,6 +144,13 @@ impl RowIo<'_> {
             .into_iter()
             .find_map(Result::err)
             .unwrap_or_else(|| format!("slot {slot} holds no valid copy of row {}", self.row)))
+    }
+
+    /// A write to `location` failed: its disk missed this extent.
+    fn missed(&self, location: &Location) {
+        self.space
+            .pool
+            .note_failed_write(location.disk.index, self.space.id(), self.extent as u32);
     }
 
     /// The error for a span whose data cannot be served.

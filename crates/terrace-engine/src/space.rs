@@ -561,7 +561,9 @@ impl Space {
             let at = (offset - start) as usize;
             data.copy_to(&mut merged[at..at + data.len()]);
         }
-        write_span(&io, &span, &Payload::from(merged.freeze()), false).await
+        let result = write_span(&io, &span, &Payload::from(merged.freeze()), false).await;
+        self.note_failed_during(map, start, end - start);
+        result
     }
 
     /// Before writing extents with a missing disk, record them dirty for
@@ -633,7 +635,31 @@ impl Space {
         let _writing = self.track_missing(map, offset, data.len() as u64).await?;
         let _intent = self.intent(offset, data.len() as u64).await?;
         let rows = self.geometry.split_rows(offset, data.len() as u64);
-        all_ok(rows.map(|span| self.write_row(map, span, data, fua))).await
+        let result = all_ok(rows.map(|span| self.write_row(map, span, data, fua))).await;
+        self.note_failed_during(map, offset, data.len() as u64);
+        result
+    }
+
+    /// After a write: the disks of its extents that are failed now may
+    /// have failed after it looked at them (it recorded nothing missed for
+    /// them then) and before it reached them (it left them out, or its
+    /// write failed there). Noted missed, to be recorded with the failure
+    /// before the write completes (see `PoolShared::note_failed_write`);
+    /// those failed before it looked are known already and cost nothing.
+    fn note_failed_during(&self, map: &SpaceMap, offset: u64, length: u64) {
+        if length == 0 {
+            return;
+        }
+        let extent_bytes = self.geometry.extent_data_bytes();
+        for extent in offset / extent_bytes..=(offset + length - 1) / extent_bytes {
+            for target in map.extents[extent as usize].iter() {
+                let disk = &target.home().disk;
+                if disk.condition() == Condition::Failed {
+                    self.pool
+                        .note_failed_write(disk.index, self.id, extent as u32);
+                }
+            }
+        }
     }
 
     /// Write one row span. A span that starts or ends inside a block reads
@@ -822,6 +848,7 @@ impl Space {
             }
         };
         let (edges, body) = futures::join!(join_all(edges), body);
+        self.note_failed_during(map, offset, length);
         edges.into_iter().chain(std::iter::once(body)).collect()
     }
 
@@ -938,17 +965,17 @@ pub(crate) fn zero_pieces(
 }
 
 /// The disks holding slots of an extent (`targets`) that a write to it
-/// misses and must record dirty for: missing, present but out of service
-/// (Standby: a disk returning at an import is welcomed back only after
-/// recovery wrote), or `leaving`.
+/// misses and must record dirty for: missing, failed (a failure may be
+/// passing, and `Pool::clear` takes the disk back), present but out of
+/// service (Standby: a disk returning at an import is welcomed back only
+/// after recovery wrote), or `leaving`.
 pub(crate) fn out_of_service(targets: &[Target], leaving: &[DiskIndex]) -> Vec<DiskIndex> {
     targets
         .iter()
         .map(|target| &target.home().disk)
         .filter(|disk| match disk.condition() {
-            Condition::Missing | Condition::Standby => true,
+            Condition::Missing | Condition::Standby | Condition::Failed => true,
             Condition::Online => leaving.contains(&disk.index),
-            Condition::Failed => false,
         })
         .map(|disk| disk.index)
         .collect()

@@ -1681,3 +1681,168 @@ fn a_cancelled_move_s_target_waits_for_the_writes_reaching_it() {
         assert!(taken.contains(&step.target), "{taken:?}");
     });
 }
+
+/// A single-parity space of 8 extents (128 KiB of data each, one row) on
+/// three disks, filled from `seed`.
+async fn parity_on_three(pool: &Pool, seed: u64) -> (Arc<Space>, Model) {
+    let config = SpaceConfig::new(
+        "p",
+        Layout::Parity { redundancy: 1 },
+        SpaceSize::Bytes(1 << 20),
+    );
+    let space = pool.create_space(config).await.unwrap().space;
+    let model = fill(&space, seed).await;
+    (space, model)
+}
+
+const PARITY_EXTENT_BYTES: u64 = 2 * SLAB;
+
+/// Lose disk `disk` under a write of a whole extent (every column is
+/// written, so the disk's write fails): the write completes degraded.
+async fn fail_under_write(
+    pool: &Pool,
+    disks: &Disks,
+    space: &Space,
+    model: &mut Model,
+    disk: usize,
+    extent: u64,
+) {
+    disks.faults[disk].lose();
+    let mut rng = Rng(100 + extent);
+    let offset = extent * PARITY_EXTENT_BYTES;
+    model
+        .write_random(space, &mut rng, offset, PARITY_EXTENT_BYTES)
+        .await;
+    let state = pool.metadata().await.disks[disk].state;
+    assert_eq!(state, DiskState::Failed, "disk {disk}");
+}
+
+/// Two of three disks of a single-parity space fail (one under a write,
+/// one under a read) and the space goes offline; the faults pass. `clear`
+/// takes both back: the first catches up on the extents written since it
+/// failed, the second missed nothing, and every byte reads back as written
+/// with redundancy whole. Repairs that could re-create nothing meanwhile
+/// say so instead of passing for done.
+#[test]
+fn a_double_failure_that_passes_is_cleared_and_every_byte_reads_back() {
+    block_on(async {
+        let disks = Disks::new(3, DISK_BYTES);
+        let pool = create_pool(&disks).await;
+        let (space, mut model) = parity_on_three(&pool, 11).await;
+        fail_under_write(&pool, &disks, &space, &mut model, 1, 0).await;
+        let mut rng = Rng(12);
+        for extent in [2, 5] {
+            let offset = extent * PARITY_EXTENT_BYTES + 4096;
+            model.write_random(&space, &mut rng, offset, 8192).await;
+        }
+        disks.faults[2].lose();
+        assert!(space.read(0, space.size_bytes()).await.is_err());
+        assert_eq!(pool.metadata().await.disks[2].state, DiskState::Failed);
+        let refused = space.write(0, bytes(vec![7; 4096]), false).await;
+        assert!(refused.is_err(), "beyond tolerance");
+        // The policy's repairs find every extent lost beyond tolerance.
+        with_jobs(&pool, sleep(50)).await;
+        let repairs = pool.job_statuses().await;
+        assert!(!repairs.is_empty());
+        for job in &repairs {
+            assert_eq!((job.state, job.moves_total), (JobState::Done, 0), "{job:?}");
+            assert!(job.reason.starts_with("nothing to repair"), "{job:?}");
+        }
+        disks.faults[1].restore();
+        disks.faults[2].restore();
+        let cleared = pool.clear(None).await.unwrap();
+        let of = |disk: u16| {
+            let entry = cleared.iter().find(|c| c.disk == DiskIndex(disk)).unwrap();
+            assert_eq!(entry.refused, None, "{entry:?}");
+            assert_eq!(entry.spaces.len(), 1, "{entry:?}");
+            entry.spaces[0].clone()
+        };
+        assert_eq!(cleared.len(), 2, "{cleared:?}");
+        assert_eq!(of(1).missed_extents, 3, "extents 0, 2 and 5");
+        assert_eq!(of(2).missed_extents, 0);
+        assert!(of(1).uncertain_extents.is_empty() && of(2).uncertain_extents.is_empty());
+        let settled = with_jobs(&pool, jobs_settle(&pool)).await;
+        assert!(settled.iter().all(|job| job.state == JobState::Done));
+        let metadata = pool.metadata().await;
+        assert!(metadata.disks.iter().all(|d| d.state == DiskState::Active));
+        assert!(metadata.dirty.is_empty());
+        check(&space, &model).await;
+        assert_redundant(&space).await;
+        assert_eq!(pool.status().await.spaces[0].health, SpaceHealth::Healthy);
+        // Disk 1 is current: without disk 0, it and disk 2 give it all.
+        disks.faults[0].lose();
+        check(&space, &model).await;
+    });
+}
+
+/// A disk that still fails stays failed, and says so; a disk in service is
+/// not one to clear; once the fault passes, it is taken back.
+#[test]
+fn a_disk_that_still_fails_is_not_taken_back() {
+    block_on(async {
+        let disks = Disks::new(3, DISK_BYTES);
+        let pool = create_pool(&disks).await;
+        wait_for_missing_disks(&pool).await;
+        let (space, mut model) = parity_on_three(&pool, 21).await;
+        fail_under_write(&pool, &disks, &space, &mut model, 1, 3).await;
+        let cleared = pool.clear(None).await.unwrap();
+        assert_eq!(cleared.len(), 1);
+        let why = cleared[0].refused.clone().unwrap_or_default();
+        assert!(why.contains("still fails"), "{cleared:?}");
+        assert_eq!(cleared[0].job, None);
+        assert_eq!(pool.metadata().await.disks[1].state, DiskState::Failed);
+        let busy = pool.clear(Some(DiskIndex(0))).await.unwrap_err();
+        assert!(matches!(busy, EngineError::NotCleared { .. }), "{busy}");
+        disks.faults[1].restore();
+        let cleared = pool.clear(Some(DiskIndex(1))).await.unwrap();
+        assert_eq!(cleared[0].refused, None, "{cleared:?}");
+        assert_eq!(cleared[0].spaces[0].missed_extents, 1);
+        with_jobs(&pool, jobs_settle(&pool)).await;
+        check(&space, &model).await;
+        assert_redundant(&space).await;
+    });
+}
+
+/// The second disk fails under a write, which fails (the extent is beyond
+/// tolerance) and was never acknowledged. Both disks are recorded to have
+/// missed that extent; `clear` takes the disk that failed last as current
+/// there, says so, and catches the first up from it. Every byte outside
+/// that failed write reads back as written, and redundancy is whole.
+#[test]
+fn a_write_in_flight_at_the_second_failure_is_reported_uncertain() {
+    block_on(async {
+        let disks = Disks::new(3, DISK_BYTES);
+        let pool = create_pool(&disks).await;
+        wait_for_missing_disks(&pool).await;
+        let (space, mut model) = parity_on_three(&pool, 31).await;
+        fail_under_write(&pool, &disks, &space, &mut model, 1, 0).await;
+        disks.faults[2].lose();
+        let torn = 3 * PARITY_EXTENT_BYTES;
+        let failed = space
+            .write(torn, bytes(vec![9; PARITY_EXTENT_BYTES as usize]), false)
+            .await;
+        assert!(failed.is_err(), "a write beyond tolerance fails");
+        assert_eq!(pool.metadata().await.disks[2].state, DiskState::Failed);
+        disks.faults[1].restore();
+        disks.faults[2].restore();
+        let cleared = pool.clear(None).await.unwrap();
+        let of = |disk: u16| {
+            let entry = cleared.iter().find(|c| c.disk == DiskIndex(disk)).unwrap();
+            assert_eq!(entry.refused, None, "{entry:?}");
+            entry.spaces[0].clone()
+        };
+        assert_eq!(of(1).missed_extents, 2, "extents 0 and 3");
+        assert!(of(1).uncertain_extents.is_empty());
+        assert_eq!(of(2).missed_extents, 0);
+        assert_eq!(of(2).uncertain_extents, vec![3]);
+        with_jobs(&pool, jobs_settle(&pool)).await;
+        let read = space.read(0, space.size_bytes()).await.unwrap();
+        let (start, end) = (torn as usize, (torn + PARITY_EXTENT_BYTES) as usize);
+        assert!(
+            read[..start] == model.bytes[..start],
+            "before the failed write"
+        );
+        assert!(read[end..] == model.bytes[end..], "after the failed write");
+        assert_redundant(&space).await;
+    });
+}

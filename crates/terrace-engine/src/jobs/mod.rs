@@ -185,6 +185,31 @@ impl JobRuntime {
     }
 }
 
+/// Why a job of `kind` found nothing to move in `metadata`, for `job
+/// list` (a job done at once is not a job that copied everything).
+fn nothing_to_do(metadata: &PoolMetadata, kind: JobKind) -> String {
+    let holds = |disk: DiskIndex| {
+        metadata.spaces.iter().any(|space| {
+            terrace_meta::ExtentRecord::slabs_of(&space.extents).any(|slab| slab.disk == disk)
+        })
+    };
+    match kind {
+        JobKind::Repair { disk } if holds(disk) => format!(
+            "nothing to repair: every extent with a slab on disk {} has lost more disks than its              layout tolerates, so none can be re-created; they read again once the disks are              back (`terrace pool clear`)",
+            disk.0
+        ),
+        JobKind::Repair { disk } => format!("nothing to repair: disk {} holds no data", disk.0),
+        JobKind::Resync { disk } => format!(
+            "nothing to catch up on: nothing was written while disk {} was out",
+            disk.0
+        ),
+        JobKind::Evacuate { disk } | JobKind::Replace { old: disk, .. } => {
+            format!("nothing to move: disk {} holds no data", disk.0)
+        }
+        JobKind::LogsToJournal => "nothing to move".into(),
+    }
+}
+
 /// The disks a job of `kind` is about, whatever its moves.
 fn kind_disks(kind: JobKind) -> Vec<DiskIndex> {
     match kind {
@@ -337,6 +362,7 @@ impl Pool {
         if nothing_to_move {
             let position = next.jobs.len() - 1;
             self.complete_job(next, position);
+            next.jobs[position].reason = nothing_to_do(next, kind);
         }
         Ok(job)
     }

@@ -670,11 +670,15 @@ impl Pool {
             job.bytes_done = job.bytes_total;
         }
         match kind {
-            JobKind::Repair { .. } | JobKind::LogsToJournal => {}
+            JobKind::LogsToJournal => {}
+            // Its slots are elsewhere now: what it missed is nobody's to
+            // catch up on.
+            JobKind::Repair { disk } => forget_missed_off(next, disk),
             JobKind::Evacuate { disk } | JobKind::Replace { old: disk, .. } => {
                 let record = &mut next.disks[usize::from(disk.0)];
                 record.state = DiskState::Removed;
                 record.state_reason = "emptied and released".into();
+                next.dirty.retain(|dirty| dirty.disk != disk);
             }
             JobKind::Resync { disk } => {
                 let record = &mut next.disks[usize::from(disk.0)];
@@ -795,4 +799,26 @@ fn placement_key(metadata: &PoolMetadata) -> u64 {
 /// rows below the recorded watermark of the others.
 fn recorded_bytes_done(metadata: &PoolMetadata, job: &JobRecord) -> u64 {
     super::moves_bytes(metadata, job, |step| step.watermark_rows).min(job.bytes_total)
+}
+
+/// Drop what `disk` is recorded to have missed where it holds nothing any
+/// more (its slots re-created elsewhere); an extent a repair could not
+/// re-create (lost beyond its tolerance) keeps its slot there, and its
+/// record, for the disk's return.
+fn forget_missed_off(metadata: &mut PoolMetadata, disk: DiskIndex) {
+    let holds = |space: terrace_meta::SpaceId, extent: u32| {
+        metadata
+            .space_by_id(space)
+            .and_then(|space| space.extents.get(extent as usize))
+            .and_then(|record| record.slabs.as_ref())
+            .is_some_and(|slabs| slabs.iter().any(|slab| slab.disk == disk))
+    };
+    let mut dirty = metadata.dirty.clone();
+    for record in dirty.iter_mut().filter(|record| record.disk == disk) {
+        record
+            .extents
+            .retain(|&(space, extent)| holds(space, extent));
+    }
+    dirty.retain(|record| !record.extents.is_empty());
+    metadata.dirty = dirty;
 }
