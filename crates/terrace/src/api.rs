@@ -67,6 +67,12 @@ pub enum Request {
         #[serde(default)]
         force: bool,
     },
+    /// Take back failed or stale disks that work again (all present, or
+    /// `disk`: an index or path).
+    PoolClear {
+        name: String,
+        disk: Option<String>,
+    },
     DiskList {
         paths: Vec<String>,
     },
@@ -292,6 +298,10 @@ pub struct JobView {
     pub eta_seconds: Option<u64>,
     pub moves_total: usize,
     pub moves_done: usize,
+    /// Done at once with nothing to move (`reason` says why: nothing to
+    /// repair, nothing missed): its 100 % is of nothing.
+    #[serde(default)]
+    pub nothing_to_do: bool,
 }
 
 /// What one disk, enclosure or node failing now would cost.

@@ -113,6 +113,11 @@ pub enum PoolCommand {
         #[arg(long)]
         force: bool,
     },
+    /// Take back failed or stale disks whose fault has passed (all that
+    /// are present, or DISK: an index or path): each catches up on what
+    /// was written since it left; says per space what it missed and what,
+    /// if anything, is uncertain. Exits 1 if a disk still fails.
+    Clear { name: String, disk: Option<String> },
     /// Change how the pool handles failures.
     Set {
         name: String,
@@ -437,6 +442,7 @@ pub fn pool_request(command: PoolCommand) -> Result<Request, CliError> {
             }
         }
         PoolCommand::Export { name, force } => Request::PoolExport { name, force },
+        PoolCommand::Clear { name, disk } => Request::PoolClear { name, disk },
         PoolCommand::Set {
             name,
             retire_missing,
@@ -672,7 +678,8 @@ pub fn space_request(command: SpaceCommand, control: &PathBuf) -> Result<Request
 }
 
 /// What makes an answer a failure (exit 1) though the daemon answered:
-/// a verify that found rows whose redundancy disagrees.
+/// a verify that found rows whose redundancy disagrees, or a `pool clear`
+/// that left a disk out because it still fails.
 pub fn failure_in(request: &Request, result: &serde_json::Value) -> Option<String> {
     match request {
         Request::SpaceVerify { name, .. } => {
@@ -680,6 +687,12 @@ pub fn failure_in(request: &Request, result: &serde_json::Value) -> Option<Strin
             (mismatched > 0)
                 .then(|| format!("space {name}: {mismatched} rows whose copies or parity disagree"))
         }
+        Request::PoolClear { name, .. } => match result["still_failing"].as_u64() {
+            Some(count) if count > 0 => Some(format!(
+                "{count} disk(s) of pool {name} not taken back (see above)"
+            )),
+            _ => None,
+        },
         _ => None,
     }
 }
@@ -706,6 +719,7 @@ pub fn render(request: &Request, result: serde_json::Value) -> Result<String, Cl
             render::jobs(&[parse::<JobView>(result)?])
         }
         Request::PoolSet { .. } => render::pool_status(&parse::<PoolView>(result)?),
+        Request::PoolClear { .. } => render::cleared(&result),
         Request::SpaceVerify { .. } => render::verify(&result),
         Request::SpaceCreate(_) | Request::SpaceResize { .. } | Request::SpaceCache { .. } => {
             let space: SpaceView = parse(result)?;

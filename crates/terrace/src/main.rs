@@ -218,7 +218,7 @@ fn run(cli: Cli) -> Result<(), CliError> {
             serde_json::to_string_pretty(&result).unwrap_or_default()
         );
     } else {
-        print!("{}", cli::render(&request, result)?);
+        print!("{}", cli::render(&request, result.clone())?);
     }
     failed.map_or(Ok(()), |why| Err(CliError::Refused(why)))
 }

@@ -236,6 +236,10 @@ fn duration(seconds: u64) -> String {
 /// runs.
 pub fn job_progress(job: &JobView) -> (String, u64, String, String) {
     let what = format!("job {} {}", job.id, job.kind);
+    if job.nothing_to_do {
+        let why = job.reason.as_deref().unwrap_or("nothing to do");
+        return (what, 100, format!("{why} ({})", job.state), String::new());
+    }
     let steady = format!(
         "{} of {}, {}",
         format_size(job.bytes_done),
@@ -271,7 +275,11 @@ pub fn jobs(list: &[JobView]) -> String {
             job.pool.clone(),
             job.kind.clone(),
             job.state.clone(),
-            format!("{}%", job.percent),
+            if job.nothing_to_do {
+                "-".into()
+            } else {
+                format!("{}%", job.percent)
+            },
             format_size(job.bytes_total),
             // A job that ended before this daemon started has no rate
             // measured here: unknown, not zero.
@@ -648,6 +656,46 @@ pub fn verify(result: &serde_json::Value) -> String {
     text
 }
 
+/// `pool clear`: per disk, taken back or why not, and per space what it
+/// missed; then every space's health.
+pub fn cleared(result: &serde_json::Value) -> String {
+    let pool = result["pool"].as_str().unwrap_or_default();
+    let disks = result["disks"].as_array().cloned().unwrap_or_default();
+    if disks.is_empty() {
+        return format!("pool {pool}: no failed or stale disk is present; nothing to clear\n");
+    }
+    let mut text = String::new();
+    for disk in &disks {
+        let head = format!(
+            "disk {} ({}, {})",
+            disk["disk"],
+            disk["path"].as_str().unwrap_or_default(),
+            disk["was"].as_str().unwrap_or_default()
+        );
+        match disk["refused"].as_str() {
+            Some(why) => text += &format!("{head}: not taken back: {why}\n"),
+            None => {
+                text += &format!("{head}: taken back\n");
+                for space in disk["spaces"].as_array().into_iter().flatten() {
+                    text += &format!(
+                        "  space {}: {}\n",
+                        space["space"].as_str().unwrap_or_default(),
+                        space["note"].as_str().unwrap_or_default()
+                    );
+                }
+            }
+        }
+    }
+    for space in result["spaces"].as_array().into_iter().flatten() {
+        text += &format!(
+            "space {}: {}\n",
+            space["space"].as_str().unwrap_or_default(),
+            space["health"].as_str().unwrap_or_default()
+        );
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -715,6 +763,7 @@ mod tests {
             eta_seconds: None,
             moves_total: 2,
             moves_done: 2,
+            nothing_to_do: false,
         };
         let rate_column = |view: JobView| {
             let table = jobs(&[view]);

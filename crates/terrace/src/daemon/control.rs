@@ -25,17 +25,17 @@ use crate::units::format_size;
 /// bounds what a confused client can make the daemon buffer.
 const REQUEST_LINE_MAX_BYTES: usize = 1 << 20;
 
-type Answer = Result<serde_json::Value, (ErrorKind, String)>;
+pub(super) type Answer = Result<serde_json::Value, (ErrorKind, String)>;
 
-fn failure(message: impl std::fmt::Display) -> (ErrorKind, String) {
+pub(super) fn failure(message: impl std::fmt::Display) -> (ErrorKind, String) {
     (ErrorKind::Failure, message.to_string())
 }
 
-fn usage(message: impl std::fmt::Display) -> (ErrorKind, String) {
+pub(super) fn usage(message: impl std::fmt::Display) -> (ErrorKind, String) {
     (ErrorKind::Usage, message.to_string())
 }
 
-fn value(result: impl Serialize) -> Answer {
+pub(super) fn value(result: impl Serialize) -> Answer {
     serde_json::to_value(result).map_err(failure)
 }
 
@@ -102,6 +102,7 @@ async fn handle(daemon: &Arc<Daemon>, request: Request) -> Answer {
         } => pool_import(registry, disks, name, force, read_only).await,
         Request::PoolExport { name, force } => pool_export(registry, &name, false, force).await,
         Request::PoolDestroy { name, force } => pool_export(registry, &name, true, force).await,
+        Request::PoolClear { name, disk } => super::clear::pool_clear(registry, &name, disk).await,
         Request::DiskList { paths } => value(candidates::list(registry, &paths).await),
         Request::DiskAdd { pool, disks, force } => disk_add(registry, &pool, disks, force).await,
         Request::DiskSet { pool, disk, usage } => disk_set(registry, &pool, &disk, &usage).await,
@@ -323,7 +324,7 @@ async fn new_disks(
     Ok((disks, paths))
 }
 
-fn find_pool(registry: &Registry, name: &str) -> Result<PoolEntry, (ErrorKind, String)> {
+pub(super) fn find_pool(registry: &Registry, name: &str) -> Result<PoolEntry, (ErrorKind, String)> {
     registry.get(name).ok_or_else(|| {
         let known: Vec<String> = registry
             .all()
@@ -987,7 +988,7 @@ async fn space_show(registry: &Registry, pool: Option<String>, name: &str) -> An
 }
 
 /// A disk named by index or path.
-async fn disk_index(
+pub(super) async fn disk_index(
     entry: &PoolEntry,
     pool: &str,
     disk: &str,

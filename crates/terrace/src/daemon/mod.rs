@@ -23,6 +23,7 @@
 pub mod actions;
 pub mod candidates;
 pub mod catalog;
+pub mod clear;
 pub mod control;
 pub mod events;
 pub mod intake;

@@ -373,6 +373,7 @@ pub fn job_view(pool: &str, job: &JobStatus, disks: &[DiskView]) -> JobView {
         eta_seconds: job.eta_seconds,
         moves_total: job.moves_total,
         moves_done: job.moves_done,
+        nothing_to_do: job.moves_total == 0 && job.state == terrace_engine::meta::JobState::Done,
     }
 }
 

@@ -873,6 +873,81 @@ impl Drop for FuseFile {
     }
 }
 
+/// A disk file whose I/O can be made to fail below the file: `nbdkit`
+/// serves a sparse image through its error filter and nbdfuse shows it
+/// as `file`. While [`FaultyDisk::fail`] holds, every read and write of
+/// the file fails with EIO; [`FaultyDisk::heal`] ends that, the data
+/// intact (a cable, an enclosure, a controller that came back). nbdfuse
+/// is unmounted and nbdkit stopped (by its process id) on drop.
+pub struct FaultyDisk {
+    fuse: Option<FuseFile>,
+    pub file: PathBuf,
+    trigger: PathBuf,
+    server: Option<Child>,
+}
+
+impl FaultyDisk {
+    pub fn new(dir: &Path, name: &str, size: u64) -> FaultyDisk {
+        std::fs::create_dir_all(dir).expect("faulty disk folder");
+        let image = dir.join(format!("{name}.img"));
+        sparse_file(&image, size);
+        let socket = dir.join(format!("{name}.sock"));
+        let trigger = dir.join(format!("{name}.failing"));
+        let log = File::create(dir.join(format!("{name}-nbdkit.log"))).expect("nbdkit log");
+        let mut server = command("nbdkit");
+        server
+            .arg("-f")
+            .arg("-U")
+            .arg(&socket)
+            .arg("--filter=error")
+            .arg("file")
+            .arg(&image)
+            .arg("error-rate=100%")
+            .arg(format!("error-file={}", trigger.display()))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log);
+        let text = describe(&server);
+        let server = server
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {text}: {e}"));
+        let mut disk = FaultyDisk {
+            fuse: None,
+            file: PathBuf::new(),
+            trigger,
+            server: Some(server),
+        };
+        wait_for("nbdkit's socket", Duration::from_secs(30), || {
+            socket.exists().then_some(())
+        });
+        let uri = format!("nbd+unix:///?socket={}", socket.display());
+        let fuse = FuseFile::attach(dir, name, &uri);
+        disk.file = fuse.file.clone();
+        disk.fuse = Some(fuse);
+        disk
+    }
+
+    /// From now on every I/O of the file fails.
+    pub fn fail(&self) {
+        File::create(&self.trigger).expect("error trigger");
+    }
+
+    /// The file works again, with what it held.
+    pub fn heal(&self) {
+        std::fs::remove_file(&self.trigger).expect("error trigger");
+    }
+}
+
+impl Drop for FaultyDisk {
+    fn drop(&mut self) {
+        drop(self.fuse.take());
+        if let Some(mut server) = self.server.take() {
+            let _ = server.kill();
+            let _ = server.wait();
+        }
+    }
+}
+
 /// A loop device over a file, with direct I/O; detached on drop.
 pub struct LoopDevice {
     pub device: String,
