@@ -283,6 +283,20 @@ impl Pool {
             space.set_journal(Some(Arc::new(journal)));
             return Ok(false);
         }
+        if space.readable_everywhere().is_err() {
+            // The writes the log holds cannot go home: hold the space (its
+            // clients refused) with the log as it is, until `pool clear`
+            // takes its disks back and recovers it again.
+            if !recovered.blocks.is_empty() || !recovered.dirty.is_empty() {
+                space.set_held(Some(format!(
+                    "its write-back log holds writes that cannot go home while more of its \
+                     disks are out than it tolerates; once they work again, \
+                     `terrace pool clear {}` takes them back",
+                    self.shared.name
+                )));
+                return Ok(false);
+            }
+        }
         journal::replay(&space, &log, &recovered.blocks).await?;
         // Rows the log touched may have been cut mid-update (a destage or a
         // direct write): make their redundancy agree with their data. The
@@ -311,6 +325,8 @@ impl Pool {
                 ..cache
             },
         );
+        // Held until now if its disks were out: it serves again.
+        space.set_held(None);
         Ok(whole)
     }
 

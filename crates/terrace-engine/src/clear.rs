@@ -27,6 +27,10 @@
 //! members): what those unfinished writes left there is uncertain (old data
 //! or new; on parity, the rest of their rows too), and said so, while the
 //! disks that failed first catch up from them.
+//!
+//! A space whose write-back log could not go home at import (its disks
+//! were out) is held there, serving no client; clearing its disks replays
+//! the log as the import would have, and it serves again.
 
 use std::sync::Arc;
 
@@ -180,7 +184,32 @@ impl Pool {
             self.launch_job(job).await;
         }
         drop(control);
+        self.recover_held().await?;
         Ok(report)
+    }
+
+    /// Replay the logs of spaces held at import (their disks were out):
+    /// with the disks back, what the logs hold goes home and the spaces
+    /// serve again. A space whose disks are still out stays held.
+    async fn recover_held(&self) -> Result<(), EngineError> {
+        let metadata = self.metadata().await;
+        for space in self
+            .spaces()
+            .into_iter()
+            .filter(|space| space.held().is_some())
+        {
+            let Some(record) = metadata
+                .spaces
+                .iter()
+                .find(|record| record.id == space.id())
+            else {
+                continue;
+            };
+            // Nothing serves it meanwhile: recovery writes home under the
+            // hold, attaches a fresh log, then lifts the hold.
+            self.recover_cache(record).await?;
+        }
+        Ok(())
     }
 
     /// The disks `clear` looks at: `only`, which must be one it may take

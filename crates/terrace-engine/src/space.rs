@@ -116,6 +116,10 @@ pub struct Space {
     journal: RwLock<Option<Arc<Journal>>>,
     /// Writers never overlap (a log space): they share row locks.
     disjoint_writes: AtomicBool,
+    /// Why clients are refused: its write-back log holds writes that could
+    /// not go home at import (more of its disks were out than it
+    /// tolerates). They go home when `pool clear` takes the disks back.
+    held: std::sync::Mutex<Option<String>>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -143,6 +147,30 @@ impl Space {
             deleted: AtomicBool::new(false),
             journal: RwLock::new(None),
             disjoint_writes: AtomicBool::new(false),
+            held: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Why the space refuses clients, if it does (see [`Space::held`]'s
+    /// field): its log could not be replayed at import.
+    pub fn held(&self) -> Option<String> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub(crate) fn set_held(&self, why: Option<String>) {
+        *self.held.lock().unwrap_or_else(|e| e.into_inner()) = why;
+    }
+
+    /// Refuse a client's request while the space is held.
+    fn check_held(&self, offset: u64, length: u64) -> Result<(), EngineError> {
+        match self.held() {
+            None => Ok(()),
+            Some(reason) => Err(EngineError::Unavailable {
+                space: self.name.clone(),
+                offset,
+                length,
+                reason,
+            }),
         }
     }
 
@@ -409,6 +437,7 @@ impl Space {
     /// Read `length` bytes at `offset` (any byte granularity).
     pub async fn read(&self, offset: u64, length: u64) -> Result<BytesMut, EngineError> {
         let map = self.check(offset, length, Access::Read)?;
+        self.check_held(offset, length)?;
         let start = offset / BLOCK_BYTES * BLOCK_BYTES;
         let end = (offset + length).next_multiple_of(BLOCK_BYTES);
         // Logged data is snapshotted before the disks are read: a block
@@ -453,6 +482,7 @@ impl Space {
     /// Write `data` at `offset` (any byte granularity); with `fua` it is
     /// durable on return.
     pub async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), EngineError> {
+        self.check_held(offset, data.len() as u64)?;
         match self.journal() {
             None => self.write_home(offset, data, fua).await,
             // Boxed: the logged path's state would otherwise enlarge the
@@ -730,6 +760,7 @@ impl Space {
         fua: bool,
     ) -> Result<(), EngineError> {
         self.check_range(offset, length, Access::Write)?;
+        self.check_held(offset, length)?;
         for (offset, length) in zero_pieces(&self.geometry, offset, length) {
             self.write_zeroes_piece(offset, length, fua).await?;
         }
@@ -775,6 +806,7 @@ impl Space {
     /// blocks of it may read back as zeroes afterwards.
     pub async fn trim(&self, offset: u64, length: u64) -> Result<(), EngineError> {
         self.check_range(offset, length, Access::Write)?;
+        self.check_held(offset, length)?;
         for (offset, length) in zero_pieces(&self.geometry, offset, length) {
             self.trim_piece(offset, length).await?;
         }
@@ -855,6 +887,7 @@ impl Space {
     /// Make every completed write durable.
     pub async fn flush(&self) -> Result<(), EngineError> {
         self.check(0, 0, Access::Read)?;
+        self.check_held(0, 0)?;
         if let Some(journal) = self.journal() {
             // Logged writes are durable already, unless the log failed and
             // they wait in memory to go home.

@@ -1846,3 +1846,60 @@ fn a_write_in_flight_at_the_second_failure_is_reported_uncertain() {
         assert_redundant(&space).await;
     });
 }
+
+/// Writes still in a parity space's write-back log when two of its three
+/// disks fail cannot go home. The pool imports all the same, holding the
+/// space (clients refused, the log kept as it is); once the faults pass,
+/// `clear` takes the disks back and the log goes home: every byte reads
+/// back as written, and the space serves again.
+#[test]
+fn a_log_that_cannot_go_home_holds_its_space_until_clear() {
+    block_on(async {
+        let disks = Disks::new(3, DISK_BYTES);
+        let pool = create_pool(&disks).await;
+        wait_for_missing_disks(&pool).await;
+        let mut config = SpaceConfig::new(
+            "p",
+            Layout::Parity { redundancy: 1 },
+            SpaceSize::Bytes(1 << 20),
+        );
+        config.cache_bytes = Some(256 << 10);
+        let space = pool.create_space(config).await.unwrap().space;
+        let journal = space.journal().expect("a write-back log");
+        let mut model = fill(&space, 51).await;
+        journal.destage(&space, true).await.unwrap();
+        // No destage task runs here: these stay in the log only.
+        let mut rng = Rng(52);
+        for extent in [1, 4] {
+            let offset = extent * PARITY_EXTENT_BYTES + 8192;
+            model.write_random(&space, &mut rng, offset, 4096).await;
+        }
+        assert!(journal.status().dirty_bytes > 0);
+        disks.faults[1].lose();
+        disks.faults[2].lose();
+        assert!(space.read(0, space.size_bytes()).await.is_err());
+        drop((journal, space));
+        let _ = pool.close().await;
+        disks.faults[1].restore();
+        disks.faults[2].restore();
+        // Both disks are recorded failed: the import leaves them out.
+        let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
+            .await
+            .expect("the pool imports with its space held");
+        let space = pool.space("p").unwrap();
+        let held = space.held().expect("held");
+        assert!(held.contains("pool clear"), "{held}");
+        assert!(space.read(0, 4096).await.is_err());
+        assert!(space.write(0, bytes(vec![1; 4096]), false).await.is_err());
+        let cleared = pool.clear(None).await.unwrap();
+        assert!(
+            cleared.iter().all(|entry| entry.refused.is_none()),
+            "{cleared:?}"
+        );
+        assert_eq!(space.held(), None);
+        with_jobs(&pool, jobs_settle(&pool)).await;
+        check(&space, &model).await;
+        assert_redundant(&space).await;
+        space.write(0, bytes(vec![1; 4096]), false).await.unwrap();
+    });
+}

@@ -84,6 +84,9 @@ pub struct Plan {
     /// With the job runner: small spaces are created, read and deleted
     /// beside the clients (see `scratch_spaces`).
     pub scratch: bool,
+    /// Lost disks fail (they do not vanish), and a failed disk's fault
+    /// may pass: `Pool::clear` takes it back while the clients write.
+    pub clears: bool,
 }
 
 /// Journal disks of runs with a log, and their slabs (a 2 MiB ring needs 32).
@@ -149,8 +152,10 @@ impl Plan {
             returns: false,
             journals_later: None,
             scratch: false,
+            clears: false,
         };
         plan.returns = plan.losses > 0 && extras.chance(1, 2);
+        plan.clears = plan.losses > 0 && !plan.returns && extras.chance(1, 2);
         // The log on capacity disks first: it must fit there beside the
         // data (a 1 MiB ring is 16 slabs a copy).
         let roomy = plan.disks as u64 * plan.slabs_per_disk >= 120;
@@ -181,6 +186,8 @@ pub struct Report {
     /// at an import.
     pub returns: usize,
     pub returns_at_import: usize,
+    /// Failed disks taken back by `Pool::clear` once their fault passed.
+    pub cleared: usize,
     /// Runs whose journal disks were added while the clients wrote.
     pub journals_added: usize,
     /// Spaces created and read beside the clients (`Plan::scratch`).
@@ -199,6 +206,8 @@ struct Run {
     lost: Vec<usize>,
     /// Lost disks that vanished and have not come back.
     vanished: Vec<usize>,
+    /// Lost disks that failed, whose fault has not passed (`Plan::clears`).
+    failed: Vec<usize>,
     returns_at_import: usize,
     crashes: usize,
 }
@@ -230,6 +239,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
         counters: Rc::new(RefCell::new(Counters::default())),
         lost: Vec::new(),
         vanished: Vec::new(),
+        failed: Vec::new(),
         returns_at_import: 0,
         crashes: 0,
         plan,
@@ -266,6 +276,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
         moves,
         returns: counters.returns,
         returns_at_import: run.returns_at_import,
+        cleared: counters.cleared,
         journals_added: usize::from(counters.journals_added),
         scratch_spaces: counters.scratch_spaces,
     })
@@ -406,8 +417,21 @@ impl Run {
                     self.vanished.push(disk);
                 } else {
                     self.sim.faults[disk].lose();
+                    if self.plan.clears {
+                        self.failed.push(disk);
+                    }
                 }
                 self.lost.push(disk);
+            }
+            if !self.failed.is_empty() && self.random.borrow_mut().chance(1, 20) {
+                let pick = self.random.borrow_mut().below(self.failed.len() as u64);
+                let disk = self.failed.remove(pick as usize);
+                executor.spawn(clear_back(
+                    pool.clone(),
+                    disk,
+                    self.sim.faults[disk].clone(),
+                    self.counters.clone(),
+                ));
             }
             if !self.vanished.is_empty() && self.random.borrow_mut().chance(1, 20) {
                 let pick = self.random.borrow_mut().below(self.vanished.len() as u64);
@@ -484,6 +508,28 @@ async fn come_back(
         Err(EngineError::NotReturning { .. }) => {}
         Err(error) => {
             let message = format!("taking disk {disk} back failed: {error}");
+            counters.borrow_mut().failure.get_or_insert(message);
+        }
+    }
+}
+
+/// `disk`'s fault passes and `Pool::clear` is asked to take it back. One
+/// not yet found failed is in service to the pool (refused: its next
+/// error fails it, and its fault is gone); one retired by a repair is no
+/// longer the pool's to clear.
+async fn clear_back(pool: Rc<Pool>, disk: usize, fault: FaultControls, counters: Shared<Counters>) {
+    fault.restore();
+    match pool.clear(Some(DiskIndex(disk as u16))).await {
+        Ok(cleared) => match cleared.as_slice() {
+            [entry] if entry.refused.is_none() => counters.borrow_mut().cleared += 1,
+            _ => {
+                let message = format!("disk {disk} was not cleared: {cleared:?}");
+                counters.borrow_mut().failure.get_or_insert(message);
+            }
+        },
+        Err(EngineError::NotCleared { .. } | EngineError::NoSuchDisk { .. }) => {}
+        Err(error) => {
+            let message = format!("clearing disk {disk} failed: {error}");
             counters.borrow_mut().failure.get_or_insert(message);
         }
     }
@@ -658,6 +704,7 @@ struct Counters {
     writes: u64,
     reads: u64,
     returns: usize,
+    cleared: usize,
     journals_added: bool,
     /// Spaces `scratch_spaces` created, over every phase.
     scratch_spaces: usize,

@@ -19,6 +19,7 @@ fn simulated_runs_keep_every_acknowledged_write() {
                 totals.moves += report.moves;
                 totals.returns += report.returns;
                 totals.returns_at_import += report.returns_at_import;
+                totals.cleared += report.cleared;
                 totals.journals_added += report.journals_added;
                 totals.scratch_spaces += report.scratch_spaces;
             }
@@ -29,7 +30,7 @@ fn simulated_runs_keep_every_acknowledged_write() {
         }
     }
     eprintln!(
-        "{} runs ({} with a write-back log, {} MiB destaged): {} power cuts, {} disks lost ({} taken back live, {} back at an import), {} repairs done ({} moves), journal disks added to {} runs, {} spaces created and deleted beside the clients, {} writes, {} verified reads",
+        "{} runs ({} with a write-back log, {} MiB destaged): {} power cuts, {} disks lost ({} taken back live, {} back at an import, {} cleared), {} repairs done ({} moves), journal disks added to {} runs, {} spaces created and deleted beside the clients, {} writes, {} verified reads",
         seeds.len(),
         totals.cached_runs,
         totals.destaged_bytes >> 20,
@@ -37,6 +38,7 @@ fn simulated_runs_keep_every_acknowledged_write() {
         totals.losses,
         totals.returns,
         totals.returns_at_import,
+        totals.cleared,
         totals.repairs,
         totals.moves,
         totals.journals_added,
@@ -58,6 +60,10 @@ fn simulated_runs_keep_every_acknowledged_write() {
         assert!(
             totals.returns > 0 && totals.returns_at_import > 0,
             "the suite must actually bring vanished disks back"
+        );
+        assert!(
+            totals.cleared > 0,
+            "the suite must actually clear failed disks"
         );
         assert!(
             totals.journals_added > 0,
