@@ -46,6 +46,10 @@ pub struct SpaceConfig {
     pub cache_bytes: Option<u64>,
     /// The NBD export name, fixed for the space's life; `None`: its name.
     pub export: Option<String>,
+    /// A parity space that cannot get its default log is refused rather
+    /// than created without one (the daemon's rule: a parity space has no
+    /// log only when asked for none). Off, the default log is best effort.
+    pub require_default_log: bool,
 }
 
 impl SpaceConfig {
@@ -59,6 +63,7 @@ impl SpaceConfig {
             fault_domain: None,
             cache_bytes: None,
             export: None,
+            require_default_log: false,
         }
     }
 
@@ -260,9 +265,10 @@ impl Pool {
     /// Plan the log of new space `owner` (the last of `next.spaces`) into
     /// `next` by [`crate::cache::log_choices`]. A space of the largest
     /// size gives back extents from its end until the log fits on capacity
-    /// disks. A default log is best effort: a pool too small for even the
-    /// smallest default log still gets its space (without a log, which
-    /// status shows); a log asked for is not.
+    /// disks. A default log is best effort unless the config requires it:
+    /// a pool too small for even the smallest default log then still gets
+    /// its space (without a log, which status shows); a log asked for is
+    /// not.
     fn plan_new_log(
         &self,
         config: &SpaceConfig,
@@ -273,7 +279,8 @@ impl Pool {
         if choices.is_empty() {
             return Ok(None);
         }
-        let required = config.cache_bytes.is_some();
+        let required = config.cache_bytes.is_some()
+            || (config.require_default_log && matches!(config.layout, Layout::Parity { .. }));
         let position = next.spaces.len() - 1;
         assert_eq!(
             next.spaces[position].id, owner,

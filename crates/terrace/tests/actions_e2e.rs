@@ -2,7 +2,8 @@
 //!
 //! - a parity space created while the journal disks are full still gets a
 //!   log, on capacity disks, and the answer says where and why; one created
-//!   with `--cache 0` gets one from `space cache`;
+//!   with `--cache 0` gets one from `space cache`; one whose log fits
+//!   nowhere is refused unless asked for without one (`--cache 0`);
 //! - a space that does not fit is refused with the largest size that
 //!   would, and its columns (what `--max` then gives);
 //! - `pool status` gives one `action:` line (and `action` in `--json`) for
@@ -94,6 +95,31 @@ fn a_parity_space_gets_a_log_on_its_own_disks_when_the_journal_disks_are_full() 
     let given = daemon.cli_json(&["space", "cache", "q", "32M"]);
     assert_eq!(given["cache"]["bytes"], 32 * MIB, "{given}");
     assert!(on_capacity(&given["cache"]), "{given}");
+}
+
+/// A pool with no room for even a 32 MiB log beside a parity space
+/// refuses the space, saying why and what would do, and changes nothing;
+/// `--cache 0` creates it without a log, as asked.
+#[test]
+fn a_parity_space_without_room_for_its_log_is_refused_unless_asked_for_none() {
+    let daemon = Daemon::start();
+    let files = daemon.disk_files("tight", 3, 64 * MIB);
+    daemon.create_pool("tight", &files, SLAB);
+    let before = daemon.pool_status("tight");
+    let refused = daemon.cli(&[
+        "space", "create", "tight", "p", "--layout", "parity", "--size", "64M",
+    ]);
+    assert_eq!(refused.code(), Some(1), "{}", refused.describe());
+    for said in [
+        "write-back cache",
+        "add a disk or a journal disk",
+        "--cache 0",
+    ] {
+        assert!(refused.stderr.contains(said), "{}", refused.describe());
+    }
+    assert_eq!(daemon.pool_status("tight"), before, "nothing changed");
+    let bare = daemon.create_space("tight", "p", &["--layout", "parity", "--cache", "0"], "64M");
+    assert_eq!(bare["cache"], Value::Null, "{bare}");
 }
 
 #[test]

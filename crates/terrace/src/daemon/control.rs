@@ -894,6 +894,7 @@ async fn space_create(registry: &Registry, create: SpaceCreate) -> Answer {
     config.interleave_bytes = create.interleave_bytes;
     config.cache_bytes = create.cache_bytes;
     config.export = create.export.clone();
+    config.require_default_log = true;
     export_free(registry, &create.pool, &config)?;
     // The cache the space will get, asked for or the pool's default for
     // its layout, counts against the daemon's memory either way.
@@ -928,6 +929,17 @@ async fn space_create(registry: &Registry, create: SpaceCreate) -> Answer {
             | EngineError::Layout(
                 LayoutError::BadInterleave { .. } | LayoutError::BadColumns { .. },
             ) => usage(error),
+            EngineError::NoCapacity { ref detail, .. }
+                if create.cache_bytes.is_none()
+                    && matches!(layout, Layout::Parity { .. })
+                    && detail.starts_with("its write-back cache") =>
+            {
+                failure(format!(
+                    "{error}; a parity space gets a write-back log (without one a crash \
+                     mid-write can leave a write hole): add a disk or a journal disk, or \
+                     give --cache 0 to create it without a log"
+                ))
+            }
             other => failure(other),
         })?;
     space_view(registry, &entry, &create.name).await
