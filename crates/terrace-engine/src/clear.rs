@@ -133,6 +133,15 @@ impl Pool {
         }
         let indices: Vec<DiskIndex> = taken.iter().map(|(index, _)| *index).collect();
         let uncertain = take_last_failed_as_current(&mut next, &indices);
+        for &index in &indices {
+            // Recorded as a returning disk is while it catches up: present,
+            // in service through its resync (an import after a crash
+            // meanwhile puts it back in service under the same resync),
+            // and active once the resync ends.
+            let record = &mut next.disks[usize::from(index.0)];
+            record.state = DiskState::Missing;
+            record.state_reason = "taken back by pool clear; catching up".into();
+        }
         for entry in report.iter_mut().filter(|entry| entry.refused.is_none()) {
             entry.spaces = catch_up_of(&next, entry.disk, &uncertain);
         }
@@ -173,6 +182,7 @@ impl Pool {
             }
             return Err(error);
         }
+        self.shared.known_dirty_as_in(&control.metadata);
         for (entry, job) in report
             .iter_mut()
             .filter(|entry| entry.refused.is_none())

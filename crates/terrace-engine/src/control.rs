@@ -612,6 +612,14 @@ impl PoolShared {
             .any(|disk| unrecorded_state(disk, metadata).is_some())
     }
 
+    /// Know only the dirty records `metadata` (just committed, under the
+    /// control lock) holds: one dropped without a catch-up (a disk taken
+    /// as current by `pool clear`) must be recorded again should the disk
+    /// miss that extent again.
+    pub(crate) fn known_dirty_as_in(&self, metadata: &PoolMetadata) {
+        *self.dirty_known.lock().unwrap_or_else(|e| e.into_inner()) = known_dirty(metadata);
+    }
+
     /// Forget the dirty records of a disk that caught up.
     pub(crate) fn forget_dirty(&self, disk: DiskIndex) {
         self.dirty_known

@@ -1903,3 +1903,45 @@ fn a_log_that_cannot_go_home_holds_its_space_until_clear() {
         space.write(0, bytes(vec![1; 4096]), false).await.unwrap();
     });
 }
+
+/// A disk taken back by `clear` is in service while it catches up, and
+/// stays so across a restart before its resync ends: the import puts it
+/// back in service under the same resync, which then brings it current.
+#[test]
+fn a_cleared_disk_still_catching_up_is_in_service_after_a_restart() {
+    block_on(async {
+        let disks = Disks::new(3, DISK_BYTES);
+        let pool = create_pool(&disks).await;
+        wait_for_missing_disks(&pool).await;
+        let (space, mut model) = parity_on_three(&pool, 61).await;
+        fail_under_write(&pool, &disks, &space, &mut model, 1, 2).await;
+        disks.faults[1].restore();
+        let cleared = pool.clear(Some(DiskIndex(1))).await.unwrap();
+        assert_eq!(cleared[0].spaces[0].missed_extents, 1, "{cleared:?}");
+        // No job runner here: the resync has not run when the pool stops.
+        drop(space);
+        drop(pool);
+        let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
+            .await
+            .unwrap();
+        let space = pool.space("p").unwrap();
+        let status = pool.status().await;
+        assert_eq!(
+            status.disks[1].condition,
+            terrace_engine::Condition::Online,
+            "in service, catching up: {:?}",
+            status.disks[1]
+        );
+        let settled = with_jobs(&pool, jobs_settle(&pool)).await;
+        assert!(
+            settled.iter().all(|job| job.state == JobState::Done),
+            "{settled:?}"
+        );
+        assert_eq!(pool.metadata().await.disks[1].state, DiskState::Active);
+        check(&space, &model).await;
+        assert_redundant(&space).await;
+        // Disk 1 is current: without disk 0, it and disk 2 give it all.
+        disks.faults[0].lose();
+        check(&space, &model).await;
+    });
+}
