@@ -172,23 +172,3 @@ pub enum EngineError {
     #[error("{0}")]
     Io(#[from] IoError),
 }
-
-impl EngineError {
-    /// The errno an NBD server should answer with.
-    pub fn errno(&self) -> i32 {
-        match self {
-            EngineError::OutOfRange { .. } => libc_errno::ENOSPC,
-            EngineError::TooLarge { .. } => libc_errno::EINVAL,
-            EngineError::ReadOnly { .. } => libc_errno::EROFS,
-            _ => libc_errno::EIO,
-        }
-    }
-}
-
-/// The few errno values the engine reports (Linux numbering, as NBD uses).
-pub mod libc_errno {
-    pub const EIO: i32 = 5;
-    pub const EINVAL: i32 = 22;
-    pub const ENOSPC: i32 = 28;
-    pub const EROFS: i32 = 30;
-}

@@ -38,6 +38,11 @@ pub struct SpaceBackend {
     readahead: Arc<ReadAhead>,
 }
 
+/// The one mapping of engine errors to NBD error values (NBD `proto.md`,
+/// "Error values"): a write past the end is `ENOSPC`, a write to a
+/// read-only pool `EPERM` (what the protocol defines for a write or trim
+/// on a read-only export), a request over the limit `EINVAL`, a closing
+/// pool `ESHUTDOWN`; anything else is an I/O error.
 fn errno(error: &EngineError) -> Errno {
     match error {
         EngineError::OutOfRange { .. } => Errno::NoSpace,
@@ -351,6 +356,40 @@ impl Catalog for SpaceCatalog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn engine_errors_map_to_the_nbd_error_values_the_protocol_defines() {
+        let space = || "vm".to_string();
+        let read_only = EngineError::ReadOnly {
+            pool: "tank".into(),
+            reason: "imported read-only on request".into(),
+        };
+        assert_eq!(errno(&read_only), Errno::Perm);
+        let outside = EngineError::OutOfRange {
+            space: space(),
+            offset: 1 << 20,
+            length: 4096,
+            size_bytes: 1 << 20,
+        };
+        assert_eq!(errno(&outside), Errno::NoSpace);
+        let large = EngineError::TooLarge {
+            space: space(),
+            length: 1 << 30,
+            limit: 64 << 20,
+        };
+        assert_eq!(errno(&large), Errno::Invalid);
+        let closed = EngineError::Closed {
+            pool: "tank".into(),
+        };
+        assert_eq!(errno(&closed), Errno::Shutdown);
+        let unavailable = EngineError::Unavailable {
+            space: space(),
+            offset: 0,
+            length: 4096,
+            reason: "2 of its disks are failed".into(),
+        };
+        assert_eq!(errno(&unavailable), Errno::Io);
+    }
 
     #[test]
     fn a_mirror_is_read_ahead_a_region_of_every_copy_of_every_column() {
