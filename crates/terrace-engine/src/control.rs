@@ -25,8 +25,12 @@ use terrace_meta::{
     PoolMetadata, SlabIndex, SlabRef, SpaceId,
 };
 
-use crate::disk::{Condition, Disk};
+use crate::disk::{Condition, Disk, DiskContext};
 use crate::error::EngineError;
+use crate::events::{PoolEvent, PoolEvents};
+use crate::failures::{FailureRecords, MissedExtent};
+use crate::log_memory::LogMemory;
+use crate::slab_holds::{Reservation, SlabHolds};
 use crate::space::MapEpoch;
 
 pub(crate) struct Control {
@@ -54,12 +58,14 @@ pub struct PoolShared {
     pub(crate) control: futures::lock::Mutex<Control>,
     pub(crate) disks: RwLock<Vec<Arc<Disk>>>,
     pub(crate) closed: AtomicBool,
-    pub(crate) failures_observed: Arc<AtomicU64>,
-    failures_persisted: AtomicU64,
+    /// Disk failures and the extents disks missed, until commits record
+    /// them (see [`FailureRecords`]).
+    pub(crate) failures: FailureRecords,
+    /// What every disk of the pool is given (a new one too).
+    pub(crate) disk_context: DiskContext,
+    /// Where what happens in the pool is told (see [`crate::events`]).
+    pub(crate) events: Arc<PoolEvents>,
     pub(crate) job_runtime: crate::jobs::JobRuntime,
-    /// (disk, space, extent) already recorded dirty: the fast path of
-    /// [`PoolShared::note_dirty`].
-    dirty_known: std::sync::Mutex<std::collections::HashSet<(u16, u64, u32)>>,
     /// Write intent of spaces without a log (see [`PoolShared::begin_intent`]).
     intent: std::sync::Mutex<IntentState>,
     /// Mirror extents left to resynchronise since an unclean shutdown.
@@ -67,14 +73,10 @@ pub struct PoolShared {
     /// Memory the write-back logs of the pool's spaces hold their dirty
     /// data in (see [`LogMemory`]).
     pub(crate) log_memory: LogMemory,
-    /// Slabs set aside for a change not yet committed (a new space's while
-    /// they are zeroed outside the control lock): no allocation takes
-    /// them (see [`PoolShared::reserve`]).
-    reserved: std::sync::Mutex<BTreeSet<SlabRef>>,
-    /// Slabs a space's map stopped naming while requests that began
-    /// earlier may still use them, each with the epoch they wait for (see
-    /// [`crate::space::MapEpoch`]): no allocation takes them until then.
-    retired: std::sync::Mutex<Vec<(SlabRef, Weak<MapEpoch>)>>,
+    /// Slabs set aside for a change not yet committed, and slabs a
+    /// space's map stopped naming while requests that began earlier may
+    /// still use them: no allocation takes them (see [`SlabHolds`]).
+    slab_holds: SlabHolds,
     /// Disks being taken out of service while writes run.
     pub(crate) departures: crate::departures::Departures,
     /// Serialises the changes that plan outside the control lock and
@@ -84,59 +86,6 @@ pub struct PoolShared {
     /// The log being prepared now, if any (see `admin::preallocate_log`):
     /// its owner's name, the bytes to write and those written.
     pub(crate) preparing: std::sync::Mutex<Option<(String, u64, Arc<AtomicU64>)>>,
-    /// (disk, space, extent) a write to that disk failed on: the disk
-    /// missed it, which the commit recording the failure records with it
-    /// (see [`PoolShared::note_failed_write`]).
-    failed_writes: std::sync::Mutex<Vec<(DiskIndex, SpaceId, u32)>>,
-}
-
-/// Slabs reserved until dropped (see [`PoolShared::reserve`]).
-pub(crate) struct Reservation<'a> {
-    shared: &'a PoolShared,
-    slabs: Vec<SlabRef>,
-}
-
-impl Drop for Reservation<'_> {
-    fn drop(&mut self) {
-        let mut reserved = self
-            .shared
-            .reserved
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        for slab in &self.slabs {
-            reserved.remove(slab);
-        }
-    }
-}
-
-/// Bytes of log records whose data the write-back logs of a pool keep in
-/// memory, and how many they may. A record logged while the budget has
-/// room keeps its data in memory until the ring's tail passes it; one
-/// logged beyond the budget keeps only where its blocks lie in the log,
-/// and reads and destaging read them back from the log's disks. A log
-/// smaller than the budget never reads its own data back.
-#[derive(Debug)]
-pub(crate) struct LogMemory {
-    pub(crate) held: AtomicU64,
-    pub(crate) max: AtomicU64,
-}
-
-impl LogMemory {
-    /// Take `bytes` of the budget if it has room for them.
-    pub(crate) fn take(&self, bytes: u64) -> bool {
-        let max = self.max.load(Ordering::Relaxed);
-        self.held
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
-                held.checked_add(bytes).filter(|&total| total <= max)
-            })
-            .is_ok()
-    }
-
-    pub(crate) fn give_back(&self, bytes: u64) {
-        if bytes > 0 {
-            self.held.fetch_sub(bytes, Ordering::AcqRel);
-        }
-    }
 }
 
 /// How long an extent must go unwritten before its write intent is
@@ -183,39 +132,19 @@ impl PoolShared {
     /// Set `slabs` aside until the reservation drops: allocations made
     /// meanwhile (through [`PoolShared::allocator`]) leave them alone.
     pub(crate) fn reserve(&self, slabs: impl IntoIterator<Item = SlabRef>) -> Reservation<'_> {
-        let slabs: Vec<SlabRef> = slabs.into_iter().collect();
-        self.reserved
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend(slabs.iter().copied());
-        Reservation {
-            shared: self,
-            slabs,
-        }
+        self.slab_holds.reserve(slabs)
     }
 
     /// The slabs reserved now, and those retired whose epoch lives.
     pub(crate) fn reserved_slabs(&self) -> BTreeSet<SlabRef> {
-        let mut slabs = self
-            .reserved
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
-        retired.retain(|(_, epoch)| epoch.strong_count() > 0);
-        slabs.extend(retired.iter().map(|(slab, _)| *slab));
-        slabs
+        self.slab_holds.held()
     }
 
     /// Keep `slabs` from allocations while `epoch` lives. Called under the
     /// control lock by whoever commits the slabs free, before it lets the
     /// lock go: an allocation planned in between would see them free.
     pub(crate) fn retire(&self, slabs: impl IntoIterator<Item = SlabRef>, epoch: Weak<MapEpoch>) {
-        let mut retired = self.retired.lock().unwrap_or_else(|e| e.into_inner());
-        retired.retain(|(_, epoch)| epoch.strong_count() > 0);
-        if epoch.strong_count() > 0 {
-            retired.extend(slabs.into_iter().map(|slab| (slab, epoch.clone())));
-        }
+        self.slab_holds.retire(slabs, epoch);
     }
 
     /// Where slab `slab` of a disk of this pool begins on it.
@@ -247,7 +176,7 @@ impl PoolShared {
         metadata_slot_bytes: u64,
         read_only: Option<String>,
         disks: Vec<Arc<Disk>>,
-        failures_observed: Arc<AtomicU64>,
+        disk_context: DiskContext,
         intent_sequence: u64,
     ) -> PoolShared {
         PoolShared {
@@ -258,7 +187,9 @@ impl PoolShared {
             metadata_bytes: AtomicU64::new(
                 encode_slot(&metadata, metadata_slot_bytes).map_or(0, |slot| slot.len() as u64),
             ),
-            dirty_known: std::sync::Mutex::new(known_dirty(&metadata)),
+            failures: FailureRecords::new(disk_context.failures_observed.clone(), &metadata),
+            events: disk_context.events.clone(),
+            disk_context,
             intent: std::sync::Mutex::new(IntentState {
                 durable: metadata
                     .intent
@@ -276,19 +207,12 @@ impl PoolShared {
             }),
             disks: RwLock::new(disks),
             closed: AtomicBool::new(false),
-            failures_persisted: AtomicU64::new(failures_observed.load(Ordering::Acquire)),
             job_runtime: crate::jobs::JobRuntime::default(),
-            reserved: Default::default(),
-            retired: Default::default(),
+            slab_holds: Default::default(),
             departures: Default::default(),
             changes: Default::default(),
             preparing: Default::default(),
-            failed_writes: Default::default(),
-            failures_observed,
-            log_memory: LogMemory {
-                held: AtomicU64::new(0),
-                max: AtomicU64::new(crate::journal::LOG_MEMORY_DEFAULT_BYTES),
-            },
+            log_memory: LogMemory::new(crate::journal::LOG_MEMORY_DEFAULT_BYTES),
         }
     }
 
@@ -303,43 +227,31 @@ impl PoolShared {
         extent: u32,
         disks: &[DiskIndex],
     ) -> Result<(), EngineError> {
-        let notes: Vec<_> = disks.iter().map(|disk| (*disk, space, extent)).collect();
+        let notes: Vec<_> = disks
+            .iter()
+            .map(|disk| MissedExtent::new(*disk, space, extent))
+            .collect();
         self.note_dirty_all(&notes).await
     }
 
     /// [`PoolShared::note_dirty`] for many (disk, space, extent) at once:
     /// one record for all of them.
-    pub(crate) async fn note_dirty_all(
-        &self,
-        notes: &[(DiskIndex, SpaceId, u32)],
-    ) -> Result<(), EngineError> {
-        let unknown: Vec<(DiskIndex, SpaceId, u32)> = {
-            let known = self.dirty_known.lock().unwrap_or_else(|e| e.into_inner());
-            notes
-                .iter()
-                .copied()
-                .filter(|(disk, space, extent)| !known.contains(&(disk.0, space.0, *extent)))
-                .collect()
-        };
+    pub(crate) async fn note_dirty_all(&self, notes: &[MissedExtent]) -> Result<(), EngineError> {
+        let unknown = self.failures.unknown(notes);
         if unknown.is_empty() || self.read_only.is_some() {
             return Ok(());
         }
         let mut control = self.control.lock().await;
         let added: Vec<(DiskIndex, SpaceId, u32)> = unknown
             .iter()
-            .copied()
+            .map(|note| note.as_tuple())
             .filter(|&(disk, space, extent)| !control.metadata.is_dirty(disk, space, extent))
             .collect();
         if !added.is_empty() {
             let list = control.metadata.intent.clone();
             self.commit_intent(&mut control, list, &added).await?;
         }
-        let mut known = self.dirty_known.lock().unwrap_or_else(|e| e.into_inner());
-        known.extend(
-            unknown
-                .iter()
-                .map(|(disk, space, extent)| (disk.0, space.0, *extent)),
-        );
+        self.failures.know(&unknown);
         Ok(())
     }
 
@@ -612,20 +524,15 @@ impl PoolShared {
             .any(|disk| unrecorded_state(disk, metadata).is_some())
     }
 
-    /// Know only the dirty records `metadata` (just committed, under the
-    /// control lock) holds: one dropped without a catch-up (a disk taken
-    /// as current by `pool clear`) must be recorded again should the disk
-    /// miss that extent again.
+    /// Know only the dirty records `metadata` (just committed) holds (see
+    /// [`FailureRecords::know_only`]).
     pub(crate) fn known_dirty_as_in(&self, metadata: &PoolMetadata) {
-        *self.dirty_known.lock().unwrap_or_else(|e| e.into_inner()) = known_dirty(metadata);
+        self.failures.know_only(metadata);
     }
 
     /// Forget the dirty records of a disk that caught up.
     pub(crate) fn forget_dirty(&self, disk: DiskIndex) {
-        self.dirty_known
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|(known, _, _)| *known != disk.0);
+        self.failures.forget_disk(disk);
     }
 
     pub(crate) fn disks(&self) -> Vec<Arc<Disk>> {
@@ -713,7 +620,10 @@ impl PoolShared {
             if written == next.members().count() {
                 control.dirty_noted.clear();
                 control.committed_at_ns = self.env.now_ns();
+                let jobs = job_changes(&control.metadata, &next);
                 control.metadata = next;
+                self.events.emit(PoolEvent::Committed { generation });
+                jobs.into_iter().for_each(|event| self.events.emit(event));
                 return Ok(());
             }
             // Some members failed: record that on the survivors.
@@ -726,12 +636,9 @@ impl PoolShared {
     /// fail is acknowledged only once the pool will never trust that disk's
     /// stale copy again.
     pub(crate) async fn persist_failures(&self) -> Result<(), EngineError> {
-        let observed = self.failures_observed.load(Ordering::Acquire);
-        if observed <= self.failures_persisted.load(Ordering::Acquire)
-            && self.failed_writes().is_empty()
-        {
+        let Some(observed) = self.failures.unpersisted() else {
             return Ok(());
-        }
+        };
         // Boxed: every request's future embeds this one, and a commit's
         // state is large; only requests that saw a failure pay for it.
         Box::pin(self.persist_observed(observed)).await
@@ -742,30 +649,20 @@ impl PoolShared {
         if self.read_only.is_none() {
             let mut next = control.metadata.clone();
             self.absorb_conditions(&mut next);
-            let missed = std::mem::take(&mut *self.failed_writes());
-            for &(disk, space, extent) in &missed {
-                add_dirty(&mut next.dirty, disk, space, extent);
+            let missed = self.failures.take_failed_writes();
+            for note in &missed {
+                add_dirty(&mut next.dirty, note.disk, note.space, note.extent);
             }
             if next != control.metadata {
                 if let Err(error) = self.commit(&mut control, next).await {
-                    self.failed_writes().extend(missed);
+                    self.failures.restore_failed_writes(missed);
                     return Err(error);
                 }
             }
-            let mut known = self.dirty_known.lock().unwrap_or_else(|e| e.into_inner());
-            known.extend(
-                missed
-                    .iter()
-                    .map(|(disk, space, extent)| (disk.0, space.0, *extent)),
-            );
+            self.failures.know(&missed);
         }
-        self.failures_persisted
-            .fetch_max(observed, Ordering::AcqRel);
+        self.failures.persisted_up_to(observed);
         Ok(())
-    }
-
-    fn failed_writes(&self) -> std::sync::MutexGuard<'_, Vec<(DiskIndex, SpaceId, u32)>> {
-        self.failed_writes.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A write to `extent` of `space` failed on `disk` (which is failed by
@@ -775,15 +672,8 @@ impl PoolShared {
     /// its failure (`Pool::clear`) catches up on it as on the extents
     /// written after.
     pub(crate) fn note_failed_write(&self, disk: DiskIndex, space: SpaceId, extent: u32) {
-        let known = self.dirty_known.lock().unwrap_or_else(|e| e.into_inner());
-        if known.contains(&(disk.0, space.0, extent)) {
-            return;
-        }
-        drop(known);
-        let mut pending = self.failed_writes();
-        if !pending.contains(&(disk, space, extent)) {
-            pending.push((disk, space, extent));
-        }
+        self.failures
+            .note_failed_write(MissedExtent::new(disk, space, extent));
     }
 
     /// Flush every online disk. Failures mark disks failed and are recorded.
@@ -836,17 +726,26 @@ pub(crate) fn add_dirty(
     true
 }
 
-fn known_dirty(metadata: &PoolMetadata) -> std::collections::HashSet<(u16, u64, u32)> {
-    metadata
-        .dirty
+/// The jobs that `next` has running where `current` had not (started),
+/// and those `current` had running where `next` has them no more (ended).
+fn job_changes(current: &PoolMetadata, next: &PoolMetadata) -> Vec<PoolEvent> {
+    let active = |metadata: &PoolMetadata, id: u64| {
+        metadata
+            .jobs
+            .iter()
+            .any(|job| job.id == id && job.is_active())
+    };
+    let started = next
+        .jobs
         .iter()
-        .flat_map(|record| {
-            record
-                .extents
-                .iter()
-                .map(move |(space, extent)| (record.disk.0, space.0, *extent))
-        })
-        .collect()
+        .filter(|job| job.is_active() && !active(current, job.id))
+        .map(|job| PoolEvent::JobStarted { job: job.id });
+    let ended = current
+        .jobs
+        .iter()
+        .filter(|job| job.is_active() && !active(next, job.id))
+        .map(|job| PoolEvent::JobEnded { job: job.id });
+    started.chain(ended).collect()
 }
 
 /// Record in `next` the generation at which each disk it newly calls

@@ -2,9 +2,14 @@
 //!
 //! The data path asks a disk two things: "may I use you?" (one atomic load)
 //! and "do this I/O". The first error of a disk latches it failed (the
-//! [`LatchedDevice`] underneath refuses further I/O); the pool then records
-//! the failure in a metadata commit before any write that saw it is
-//! acknowledged (see [`crate::pool`]).
+//! [`LatchedDevice`] underneath refuses further I/O) and counts the failure
+//! in the pool's counter it was given ([`DiskContext`]), which the pool
+//! records in a metadata commit before any write that saw it is
+//! acknowledged. A change of condition is told as an event
+//! ([`crate::events`]).
+//!
+//! Depends on `terrace_io` and, in the engine, only on
+//! [`crate::condition`] and [`crate::events`]: nothing above it.
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -13,28 +18,8 @@ use terrace_io::latch::LatchedDevice;
 use terrace_io::{BlockDevice, Bytes, BytesMut, Env, IoResult};
 use terrace_meta::{DiskIndex, Label};
 
-/// Run-time condition of a disk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Condition {
-    Online = 0,
-    /// An I/O error latched it, or the metadata says failed.
-    Failed = 1,
-    /// Not present (not found at import, or vanished).
-    Missing = 2,
-    /// Present but not serving (stale copy, removed, retired hot spare...).
-    Standby = 3,
-}
-
-impl Condition {
-    fn from_u8(value: u8) -> Condition {
-        match value {
-            0 => Condition::Online,
-            1 => Condition::Failed,
-            2 => Condition::Missing,
-            _ => Condition::Standby,
-        }
-    }
-}
+pub use crate::condition::Condition;
+use crate::events::{PoolEvent, PoolEvents};
 
 pub struct Disk {
     pub index: DiskIndex,
@@ -47,6 +32,8 @@ pub struct Disk {
     /// so requests know a metadata commit must precede their completion.
     failures_observed: Arc<AtomicU64>,
     env: Arc<dyn Env>,
+    /// Where its changes of condition are told.
+    events: Arc<PoolEvents>,
     /// Moving average of read and write service times, in microseconds
     /// (weight 1/16 per operation): how `pool status` spots a slow disk.
     latency_us: AtomicU64,
@@ -62,6 +49,18 @@ struct Attached {
 pub struct DiskContext {
     pub failures_observed: Arc<AtomicU64>,
     pub env: Arc<dyn Env>,
+    pub events: Arc<PoolEvents>,
+}
+
+impl DiskContext {
+    /// The context of a new pool's disks: no failure observed yet.
+    pub(crate) fn new(env: Arc<dyn Env>, pool_name: &str) -> DiskContext {
+        DiskContext {
+            failures_observed: Arc::new(AtomicU64::new(0)),
+            env,
+            events: Arc::new(PoolEvents::new(pool_name)),
+        }
+    }
 }
 
 impl Disk {
@@ -74,6 +73,7 @@ impl Disk {
         Disk {
             failures_observed: context.failures_observed,
             env: context.env,
+            events: context.events,
             latency_us: AtomicU64::new(0),
             index,
             attached: RwLock::new(Some(Attached {
@@ -89,6 +89,7 @@ impl Disk {
         Disk {
             failures_observed: context.failures_observed,
             env: context.env,
+            events: context.events,
             latency_us: AtomicU64::new(0),
             index,
             attached: RwLock::new(None),
@@ -162,6 +163,11 @@ impl Disk {
         }
         if previous != condition as u8 {
             self.failures_observed.fetch_add(1, Ordering::AcqRel);
+            self.events.emit(PoolEvent::DiskCondition {
+                disk: self.index,
+                condition,
+                reason: self.reason(),
+            });
         }
     }
 
@@ -296,10 +302,7 @@ mod tests {
             slab_bytes: 0,
             pool_name: "p".into(),
         };
-        let context = DiskContext {
-            failures_observed: Arc::new(AtomicU64::new(0)),
-            env: Arc::new(terrace_io::env::SystemEnv::new()),
-        };
+        let context = DiskContext::new(Arc::new(terrace_io::env::SystemEnv::new()), "p");
         let disk = Disk::present(DiskIndex(0), device, label, context);
         let mut write = disk.write(0, Bytes::from(vec![1u8; 4096]), false).boxed();
         assert!((&mut write).now_or_never().is_none(), "the write is held");

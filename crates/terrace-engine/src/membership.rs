@@ -94,12 +94,7 @@ impl Pool {
         }
         for (offset, disk) in disks.into_iter().enumerate() {
             let index = DiskIndex((first + offset) as u16);
-            let member = shape.member(
-                &self.shared.env,
-                index,
-                disk,
-                &self.shared.failures_observed,
-            );
+            let member = shape.member(&self.shared.env, index, disk, &self.shared.disk_context);
             next.disks.push(member.record);
             labels.push(member.label);
             self.shared

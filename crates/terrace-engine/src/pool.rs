@@ -12,7 +12,7 @@
 //! resynchronised before it serves I/O (see [`crate::resync`]).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
 
 use futures::future::join_all;
@@ -31,6 +31,7 @@ use terrace_meta::{
 use crate::control::PoolShared;
 use crate::disk::{Condition, Disk, DiskContext};
 use crate::error::EngineError;
+use crate::failures::MissedExtent;
 use crate::space::Space;
 
 /// Default slab: 256 MiB, as the allocation unit of Storage Spaces.
@@ -223,12 +224,8 @@ impl Shape {
         env: &Arc<dyn Env>,
         index: DiskIndex,
         disk: NewDisk,
-        failures: &Arc<AtomicU64>,
+        context: &DiskContext,
     ) -> Member {
-        let context = DiskContext {
-            failures_observed: failures.clone(),
-            env: env.clone(),
-        };
         let env = env.as_ref();
         let size_bytes = disk.device.size_bytes();
         let data_start = data_offset(self.metadata_slot_bytes);
@@ -299,7 +296,7 @@ impl Pool {
         let now = env.wall_clock_ns();
         let pool_id = PoolId(random_id(env.as_ref()));
         let mut metadata = PoolMetadata::new(pool_id, config.name.clone(), config.slab_bytes, now);
-        let failures = Arc::new(AtomicU64::new(0));
+        let context = DiskContext::new(env.clone(), &config.name);
         let shape = Shape {
             pool_id,
             pool_name: config.name.clone(),
@@ -310,7 +307,7 @@ impl Pool {
         let mut runtime = Vec::new();
         let mut labels = Vec::new();
         for (position, disk) in disks.into_iter().enumerate() {
-            let member = shape.member(&env, DiskIndex(position as u16), disk, &failures);
+            let member = shape.member(&env, DiskIndex(position as u16), disk, &context);
             metadata.disks.push(member.record);
             labels.push(member.label);
             runtime.push(member.disk);
@@ -321,7 +318,7 @@ impl Pool {
             config.metadata_slot_bytes,
             None,
             runtime,
-            failures,
+            context,
             0,
         ));
         {
@@ -411,20 +408,23 @@ impl Pool {
         self.shared.check_open().is_ok()
     }
 
+    /// The events of this pool from now on (see [`crate::events`]): at
+    /// most [`crate::EVENTS_QUEUED_MAX`] wait; the receiver looks at the
+    /// pool for what it may have been told in fewer steps.
+    pub fn subscribe(&self) -> futures::channel::mpsc::Receiver<crate::PoolEvent> {
+        self.shared.events.subscribe()
+    }
+
     /// Set how many bytes of log records the write-back logs of the pool's
     /// spaces may keep in memory (see [`crate::journal`]); records logged
     /// beyond it are read back from the log's disks when needed.
     pub fn set_log_memory(&self, bytes: u64) {
-        self.shared.log_memory.max.store(bytes, Ordering::Relaxed);
+        self.shared.log_memory.set_max(bytes);
     }
 
     /// Bytes of log records held in memory now, and the most allowed.
     pub fn log_memory(&self) -> (u64, u64) {
-        let memory = &self.shared.log_memory;
-        (
-            memory.held.load(Ordering::Relaxed),
-            memory.max.load(Ordering::Relaxed),
-        )
+        self.shared.log_memory.usage()
     }
 
     /// Why the pool refuses writes, if it does.
@@ -641,7 +641,7 @@ async fn open(
     older_copies: BTreeMap<DiskId, String>,
     read_only: Option<String>,
 ) -> Result<Pool, EngineError> {
-    let failures = Arc::new(AtomicU64::new(0));
+    let context = DiskContext::new(env.clone(), &metadata.name);
     let slot_bytes = present
         .first()
         .map(|(_, label)| label.metadata_slot_bytes)
@@ -680,10 +680,7 @@ async fn open(
         .map(|(position, record)| {
             let index = DiskIndex(position as u16);
             let found = by_id.remove(&record.id);
-            let context = DiskContext {
-                failures_observed: failures.clone(),
-                env: env.clone(),
-            };
+            let context = context.clone();
             if let Some(why) = older_copies.get(&record.id) {
                 return Arc::new(Disk::absent(index, why.clone(), context));
             }
@@ -728,7 +725,7 @@ async fn open(
         slot_bytes,
         read_only,
         disks,
-        failures,
+        context,
         intent_sequence,
     ));
     let pool = Pool {
@@ -817,12 +814,12 @@ async fn open(
                 // Its copies of these extents catch up when it returns, as
                 // a resynchronisation before serving would have recorded.
                 let map = space.map();
-                let notes: Vec<(DiskIndex, SpaceId, u32)> = cut
+                let notes: Vec<MissedExtent> = cut
                     .iter()
                     .flat_map(|&extent| {
                         crate::space::out_of_service(&map.extents[extent as usize], &[])
                             .into_iter()
-                            .map(move |disk| (disk, id, extent))
+                            .map(move |disk| MissedExtent::new(disk, id, extent))
                     })
                     .collect();
                 pool.shared.note_dirty_all(&notes).await?;

@@ -1517,7 +1517,14 @@ impl Journal {
         {
             let mut state = self.state();
             if state.failed.is_none() {
-                state.failed = Some(format!("write-through: the log failed ({reason})"));
+                let failed = format!("write-through: the log failed ({reason})");
+                let space = self.home;
+                let event = crate::PoolEvent::WriteThrough {
+                    space,
+                    reason: failed.clone(),
+                };
+                self.log.pool.events.emit(event);
+                state.failed = Some(failed);
             }
             // Forget this record's reservations; its data goes home directly.
             let sequence = sequences.last().copied().unwrap_or(0);
