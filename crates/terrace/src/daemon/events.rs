@@ -4,9 +4,12 @@
 //! reading the log after the fact finds when each happened and why, in the
 //! words `pool status` uses.
 //!
-//! The pool's watcher takes a [`Summary`] of its status each second and
-//! logs what differs from the one before ([`changes`]); the first summary
-//! is compared with a pool in which everything is well, so a pool served
+//! The pool's watcher hears of each change from the pool's events (a disk's
+//! condition, a commit, a job starting or ending, a log failing over to
+//! write-through; see `terrace_engine::PoolEvent`), then takes a
+//! [`Summary`] of its status and logs what differs from the one before
+//! ([`changes`]), in the words `pool status` uses. The first summary is
+//! compared with a pool in which everything is well, so a pool served
 //! degraded says so once at the start.
 
 use std::collections::BTreeMap;

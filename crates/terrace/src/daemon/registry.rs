@@ -9,6 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
+use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use terrace_engine::io::file::{FileDevice, FileOptions};
 use terrace_engine::io::model::{DriveModel, ModelDevice};
@@ -507,14 +508,11 @@ impl Registry {
 /// there: a pulled disk with no I/O is noticed within this.
 const WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Watch intervals between two looks at a pool's whole status when no
-/// commit came between: what changes without one is logged within this.
-const STATUS_EVERY_TICKS: u32 = 10;
-
 /// A pool's background work: its job runner, its write-back caches'
 /// destaging, and a watcher that marks disks whose file or device vanished
-/// missing and logs what changed in the pool (see [`super::events`]; and
-/// the end of a resync after an unclean shutdown). All end with the pool.
+/// missing and logs what changed in the pool when the pool tells of a
+/// change (see [`super::events`]; and the end of a resync after an unclean
+/// shutdown). All end with the pool.
 pub fn start_pool_tasks(pool: &Arc<Pool>) {
     let runner = pool.clone();
     tokio::spawn(async move { runner.run_jobs().await });
@@ -528,35 +526,46 @@ pub fn start_pool_tasks(pool: &Arc<Pool>) {
         ));
     }
     let watched = pool.clone();
+    // Before the first look, so that no change after it goes untold.
+    let mut events = pool.subscribe();
     tokio::spawn(async move {
         let mut resyncing = left > 0;
-        let mut seen = None;
-        let (mut looked_at, mut ticks_since) = (None, 0);
+        let mut seen = log_changes(&watched, None).await;
+        let mut tick = tokio::time::interval(WATCH_INTERVAL);
+        // A full status costs a pass over every extent: looked at when the
+        // pool tells of a change, at most once a tick (a job's commits come
+        // in bursts); a change told meanwhile waits for the next tick.
+        let (mut told, mut looked_this_tick) = (false, true);
         while watched.is_open() {
-            // A full status costs a pass over every extent: taken after a
-            // commit, and every few seconds for what changes at run time
-            // only (a log failing into write-through).
-            let generation = watched.generation().await;
-            if looked_at != Some(generation) || ticks_since >= STATUS_EVERY_TICKS {
-                seen = Some(log_changes(&watched, seen.as_ref()).await);
-                (looked_at, ticks_since) = (Some(generation), 0);
-            } else {
-                ticks_since += 1;
-            }
-            tokio::time::sleep(WATCH_INTERVAL).await;
-            if resyncing && watched.resync_extents_pending() == 0 && watched.is_open() {
-                resyncing = false;
-                super::log(format!(
-                    "pool {}: resync after the unclean shutdown done",
-                    watched.name()
-                ));
-            }
-            for (index, device) in watched.online_devices() {
-                if device.starts_with('/') && !std::path::Path::new(&device).exists() {
-                    let _ = watched
-                        .disk_gone(index, "its file or device disappeared")
-                        .await;
+            tokio::select! {
+                event = events.next() => {
+                    if event.is_none() {
+                        break;
+                    }
+                    while events.try_recv().is_ok() {}
+                    told = true;
                 }
+                _ = tick.tick() => {
+                    looked_this_tick = false;
+                    if resyncing && watched.resync_extents_pending() == 0 && watched.is_open() {
+                        resyncing = false;
+                        super::log(format!(
+                            "pool {}: resync after the unclean shutdown done",
+                            watched.name()
+                        ));
+                    }
+                    for (index, device) in watched.online_devices() {
+                        if device.starts_with('/') && !std::path::Path::new(&device).exists() {
+                            let _ = watched
+                                .disk_gone(index, "its file or device disappeared")
+                                .await;
+                        }
+                    }
+                }
+            }
+            if told && !looked_this_tick && watched.is_open() {
+                seen = log_changes(&watched, Some(&seen)).await;
+                (told, looked_this_tick) = (false, true);
             }
         }
     });
