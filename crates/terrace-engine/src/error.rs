@@ -28,9 +28,7 @@ pub enum EngineError {
     NoDisks,
     #[error(
         "none of the disks given holds capacity: every one has usage {usages}; a pool needs \
-         at least one disk of usage auto (the default) or manual. To give one disk its own \
-         usage, write it after the disk (for example ssd.img,usage=journal) instead of \
-         --usage, which sets every disk's"
+         at least one disk of usage auto (the default) or manual"
     )]
     NoCapacityDisks { usages: String },
     #[error("{device} is given twice")]
@@ -79,8 +77,7 @@ pub enum EngineError {
     #[error(
         "no room in the pool's metadata: it would take {metadata_bytes} bytes and \
          recording the repair of its fullest disk {reserve_bytes} more, beyond its metadata \
-         slot of {slot_bytes}; use larger slabs, or a pool created with a larger \
-         --metadata-slot"
+         slot of {slot_bytes}"
     )]
     MetadataRoom {
         metadata_bytes: u64,

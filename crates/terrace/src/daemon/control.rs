@@ -27,12 +27,12 @@ const REQUEST_LINE_MAX_BYTES: usize = 1 << 20;
 
 pub(super) type Answer = Result<serde_json::Value, (ErrorKind, String)>;
 
-pub(super) fn failure(message: impl std::fmt::Display) -> (ErrorKind, String) {
-    (ErrorKind::Failure, message.to_string())
+pub(super) fn failure(message: impl std::fmt::Display + 'static) -> (ErrorKind, String) {
+    (ErrorKind::Failure, super::advice::advised(&message))
 }
 
-pub(super) fn usage(message: impl std::fmt::Display) -> (ErrorKind, String) {
-    (ErrorKind::Usage, message.to_string())
+pub(super) fn usage(message: impl std::fmt::Display + 'static) -> (ErrorKind, String) {
+    (ErrorKind::Usage, super::advice::advised(&message))
 }
 
 pub(super) fn value(result: impl Serialize) -> Answer {

@@ -21,6 +21,7 @@
 //! after a flush is lost.
 
 pub mod actions;
+mod advice;
 pub mod candidates;
 pub mod catalog;
 pub mod clear;
