@@ -12,7 +12,10 @@
 
 use std::sync::Arc;
 
-use terrace_layout::Layout;
+use futures::future::BoxFuture;
+use terrace_io::env::Env;
+use terrace_io::BytesMut;
+use terrace_layout::{Geometry, Layout};
 use terrace_meta::{
     CacheRecord, DiskRecord, DiskState, FaultDomain, PoolMetadata, SpaceId, SpaceRecord, SpaceRole,
     Usage,
@@ -24,8 +27,10 @@ use crate::admin::{
 use crate::control::PoolShared;
 use crate::error::EngineError;
 use crate::journal::{
-    self, Journal, CACHE_DEFAULT_BYTES, CACHE_ENGINE_MIN_BYTES, CACHE_MAX_BYTES, CACHE_SMALL_BYTES,
+    self, Checkpoints, HomeIo, Journal, CACHE_DEFAULT_BYTES, CACHE_ENGINE_MIN_BYTES,
+    CACHE_MAX_BYTES, CACHE_SMALL_BYTES,
 };
+use crate::payload::Payload;
 use crate::pool::Pool;
 use crate::space::Space;
 use crate::units::format_size;
@@ -238,7 +243,14 @@ impl Pool {
     pub(crate) fn attach_cache(&self, space: &Arc<Space>, log: Arc<Space>, cache: &CacheRecord) {
         log.set_disjoint_writes();
         let parity = matches!(space.geometry().layout(), Layout::Parity { .. });
-        let journal = Journal::new(space.id(), log.clone(), cache.bytes, cache.epoch, parity);
+        let journal = Journal::new(
+            space.id(),
+            log.clone(),
+            self.shared.clone(),
+            cache.bytes,
+            cache.epoch,
+            parity,
+        );
         self.register_log(&log);
         space.set_journal(Some(Arc::new(journal)));
     }
@@ -272,9 +284,16 @@ impl Pool {
             return Ok(false);
         };
         let whole = log.readable_everywhere().is_ok();
-        let recovered = journal::scan(&log, &cache).await?;
+        let recovered = journal::scan(&*log, &cache).await?;
         if self.shared.read_only.is_some() {
-            let journal = Journal::new(space.id(), log.clone(), cache.bytes, cache.epoch, false);
+            let journal = Journal::new(
+                space.id(),
+                log.clone(),
+                self.shared.clone(),
+                cache.bytes,
+                cache.epoch,
+                false,
+            );
             journal::load_read_only(&journal, recovered.blocks);
             self.logs
                 .write()
@@ -297,7 +316,7 @@ impl Pool {
                 return Ok(false);
             }
         }
-        journal::replay(&space, &log, &recovered.blocks).await?;
+        journal::replay(&*space, &*log, &recovered.blocks).await?;
         // Rows the log touched may have been cut mid-update (a destage or a
         // direct write): make their redundancy agree with their data. The
         // replay itself may have read-modify-written torn parity.
@@ -540,5 +559,114 @@ impl Pool {
             }
         }
         Ok(())
+    }
+}
+
+impl PoolShared {
+    /// Change the cache record of space `home` in a metadata commit.
+    pub(crate) async fn update_cache_record(
+        &self,
+        home: SpaceId,
+        change: impl FnOnce(&mut CacheRecord),
+    ) -> Result<(), EngineError> {
+        let mut control = self.control.lock().await;
+        let mut next = control.metadata.clone();
+        let Some(cache) = next
+            .spaces
+            .iter_mut()
+            .find(|space| space.id == home)
+            .and_then(|space| space.cache.as_mut())
+        else {
+            return Ok(());
+        };
+        change(cache);
+        self.commit(&mut control, next).await
+    }
+}
+
+/// The journal commits its tail in the pool's metadata.
+impl Checkpoints for PoolShared {
+    fn commit_tail(
+        &self,
+        home: SpaceId,
+        position: u64,
+        offset: u64,
+    ) -> BoxFuture<'_, Result<(), EngineError>> {
+        Box::pin(self.update_cache_record(home, move |cache| {
+            cache.checkpoint_hint = position;
+            cache.checkpoint_offset = offset;
+        }))
+    }
+}
+
+/// A space is what a journal fronts, and what holds a journal's ring.
+impl HomeIo for Space {
+    fn emit(&self, event: crate::PoolEvent) {
+        self.pool.events.emit(event);
+    }
+
+    fn id(&self) -> SpaceId {
+        Space::id(self)
+    }
+
+    fn name(&self) -> &str {
+        Space::name(self)
+    }
+
+    fn size_bytes(&self) -> u64 {
+        Space::size_bytes(self)
+    }
+
+    fn geometry(&self) -> &Geometry {
+        Space::geometry(self)
+    }
+
+    fn natural_write_bytes(&self) -> u64 {
+        Space::natural_write_bytes(self)
+    }
+
+    fn healthy_for(&self, offset: u64, length: u64) -> bool {
+        Space::healthy_for(self, offset, length)
+    }
+
+    fn cheap_fua(&self) -> bool {
+        Space::cheap_fua(self)
+    }
+
+    fn read(&self, offset: u64, length: u64) -> BoxFuture<'_, Result<BytesMut, EngineError>> {
+        Box::pin(Space::read(self, offset, length))
+    }
+
+    async fn write_home(
+        &self,
+        offset: u64,
+        data: impl Into<Payload> + Send,
+        fua: bool,
+    ) -> Result<(), EngineError> {
+        Space::write_home(self, offset, data, fua).await
+    }
+
+    async fn write_home_merged(&self, pieces: &[(u64, Payload)]) -> Result<(), EngineError> {
+        Space::write_home_merged(self, pieces).await
+    }
+
+    async fn flush_own_disks(&self) -> Result<(), EngineError> {
+        Space::flush_own_disks(self).await
+    }
+
+    async fn flush_pool_disks(&self) -> Result<(), EngineError> {
+        self.pool.flush_disks().await
+    }
+
+    fn env(&self) -> &dyn Env {
+        &*self.pool.env
+    }
+
+    fn log_memory_take(&self, bytes: u64) -> bool {
+        self.pool.log_memory.take(bytes)
+    }
+
+    fn log_memory_give_back(&self, bytes: u64) {
+        self.pool.log_memory.give_back(bytes)
     }
 }

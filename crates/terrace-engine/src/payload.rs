@@ -10,7 +10,7 @@ use std::ops::Range;
 use terrace_io::{aligned_concat, Bytes};
 
 #[derive(Clone, Debug)]
-pub(crate) enum Payload {
+pub enum Payload {
     One(Bytes),
     /// Back to back, in order; none empty.
     Parts(Vec<Bytes>),

@@ -44,13 +44,16 @@ use crate::disk::{Condition, Disk};
 use crate::control::PoolShared;
 use crate::departures::Writing;
 use crate::error::EngineError;
-use crate::journal::Journal;
+use crate::journal::Journal as JournalOf;
 use crate::payload::Payload;
 use crate::row::RowIo;
 use crate::row_lock::RowLocks;
 use crate::target::Location;
 pub use crate::target::Target;
 use crate::{mirror, parity, simple, zero};
+
+/// The journal in front of a space, its ring in another space.
+type Journal = JournalOf<Space>;
 
 /// Largest request: 64 MiB bounds the memory one request pins (NBD clients
 /// send at most 32 MiB).

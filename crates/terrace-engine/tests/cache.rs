@@ -748,7 +748,9 @@ fn a_shrunk_cache_gives_back_its_log_slabs() {
         config.cache_bytes = Some(64 << 20);
         let space = pool.create_space(config).await.unwrap().space;
         let journal = space.journal().expect("a cache");
-        let log_bytes = |journal: &terrace_engine::journal::Journal| journal.log().size_bytes();
+        let log_bytes = |journal: &terrace_engine::journal::Journal<terrace_engine::Space>| {
+            journal.log().size_bytes()
+        };
         assert!(log_bytes(&journal) >= 64 << 20);
         let row = space.natural_write_bytes();
         let mut model = Model::new(space.size_bytes());

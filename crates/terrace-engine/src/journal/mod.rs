@@ -52,6 +52,9 @@
 mod batch;
 pub mod format;
 mod gather;
+mod home;
+
+pub use home::{Checkpoints, HomeIo};
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -66,7 +69,6 @@ use terrace_meta::{CacheRecord, SpaceId};
 
 use crate::error::EngineError;
 use crate::payload::Payload;
-use crate::space::Space;
 use format::{Header, Kind, ENTRIES_MAX, HEADER_BYTES};
 
 /// Smallest and largest cache (ring) size an admin may set (the daemon
@@ -332,9 +334,11 @@ pub struct CacheStatus {
     pub write_through: Option<String>,
 }
 
-pub struct Journal {
+pub struct Journal<H: HomeIo> {
     home: SpaceId,
-    log: Arc<Space>,
+    log: Arc<H>,
+    /// Where the committed tail goes (the pool's metadata).
+    checkpoints: Arc<dyn Checkpoints>,
     epoch: u64,
     state: Mutex<State>,
     /// One destage round at a time.
@@ -348,15 +352,16 @@ pub struct Journal {
     pub counters: Counters,
 }
 
-impl Journal {
+impl<H: HomeIo> Journal<H> {
     /// A fresh, empty ring of `bytes` in `log` with `epoch`.
     pub(crate) fn new(
         home: SpaceId,
-        log: Arc<Space>,
+        log: Arc<H>,
+        checkpoints: Arc<dyn Checkpoints>,
         bytes: u64,
         epoch: u64,
         parity: bool,
-    ) -> Journal {
+    ) -> Journal<H> {
         let start = Cursor {
             position: 0,
             offset: 0,
@@ -366,6 +371,7 @@ impl Journal {
         Journal {
             home,
             log,
+            checkpoints,
             epoch,
             state: Mutex::new(State {
                 image_reserve_per_mille: if parity { 250 } else { 0 },
@@ -405,7 +411,7 @@ impl Journal {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn log(&self) -> &Arc<Space> {
+    pub fn log(&self) -> &Arc<H> {
         &self.log
     }
 
@@ -440,7 +446,7 @@ impl Journal {
             destaged_bytes: self.counters.destaged_bytes.load(Ordering::Relaxed),
             destage_rate: {
                 let ended = self.counters.destage_ended_ns.load(Ordering::Relaxed);
-                let idle = self.log.pool.env.now_ns().saturating_sub(ended) > 2_000_000_000;
+                let idle = self.log.env().now_ns().saturating_sub(ended) > 2_000_000_000;
                 if idle {
                     0
                 } else {
@@ -469,8 +475,7 @@ impl Journal {
     /// Whether no write has been absorbed for [`DESTAGE_QUIET_NS`].
     fn is_quiet(&self) -> bool {
         self.log
-            .pool
-            .env
+            .env()
             .now_ns()
             .saturating_sub(self.counters.absorbed_last_ns.load(Ordering::Relaxed))
             >= DESTAGE_QUIET_NS
@@ -529,7 +534,7 @@ impl Journal {
                 .map(|(_, sequence, _)| *sequence)
                 .min();
             let held = logged.iter().map(|(block, _, held)| (*block, held));
-            let mut read = read_unheld(&self.log, held).await?;
+            let mut read = read_unheld(&*self.log, held).await?;
             // Read back from ring the tail has passed since (the blocks
             // went home), it may hold a newer record: look again.
             if oldest.is_none_or(|sequence| self.still_logged(sequence)) {
@@ -574,7 +579,7 @@ impl Journal {
     /// Write block-aligned `data` at `offset` of `home`.
     pub(crate) async fn write(
         &self,
-        home: &Space,
+        home: &H,
         offset: u64,
         data: Bytes,
         fua: bool,
@@ -657,7 +662,7 @@ impl Journal {
     /// under them, anything else through the log.
     async fn write_rows_or_log(
         &self,
-        home: &Space,
+        home: &H,
         offset: u64,
         data: Bytes,
         fua: bool,
@@ -685,7 +690,7 @@ impl Journal {
     /// the log works, holds nothing dirty there, and the rows are healthy.
     /// `Some(true)` if older records mention the range (the direct write
     /// must invalidate them).
-    fn direct_allowed(&self, home: &Space, offset: u64, length: u64) -> Option<bool> {
+    fn direct_allowed(&self, home: &H, offset: u64, length: u64) -> Option<bool> {
         let (first, end) = (offset / BLOCK_BYTES, (offset + length) / BLOCK_BYTES);
         let state = self.state();
         (state.failed.is_none()
@@ -698,7 +703,7 @@ impl Journal {
     /// the write and invalidation of older records after it.
     async fn write_direct(
         &self,
-        home: &Space,
+        home: &H,
         offset: u64,
         data: impl Into<Payload>,
         fua: bool,
@@ -725,16 +730,11 @@ impl Journal {
     }
 
     /// Append block-aligned `data` to the log, a record at a time.
-    async fn write_logged(
-        &self,
-        home: &Space,
-        offset: u64,
-        data: Bytes,
-    ) -> Result<(), EngineError> {
+    async fn write_logged(&self, home: &H, offset: u64, data: Bytes) -> Result<(), EngineError> {
         let length = data.len() as u64;
         self.counters
             .absorbed_last_ns
-            .store(home.pool.env.now_ns(), Ordering::Relaxed);
+            .store(home.env().now_ns(), Ordering::Relaxed);
         let chunk = self.record_payload_max().max(BLOCK_BYTES);
         let mut done = 0;
         while done < length {
@@ -758,7 +758,7 @@ impl Journal {
     /// later part of a write that crosses into this row.
     async fn write_part(
         &self,
-        home: &Space,
+        home: &H,
         offset: u64,
         data: Bytes,
         fua: bool,
@@ -767,7 +767,7 @@ impl Journal {
         let natural = home.natural_write_bytes();
         let row_offset = offset / natural * natural;
         let length = data.len() as u64;
-        let env = &home.pool.env;
+        let env = home.env();
         self.gathers().enter(length);
         let _in_flight = InFlight(self, length);
         let mut receiver = loop {
@@ -838,7 +838,7 @@ impl Journal {
     /// Write a row whose pieces a gather collected straight to the disks,
     /// or log them if it may no longer go there (logged data arrived under
     /// it, a disk failed); then tell each piece how it went.
-    async fn write_gathered(&self, home: &Space, row_offset: u64, pieces: Vec<gather::Piece>) {
+    async fn write_gathered(&self, home: &H, row_offset: u64, pieces: Vec<gather::Piece>) {
         let natural = home.natural_write_bytes();
         let Some(invalidate) = self.direct_allowed(home, row_offset, natural) else {
             return self.log_gathered(home, row_offset, pieces).await;
@@ -856,7 +856,7 @@ impl Journal {
                 .bypassed_bytes
                 .fetch_add(natural, Ordering::Relaxed);
         }
-        self.gathers().finish(home.pool.env.now_ns(), row_offset);
+        self.gathers().finish(home.env().now_ns(), row_offset);
         let result = result.map_err(|error| error.to_string());
         for piece in pieces {
             piece.tell(result.clone());
@@ -866,7 +866,7 @@ impl Journal {
     /// Log a gather's pieces after all (its stream stalled, or the row may
     /// not go straight to the disks): their blocks merged in the order the
     /// pieces came, in runs; then tell each piece how it went.
-    async fn log_gathered(&self, home: &Space, row_offset: u64, pieces: Vec<gather::Piece>) {
+    async fn log_gathered(&self, home: &H, row_offset: u64, pieces: Vec<gather::Piece>) {
         let mut blocks = BTreeMap::new();
         for piece in &pieces {
             let first = piece.offset / BLOCK_BYTES;
@@ -889,7 +889,7 @@ impl Journal {
                 break;
             }
         }
-        self.gathers().finish(home.pool.env.now_ns(), row_offset);
+        self.gathers().finish(home.env().now_ns(), row_offset);
         let result = result.map_err(|error| error.to_string());
         for piece in pieces {
             piece.tell(result.clone());
@@ -919,7 +919,7 @@ impl Journal {
     /// recovery never replays older logged data over it.
     pub(crate) async fn after_direct(
         &self,
-        home: &Space,
+        home: &H,
         offset: u64,
         length: u64,
     ) -> Result<(), EngineError> {
@@ -935,7 +935,7 @@ impl Journal {
         Ok(())
     }
 
-    async fn invalidate(&self, home: &Space, first: u64, end: u64) -> Result<(), EngineError> {
+    async fn invalidate(&self, home: &H, first: u64, end: u64) -> Result<(), EngineError> {
         // Only blocks not dirty in the log: a dirty block's newer record
         // stays valid (it is later in the log than this one).
         let blocks: Vec<u64> = {
@@ -969,12 +969,7 @@ impl Journal {
     /// Log one block-aligned write, in a record of its own or (a small one)
     /// shared with writes in flight beside it (see [`batch`]); return once
     /// durable.
-    async fn append_writes(
-        &self,
-        home: &Space,
-        offset: u64,
-        data: Bytes,
-    ) -> Result<(), EngineError> {
+    async fn append_writes(&self, home: &H, offset: u64, data: Bytes) -> Result<(), EngineError> {
         let length = data.len() as u64;
         if length > batch::SHARED_MAX_BYTES {
             // Its header is a small share of it: alone, as it came.
@@ -1011,7 +1006,7 @@ impl Journal {
     /// Write a batch as one record holding one of the log's writers (passed
     /// on once the record is written), wait until it is durable and tell
     /// the batch's other writes.
-    async fn append_batch(&self, home: &Space, batch: batch::Batch) -> Result<(), EngineError> {
+    async fn append_batch(&self, home: &H, batch: batch::Batch) -> Result<(), EngineError> {
         let writer = Writer(self);
         let written = self.write_record(home, Kind::Writes, batch.record()).await;
         drop(writer);
@@ -1032,7 +1027,7 @@ impl Journal {
     /// called [`Journal::end_direct`]. `None` when write-through.
     pub(crate) async fn begin_direct(
         &self,
-        home: &Space,
+        home: &H,
         offset: u64,
         length: u64,
         ahead: u64,
@@ -1045,7 +1040,7 @@ impl Journal {
             if state.failed.is_some() {
                 return Ok(None);
             }
-            let now_ns = home.pool.env.now_ns();
+            let now_ns = home.env().now_ns();
             if let Some(sequence) = reuse_lease(&mut state, offset, offset + length, now_ns) {
                 return Ok(Some(sequence));
             }
@@ -1066,12 +1061,7 @@ impl Journal {
     /// Log a dirty-range record for `[start, end)` (pinned once, for its
     /// caller) and offer it to later direct writes as a lease; `None` if
     /// the log has failed (the space is write-through: nothing to log).
-    async fn log_lease(
-        &self,
-        home: &Space,
-        start: u64,
-        end: u64,
-    ) -> Result<Option<u64>, EngineError> {
+    async fn log_lease(&self, home: &H, start: u64, end: u64) -> Result<Option<u64>, EngineError> {
         let contents = Contents {
             entries: vec![[start, end - start, 0]],
             blocks: Vec::new(),
@@ -1088,7 +1078,7 @@ impl Journal {
             start,
             end,
             sequence,
-            logged_ns: home.pool.env.now_ns(),
+            logged_ns: home.env().now_ns(),
         });
         Ok(Some(sequence))
     }
@@ -1099,11 +1089,11 @@ impl Journal {
     /// record waiting instead of each [`DIRECT_AHEAD_BYTES`] waiting for a
     /// log commit. At most one renewal at a time; a failed one is left to
     /// the write that needs the range.
-    async fn renew_lease(&self, home: &Space, end: u64) {
+    async fn renew_lease(&self, home: &H, end: u64) {
         let size = home.size_bytes();
         {
             let mut state = self.state();
-            let now_ns = home.pool.env.now_ns();
+            let now_ns = home.env().now_ns();
             let wanted = (end + DIRECT_AHEAD_BYTES / 4).min(size);
             let covered = state.leases.iter().any(|lease| {
                 lease.start <= end
@@ -1154,7 +1144,7 @@ impl Journal {
     /// went straight home instead).
     async fn append(
         &self,
-        home: &Space,
+        home: &H,
         kind: Kind,
         contents: Contents,
     ) -> Result<Option<u64>, EngineError> {
@@ -1171,7 +1161,7 @@ impl Journal {
     /// instead: a write the disks can take never fails with the log.
     async fn write_record(
         &self,
-        home: &Space,
+        home: &H,
         kind: Kind,
         contents: Contents,
     ) -> Result<Option<u64>, EngineError> {
@@ -1264,7 +1254,7 @@ impl Journal {
             }
             // The index holds the record's own buffer (one allocation per
             // record, accounted whole), if the pool's log memory has room.
-            let resident = !pieces.is_empty() && self.log.pool.log_memory.take(record_bytes);
+            let resident = !pieces.is_empty() && self.log.log_memory_take(record_bytes);
             if resident {
                 if let Some(logged) = state.record_mut(sequence) {
                     logged.charged = record_bytes;
@@ -1309,7 +1299,7 @@ impl Journal {
 
     /// Wait until record `sequence` (written) and all before it are
     /// durable; if the log fails first, write its data home instead.
-    async fn make_durable(&self, home: &Space, sequence: u64) -> Result<(), EngineError> {
+    async fn make_durable(&self, home: &H, sequence: u64) -> Result<(), EngineError> {
         if self.sync_through(sequence).await.is_err() {
             // The log failed: this record's data is committed in the
             // index; write it home with the rest.
@@ -1403,7 +1393,7 @@ impl Journal {
     /// write-through.
     async fn reserve(
         &self,
-        home: &Space,
+        home: &H,
         record_bytes: u64,
         blocks: &[u64],
         dirtying: bool,
@@ -1453,7 +1443,7 @@ impl Journal {
     /// The log could not take a record: write every dirty block home (from
     /// memory, or read back from what is left of the log), flush, and run
     /// write-through from now on.
-    async fn log_failed(&self, home: &Space, sequences: &[u64], blocks: &[u64], reason: String) {
+    async fn log_failed(&self, home: &H, sequences: &[u64], blocks: &[u64], reason: String) {
         self.log_failed_locked(sequences, blocks, reason);
         let _guard = self.destaging.lock().await;
         let _ = self.destage_all_locked(home).await;
@@ -1464,11 +1454,7 @@ impl Journal {
     /// straight home, in runs of consecutive blocks, with FUA as the record
     /// would have been durable when acknowledged. The disks' write intent
     /// covers them there (the space uses it once its log has failed).
-    async fn write_through(
-        &self,
-        home: &Space,
-        pieces: Vec<(u64, Bytes)>,
-    ) -> Result<(), EngineError> {
+    async fn write_through(&self, home: &H, pieces: Vec<(u64, Bytes)>) -> Result<(), EngineError> {
         let (Some(first), Some(last)) = (
             pieces.iter().map(|(block, _)| *block).min(),
             pieces.iter().map(|(block, _)| *block).max(),
@@ -1492,7 +1478,7 @@ impl Journal {
     /// the log still holds of any of them goes home, so that older logged
     /// data never lands over the new. (Blocks reserved by a record still
     /// in flight are a concurrent write: either may land last.)
-    async fn settle_blocks(&self, home: &Space, first: u64, end: u64) -> Result<(), EngineError> {
+    async fn settle_blocks(&self, home: &H, first: u64, end: u64) -> Result<(), EngineError> {
         if Self::overlaps_index(&self.state(), first, end) {
             let _guard = self.destaging.lock().await;
             self.destage_all_locked(home).await?;
@@ -1502,7 +1488,7 @@ impl Journal {
 
     /// Destage rounds until one finds nothing to take: a write-through log
     /// reads back a bounded amount per round.
-    async fn destage_all_locked(&self, home: &Space) -> Result<(), EngineError> {
+    async fn destage_all_locked(&self, home: &H) -> Result<(), EngineError> {
         while self
             .destage_locked(home, u64::MAX, DESTAGE_PARALLEL)
             .await?
@@ -1523,7 +1509,7 @@ impl Journal {
                     space,
                     reason: failed.clone(),
                 };
-                self.log.pool.events.emit(event);
+                self.log.emit(event);
                 state.failed = Some(failed);
             }
             // Forget this record's reservations; its data goes home directly.
@@ -1556,7 +1542,7 @@ impl Journal {
 
     /// One destage round, if destaging is wanted (or `force`); returns
     /// whether it made progress.
-    pub async fn destage(&self, home: &Space, force: bool) -> Result<bool, EngineError> {
+    pub async fn destage(&self, home: &H, force: bool) -> Result<bool, EngineError> {
         if !force && self.destage_pressure().is_none() {
             return Ok(false);
         }
@@ -1574,7 +1560,7 @@ impl Journal {
 
     /// Before a flush completes: in write-through mode, everything still in
     /// the index goes home.
-    pub(crate) async fn settle(&self, home: &Space) -> Result<(), EngineError> {
+    pub(crate) async fn settle(&self, home: &H) -> Result<(), EngineError> {
         if self.state().failed.is_some() && !self.is_clean() {
             let _guard = self.destaging.lock().await;
             self.destage_all_locked(home).await?;
@@ -1587,7 +1573,7 @@ impl Journal {
     /// only under the destaging lock the round holds.
     async fn load(&self, picked: Picked) -> Result<Work, EngineError> {
         let held = picked.iter().map(|(&block, (_, held))| (block, held));
-        let mut read = read_unheld(&self.log, held).await?;
+        let mut read = read_unheld(&*self.log, held).await?;
         Ok(picked
             .into_iter()
             .map(|(block, (sequence, held))| {
@@ -1598,7 +1584,7 @@ impl Journal {
     }
 
     /// Destage everything (before a resize, export or for tests).
-    pub async fn drain(&self, home: &Space) -> Result<(), EngineError> {
+    pub async fn drain(&self, home: &H) -> Result<(), EngineError> {
         let _guard = self.destaging.lock().await;
         while !self.is_clean() || {
             let state = self.state();
@@ -1612,7 +1598,7 @@ impl Journal {
                     self.commit_tail(true).await?;
                     break;
                 }
-                home.pool.env.sleep(1_000_000).await;
+                home.env().sleep(1_000_000).await;
             }
         }
         Ok(())
@@ -1620,7 +1606,7 @@ impl Journal {
 
     async fn destage_locked(
         &self,
-        home: &Space,
+        home: &H,
         budget: u64,
         parallel: usize,
     ) -> Result<bool, EngineError> {
@@ -1631,7 +1617,7 @@ impl Journal {
         // Parity rows: merged updates, whole rows and row images.
         let parity_row_bytes = matches!(home.geometry().layout(), Layout::Parity { .. })
             .then(|| home.natural_write_bytes());
-        let started_ns = home.pool.env.now_ns();
+        let started_ns = home.env().now_ns();
         let (picked, work) = {
             let mut state = self.state();
             if failed {
@@ -1818,12 +1804,12 @@ impl Journal {
             self.image_rows_gone_degraded(home, start, end - start, &degraded)
                 .await?;
         }
-        home.pool.flush_disks().await?;
+        home.flush_pool_disks().await?;
         let written: u64 = (work.len() - skipped.len()) as u64 * BLOCK_BYTES;
         self.counters
             .destaged_bytes
             .fetch_add(written, Ordering::Relaxed);
-        let ended_ns = home.pool.env.now_ns();
+        let ended_ns = home.env().now_ns();
         let elapsed = ended_ns.saturating_sub(started_ns).max(1);
         self.counters.destage_rate.store(
             written.saturating_mul(1_000_000_000) / elapsed,
@@ -1865,7 +1851,7 @@ impl Journal {
             let mut state = self.state();
             let head = state.head;
             state.tail = head;
-            self.log.pool.log_memory.give_back(state.charged());
+            self.log.log_memory_give_back(state.charged());
             state.records.clear();
             state.recent.clear();
         }
@@ -1878,7 +1864,7 @@ impl Journal {
     /// `false`, having done nothing, if the ring has no room for the image.
     async fn destage_row_image(
         &self,
-        home: &Space,
+        home: &H,
         start: u64,
         length: u64,
     ) -> Result<bool, EngineError> {
@@ -1972,7 +1958,7 @@ impl Journal {
     /// `done` were written whole after an image already.
     async fn image_rows_gone_degraded(
         &self,
-        home: &Space,
+        home: &H,
         offset: u64,
         length: u64,
         done: &BTreeSet<u64>,
@@ -2033,12 +2019,8 @@ impl Journal {
         if !wanted {
             return Ok(());
         }
-        self.log
-            .pool
-            .update_cache_record(self.home, |cache| {
-                cache.checkpoint_hint = tail.position;
-                cache.checkpoint_offset = tail.offset;
-            })
+        self.checkpoints
+            .commit_tail(self.home, tail.position, tail.offset)
             .await?;
         let mut state = self.state();
         state.tail = tail;
@@ -2048,7 +2030,7 @@ impl Journal {
             .is_some_and(|r| r.at.position < tail.position)
         {
             let record = state.records.pop_front().expect("front");
-            self.log.pool.log_memory.give_back(record.charged);
+            self.log.log_memory_give_back(record.charged);
             for block in record.blocks {
                 if let Some(count) = state.recent.get_mut(&block) {
                     *count -= 1;
@@ -2062,28 +2044,6 @@ impl Journal {
             let _ = sender.send(());
         }
         Ok(())
-    }
-}
-
-impl crate::control::PoolShared {
-    /// Change the cache record of space `home` in a metadata commit.
-    pub(crate) async fn update_cache_record(
-        &self,
-        home: SpaceId,
-        change: impl FnOnce(&mut CacheRecord),
-    ) -> Result<(), EngineError> {
-        let mut control = self.control.lock().await;
-        let mut next = control.metadata.clone();
-        let Some(cache) = next
-            .spaces
-            .iter_mut()
-            .find(|space| space.id == home)
-            .and_then(|space| space.cache.as_mut())
-        else {
-            return Ok(());
-        };
-        change(cache);
-        self.commit(&mut control, next).await
     }
 }
 
@@ -2213,16 +2173,16 @@ pub(crate) struct Contents {
 
 /// One of the log's writers of client records (see [`batch`]), passed on
 /// when dropped.
-struct Writer<'a>(&'a Journal);
+struct Writer<'a, H: HomeIo>(&'a Journal<H>);
 
-impl Drop for Journal {
+impl<H: HomeIo> Drop for Journal<H> {
     fn drop(&mut self) {
         let charged = self.state().charged();
-        self.log.pool.log_memory.give_back(charged);
+        self.log.log_memory_give_back(charged);
     }
 }
 
-impl Drop for Writer<'_> {
+impl<H: HomeIo> Drop for Writer<'_, H> {
     fn drop(&mut self) {
         self.0.state().batches.release();
     }
@@ -2230,18 +2190,18 @@ impl Drop for Writer<'_> {
 
 /// A partial-row write counted in flight by [`gather::Gathers::enter`];
 /// leaves when dropped.
-struct InFlight<'a>(&'a Journal, u64);
+struct InFlight<'a, H: HomeIo>(&'a Journal<H>, u64);
 
-impl Drop for InFlight<'_> {
+impl<H: HomeIo> Drop for InFlight<'_, H> {
     fn drop(&mut self) {
         self.0.gathers().leave(self.1);
     }
 }
 
 /// A lease renewal in progress; ends when dropped.
-struct Renewing<'a>(&'a Journal);
+struct Renewing<'a, H: HomeIo>(&'a Journal<H>);
 
-impl Drop for Renewing<'_> {
+impl<H: HomeIo> Drop for Renewing<'_, H> {
     fn drop(&mut self) {
         self.0.state().renewing = false;
     }
@@ -2249,12 +2209,12 @@ impl Drop for Renewing<'_> {
 
 /// A write waiting in a batch. If it goes away after being told to lead,
 /// the lead passes to the batch's next write.
-struct Waiting<'a> {
-    journal: &'a Journal,
+struct Waiting<'a, H: HomeIo> {
+    journal: &'a Journal<H>,
     receiver: oneshot::Receiver<batch::Turn>,
 }
 
-impl Drop for Waiting<'_> {
+impl<H: HomeIo> Drop for Waiting<'_, H> {
     fn drop(&mut self) {
         self.receiver.close();
         if let Ok(Some(batch::Turn::Lead(batch))) = self.receiver.try_recv() {
@@ -2471,7 +2431,10 @@ pub(crate) struct Recovered {
 
 /// Scan a log from its committed tail: every valid record in order, until
 /// the first that is not.
-pub(crate) async fn scan(log: &Space, cache: &CacheRecord) -> Result<Recovered, EngineError> {
+pub(crate) async fn scan<H: HomeIo>(
+    log: &H,
+    cache: &CacheRecord,
+) -> Result<Recovered, EngineError> {
     let mut blocks: BTreeMap<u64, u64> = BTreeMap::new();
     let mut dirty = Vec::new();
     let mut position = cache.checkpoint_hint;
@@ -2685,8 +2648,8 @@ fn updates(runs: Vec<(u64, Payload)>, row_bytes: Option<u64>) -> Vec<Vec<(u64, P
 /// After an error none starts, and every write running ends before the
 /// first error is returned: none is left unawaited beside later writes to
 /// its rows.
-async fn write_updates_home(
-    home: &Space,
+async fn write_updates_home<H: HomeIo>(
+    home: &H,
     updates: &[Vec<(u64, Payload)>],
     parallel: &(dyn Fn() -> usize + Sync),
 ) -> Result<(), EngineError> {
@@ -2709,7 +2672,7 @@ async fn write_updates_home(
     }
 }
 
-async fn write_update(home: &Space, update: &[(u64, Payload)]) -> Result<(), EngineError> {
+async fn write_update<H: HomeIo>(home: &H, update: &[(u64, Payload)]) -> Result<(), EngineError> {
     match update {
         [(offset, data)] => home.write_home(*offset, data.clone(), false).await,
         pieces => home.write_home_merged(pieces).await,
@@ -2718,9 +2681,9 @@ async fn write_update(home: &Space, update: &[(u64, Payload)]) -> Result<(), Eng
 
 /// Write recovered blocks (see [`Recovered::blocks`]) home, read back from
 /// `log` a bounded amount at a time and coalesced, then flush.
-pub(crate) async fn replay(
-    home: &Space,
-    log: &Space,
+pub(crate) async fn replay<H: HomeIo>(
+    home: &H,
+    log: &H,
     blocks: &BTreeMap<u64, u64>,
 ) -> Result<(), EngineError> {
     let mut from = 0;
@@ -2742,12 +2705,12 @@ pub(crate) async fn replay(
         let updates = updates(coalesce(&tagged, 1), None);
         write_updates_home(home, &updates, &|| DESTAGE_PARALLEL).await?;
     }
-    home.pool.flush_disks().await
+    home.flush_pool_disks().await
 }
 
 /// A read-only pool cannot replay: serve the recovered blocks from the log
 /// (it is not written while the pool is read-only).
-pub(crate) fn load_read_only(journal: &Journal, blocks: BTreeMap<u64, u64>) {
+pub(crate) fn load_read_only<H: HomeIo>(journal: &Journal<H>, blocks: BTreeMap<u64, u64>) {
     let mut state = journal.state();
     for (block, at) in blocks {
         state.dirty_bytes += BLOCK_BYTES;
@@ -2762,8 +2725,8 @@ pub(crate) fn load_read_only(journal: &Journal, blocks: BTreeMap<u64, u64>) {
 }
 
 /// The blocks of `held` that only the log holds, read back from `log`.
-async fn read_unheld<'a>(
-    log: &Space,
+async fn read_unheld<'a, H: HomeIo>(
+    log: &H,
     held: impl Iterator<Item = (u64, &'a Held)>,
 ) -> Result<BTreeMap<u64, Block>, EngineError> {
     let wanted: Vec<(u64, u64)> = held
@@ -2775,8 +2738,8 @@ async fn read_unheld<'a>(
 
 /// Read blocks back from `log`: `wanted` holds (block, byte offset in the
 /// log); neighbouring offsets are read as one, a few reads at a time.
-async fn read_back(
-    log: &Space,
+async fn read_back<H: HomeIo>(
+    log: &H,
     wanted: &[(u64, u64)],
 ) -> Result<BTreeMap<u64, Block>, EngineError> {
     if wanted.is_empty() {
