@@ -48,11 +48,35 @@
 //! (see [`LOG_MEMORY_DEFAULT_BYTES`]): a record logged beyond it keeps only
 //! where its blocks lie in the log, and what needs them reads them back.
 //! Recovery reads the log back too, a bounded amount at a time.
+//!
+//! # Parts
+//!
+//! * `home`: [`HomeIo`], all the journal knows of the volume it fronts and
+//!   of its log, and [`Checkpoints`], where its tail is committed.
+//! * `format`: the records' bytes.
+//! * `record`: a record's phases and their legal transitions.
+//! * `ring`: where the next record goes (pure).
+//! * `invariants`: the state's invariants, checked after every transition.
+//! * `pick`: what a destage round takes home (pure).
+//! * `batch`, `gather`: small writes sharing records; streams gathered
+//!   into whole rows.
+//! * `recovery`: the scan at import, replay, read-back from the log.
+//! * here: the state and index, appending and group commit, direct writes
+//!   and their leases, destage rounds, failover to write-through.
+//!
+//! Design page: `docs/design/journal.md`. Depends on: `error`, `payload`,
+//! `row_lock`, and the io, layout and meta crates; never on the space, the
+//! pool or its control.
 
 mod batch;
 pub mod format;
 mod gather;
 mod home;
+mod invariants;
+mod pick;
+mod record;
+mod recovery;
+mod ring;
 
 pub use home::{Checkpoints, HomeIo};
 
@@ -63,13 +87,18 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use futures::channel::oneshot;
 use futures::future::join_all;
 use futures::stream::{FuturesUnordered, StreamExt};
-use terrace_io::{aligned_buffer, aligned_concat, Bytes, BytesMut};
+use terrace_io::{aligned_buffer, aligned_concat, Bytes};
 use terrace_layout::{Layout, BLOCK_BYTES};
-use terrace_meta::{CacheRecord, SpaceId};
+use terrace_meta::SpaceId;
 
 use crate::error::EngineError;
 use crate::payload::Payload;
 use format::{Header, Kind, ENTRIES_MAX, HEADER_BYTES};
+use record::{Cursor, Record};
+use ring::{try_reserve, Reservation};
+
+pub(crate) use recovery::{block_runs, load_read_only, replay, scan};
+use recovery::{read_unheld, READ_BACK_ROUND_BYTES};
 
 /// Smallest and largest cache (ring) size an admin may set (the daemon
 /// enforces these).
@@ -84,14 +113,6 @@ pub const CACHE_MAX_BYTES: u64 = 100 << 30;
 /// than the memory of its machine: what does not fit is read back from the
 /// log's disks (SSDs, normally) when read or destaged.
 pub const LOG_MEMORY_DEFAULT_BYTES: u64 = 4 << 30;
-/// Bytes of blocks held only in the log that one destage round reads back
-/// at most (a drain or a write-through round goes on in further rounds),
-/// and that one read-back of recovery takes at a time.
-const READ_BACK_ROUND_BYTES: u64 = 64 << 20;
-/// Largest read of the log when reading blocks back.
-const READ_BACK_RUN_BYTES: u64 = 4 << 20;
-/// Reads of the log in flight at once when reading blocks back.
-const READ_BACK_PARALLEL: usize = 8;
 /// Cache size of a space when the pool has journal disks (as Storage Spaces).
 pub const CACHE_DEFAULT_BYTES: u64 = 1 << 30;
 /// Log of a parity space in a pool without journal disks: enough that no
@@ -192,40 +213,6 @@ struct Held {
 /// Blocks a destage round took, before what only the log holds is read back.
 type Picked = BTreeMap<u64, (u64, Held)>;
 
-/// Where a record starts: its absolute position (bytes appended since the
-/// ring was started), its byte offset in the log space, and its lap.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Cursor {
-    position: u64,
-    offset: u64,
-    lap: u64,
-}
-
-/// A record appended since the committed tail.
-struct Record {
-    at: Cursor,
-    bytes: u64,
-    sequence: u64,
-    /// Blocks the record names (data or invalidation).
-    blocks: Vec<u64>,
-    /// Its write to the log completed (it may still be in a volatile cache).
-    written: bool,
-    /// Written and flushed: it survives a power cut.
-    durable: bool,
-    /// Its blocks are home (or superseded), and it no longer holds the tail.
-    destaged: bool,
-    /// A wrap record (no data: done once durable).
-    wrap: bool,
-    /// Direct writes under this dirty-range record that have not finished:
-    /// the tail must not pass it while any are.
-    pins: u32,
-    /// A destage round took it: no direct write may pin it again.
-    picked: bool,
-    /// Bytes of the pool's log memory its data holds (its whole buffer, kept
-    /// while any of its blocks is in the index), until the tail passes it.
-    charged: u64,
-}
-
 /// The newest logged data of one block.
 struct Entry {
     /// Highest sequence reserved for this block (a write in flight).
@@ -267,6 +254,10 @@ struct State {
     batches: batch::Batches,
     /// A direct write is logging the next lease ahead of its stream.
     renewing: bool,
+    /// Invariant checks run so far, and when the next full one runs in a
+    /// release build (see [`State::assert_invariants`]).
+    checks: u64,
+    next_full_check: u64,
 }
 
 impl State {
@@ -393,6 +384,8 @@ impl<H: HomeIo> Journal<H> {
                 failed: None,
                 batches: batch::Batches::default(),
                 renewing: false,
+                checks: 0,
+                next_full_check: 0,
             }),
             destaging: futures::lock::Mutex::new(()),
             edges: Default::default(),
@@ -1131,7 +1124,11 @@ impl<H: HomeIo> Journal<H> {
         let Some(record) = state.record_mut(sequence) else {
             return;
         };
-        record.pins = record.pins.saturating_sub(1);
+        assert!(
+            record.pins > 0,
+            "record {sequence} unpinned more than pinned"
+        );
+        record.pins -= 1;
         if record.pins == 0 {
             for sender in state.space_waiters.drain(..) {
                 let _ = sender.send(());
@@ -1239,13 +1236,9 @@ impl<H: HomeIo> Journal<H> {
             let mut state = self.state();
             for done in wrap.map(|(_, s)| s).into_iter().chain([sequence]) {
                 if let Some(record) = state.record_mut(done) {
-                    record.written = true;
-                    if fua {
-                        record.durable = true;
-                        // As in the group commit: a wrap record is done
-                        // once durable.
-                        record.destaged |= record.wrap;
-                    }
+                    // With FUA durable, and a wrap record done, as in the
+                    // group commit.
+                    record.wrote(fua);
                 }
             }
             if fua {
@@ -1289,6 +1282,7 @@ impl<H: HomeIo> Journal<H> {
                     }
                 }
             }
+            state.assert_invariants();
             // A group commit waiting for this write can go now.
             for sender in state.sync_waiters.drain(..) {
                 let _ = sender.send(());
@@ -1331,7 +1325,7 @@ impl<H: HomeIo> Journal<H> {
                 }
                 let mut end = state.durable_below;
                 for record in state.records_from(end) {
-                    if record.sequence == end && record.written {
+                    if record.sequence == end && record.is_written() {
                         end += 1;
                     } else {
                         break;
@@ -1366,15 +1360,15 @@ impl<H: HomeIo> Journal<H> {
                             if record.sequence >= end {
                                 break;
                             }
-                            if record.written {
-                                record.durable = true;
+                            if record.is_written() {
                                 // A wrap record holds no data: done once
                                 // durable (not before, or the tail could
                                 // pass it unwritten).
-                                record.destaged |= record.wrap;
+                                record.flushed();
                             }
                         }
                         advance_durable(&mut state);
+                        state.assert_invariants();
                     }
                     for sender in state.sync_waiters.drain(..) {
                         let _ = sender.send(());
@@ -1523,11 +1517,10 @@ impl<H: HomeIo> Journal<H> {
             }
             for &sequence in sequences {
                 if let Some(record) = state.record_mut(sequence) {
-                    record.written = true;
-                    record.durable = true;
-                    record.destaged = true;
+                    record.abandon();
                 }
             }
+            state.assert_invariants();
             for sender in state.sync_waiters.drain(..) {
                 let _ = sender.send(());
             }
@@ -1621,108 +1614,15 @@ impl<H: HomeIo> Journal<H> {
         let (picked, work) = {
             let mut state = self.state();
             if failed {
-                // Write-through: everything committed goes home, whatever
-                // became of the records (what only the log holds, a
-                // bounded amount per round).
-                let mut reading = 0;
-                let work: Picked = state
-                    .index
-                    .iter()
-                    .filter_map(|(&block, entry)| entry.committed.clone().map(|c| (block, c)))
-                    .take_while(|(_, (_, held))| {
-                        if held.data.is_none() {
-                            reading += BLOCK_BYTES;
-                        }
-                        reading <= READ_BACK_ROUND_BYTES
-                    })
-                    .collect();
-                let picked: Vec<u64> = state.records.iter().map(|r| r.sequence).collect();
-                (picked, work)
+                pick::pick_write_through(&state)
             } else {
-                let mut taken = 0;
-                let mut picked = Vec::new();
-                let mut work: Picked = BTreeMap::new();
-                let mut rows_seen = BTreeSet::new();
-                // Only once writers have gone quiet: while they write,
-                // the rows' reads and writes take the disks from their
-                // reads, and writers waiting for room want the tail moved.
-                let dense_max = if quiet && state.space_waiters.is_empty() {
-                    DENSE_ROWS_ROUND
-                } else {
-                    0
+                let limits = pick::RoundLimits {
+                    budget,
+                    parity_row_bytes,
+                    quiet,
+                    space_blocks: home.size_bytes() / BLOCK_BYTES,
                 };
-                let mut dense_rows = 0;
-                let mut read_back = 0;
-                for record in state.records.iter().filter(|r| !r.destaged) {
-                    let reading = if record.charged > 0 {
-                        0
-                    } else {
-                        record.bytes - HEADER_BYTES
-                    };
-                    if !record.durable
-                        || record.pins > 0
-                        || (taken > 0 && taken + record.bytes > budget)
-                        || (read_back > 0 && read_back + reading > READ_BACK_ROUND_BYTES)
-                    {
-                        break;
-                    }
-                    taken += record.bytes;
-                    read_back += reading;
-                    picked.push(record.sequence);
-                    for block in &record.blocks {
-                        if let Some(Entry {
-                            committed: Some((sequence, held)),
-                            ..
-                        }) = state.index.get(block)
-                        {
-                            if *sequence == record.sequence {
-                                work.insert(*block, (*sequence, held.clone()));
-                            }
-                        }
-                        let Some(row_bytes) = parity_row_bytes.filter(|_| dense_rows < dense_max)
-                        else {
-                            continue;
-                        };
-                        let row_blocks = row_bytes / BLOCK_BYTES;
-                        let row = block / row_blocks;
-                        if rows_seen.insert(row) {
-                            let dense = dense_row(&state, row * row_blocks, row_blocks);
-                            if !dense.is_empty() {
-                                dense_rows += 1;
-                                work.extend(dense);
-                            }
-                        }
-                    }
-                }
-                // Rows the round holds in part (a stream's at the edges
-                // of its budget, and where a write was logged as two
-                // records) are taken whole where newer durable records
-                // hold the rest of them: one full-row write instead of two
-                // partial ones, this round's and a later one's, each
-                // reading what it lacks.
-                if let Some(row_bytes) = parity_row_bytes {
-                    let row_blocks = row_bytes / BLOCK_BYTES;
-                    let space_blocks = home.size_bytes() / BLOCK_BYTES;
-                    let mut held: BTreeMap<u64, u64> = BTreeMap::new();
-                    for block in work.keys() {
-                        *held.entry(block / row_blocks).or_default() += 1;
-                    }
-                    for (row, count) in held {
-                        let first = row * row_blocks;
-                        let end = (first + row_blocks).min(space_blocks);
-                        if count < end - first {
-                            let rest = rest_of_row(&state, &work, first..end);
-                            work.extend(rest);
-                        }
-                    }
-                }
-                // No direct write may pin them from now on.
-                for &sequence in &picked {
-                    if let Some(record) = state.record_mut(sequence) {
-                        record.picked = true;
-                    }
-                }
-                (picked, work)
+                pick::pick_round(&mut state, &limits)
             }
         };
         if picked.is_empty() && work.is_empty() {
@@ -1839,11 +1739,16 @@ impl<H: HomeIo> Journal<H> {
             // one held the lock for milliseconds per round in a large ring.
             for &sequence in &picked {
                 if let Some(record) = state.record_mut(sequence) {
-                    if !record.blocks.iter().any(|b| skipped.contains(b)) {
-                        record.destaged = true;
+                    if failed {
+                        // Write-through takes everything home, whatever
+                        // became of the records.
+                        record.abandon();
+                    } else if !record.blocks.iter().any(|b| skipped.contains(b)) {
+                        record.went_home();
                     }
                 }
             }
+            state.assert_invariants();
         }
         if !failed {
             self.commit_tail(false).await?;
@@ -1854,6 +1759,7 @@ impl<H: HomeIo> Journal<H> {
             self.log.log_memory_give_back(state.charged());
             state.records.clear();
             state.recent.clear();
+            state.assert_invariants();
         }
         Ok(true)
     }
@@ -1936,12 +1842,11 @@ impl<H: HomeIo> Journal<H> {
             let mut state = self.state();
             for record in state.records.iter_mut() {
                 if sequences.contains(&record.sequence) {
-                    record.written = true;
-                    record.durable = true;
-                    record.destaged = true;
+                    record.image_done();
                 }
             }
             advance_durable(&mut state);
+            state.assert_invariants();
             // Group commits waiting for the records after this one.
             for sender in state.sync_waiters.drain(..) {
                 let _ = sender.send(());
@@ -2007,7 +1912,7 @@ impl<H: HomeIo> Journal<H> {
             let tail = state
                 .records
                 .iter()
-                .find(|r| !r.destaged)
+                .find(|r| !r.is_destaged())
                 .map_or(state.head, |r| r.at);
             let freed = tail.position - state.tail.position;
             let wanted = always
@@ -2040,127 +1945,12 @@ impl<H: HomeIo> Journal<H> {
                 }
             }
         }
+        state.assert_invariants();
         for sender in state.space_waiters.drain(..) {
             let _ = sender.send(());
         }
         Ok(())
     }
-}
-
-/// A ring position, sequence (and wrap record, if the ring wraps first)
-/// for a record of `record_bytes`, if the ring has room now.
-type Reservation = (Cursor, u64, Option<(Cursor, u64)>);
-
-fn try_reserve(
-    state: &mut State,
-    record_bytes: u64,
-    blocks: &[u64],
-    dirtying: bool,
-    pinned: bool,
-) -> Option<Reservation> {
-    // Row images (not dirtying, not invalidations) may use the reserve.
-    let image = !dirtying && !blocks.is_empty() && record_bytes > HEADER_BYTES;
-    // After a shrink the lap under way keeps its old size until the ring
-    // wraps, but what the ring holds keeps to the new size from the start
-    // (writers wait for destaging as in a full log). Otherwise this never
-    // binds: records placed in one lap never pass its size. Row images
-    // are exempt: destaging needs them to free the ring.
-    let size = state.lap_bytes.min(state.next_lap_bytes);
-    let held = state.head.position - state.tail.position;
-    if !image && held + record_bytes + HEADER_BYTES > size {
-        return None;
-    }
-    let slack = if image {
-        0
-    } else {
-        state.lap_bytes.min(state.next_lap_bytes) * state.image_reserve_per_mille / 1000
-    };
-    let place = place_record(state, record_bytes)?;
-    if slack > 0 {
-        // The reserve is free ring in all, in at most two pieces (the rest
-        // of this lap, the start of the next up to the tail), so the larger
-        // holds at least half of it. Asking for it whole in front of the
-        // head would leave writers waiting near the end of every lap until
-        // the tail had moved a quarter of the ring.
-        if room_after(state, record_bytes, &place) < slack {
-            return None;
-        }
-    }
-    let mut wrap = None;
-    let at = match place {
-        Placement::Here => state.head,
-        Placement::Wrap { next_lap_bytes } => {
-            let wrap_at = state.head;
-            let wrap_sequence = state.next_sequence;
-            state.next_sequence += 1;
-            push_record(
-                state,
-                wrap_at,
-                HEADER_BYTES,
-                wrap_sequence,
-                Vec::new(),
-                (true, false),
-            );
-            wrap = Some((wrap_at, wrap_sequence));
-            state.lap_bytes = next_lap_bytes;
-            Cursor {
-                position: wrap_at.position + HEADER_BYTES,
-                offset: 0,
-                lap: wrap_at.lap + 1,
-            }
-        }
-    };
-    let sequence = state.next_sequence;
-    state.next_sequence += 1;
-    push_record(
-        state,
-        at,
-        record_bytes,
-        sequence,
-        blocks.to_vec(),
-        (false, pinned),
-    );
-    state.head = Cursor {
-        position: at.position + record_bytes,
-        offset: at.offset + record_bytes,
-        lap: at.lap,
-    };
-    if dirtying {
-        for &block in blocks {
-            let entry = state.index.entry(block).or_insert(Entry {
-                reserved: 0,
-                committed: None,
-            });
-            entry.reserved = entry.reserved.max(sequence);
-        }
-    }
-    Some((at, sequence, wrap))
-}
-
-fn push_record(
-    state: &mut State,
-    at: Cursor,
-    bytes: u64,
-    sequence: u64,
-    blocks: Vec<u64>,
-    (wrap, pinned): (bool, bool),
-) {
-    for &block in &blocks {
-        *state.recent.entry(block).or_insert(0) += 1;
-    }
-    state.records.push_back(Record {
-        at,
-        bytes,
-        sequence,
-        blocks,
-        written: false,
-        durable: false,
-        destaged: false,
-        wrap,
-        pins: u32::from(pinned),
-        picked: false,
-        charged: 0,
-    });
 }
 
 /// What one record carries: its entries, the blocks it names, and the data
@@ -2263,10 +2053,10 @@ fn reuse_lease(state: &mut State, start: u64, end: u64, now_ns: u64) -> Option<u
         })
         .map(|lease| lease.sequence)?;
     let record = state.record_mut(sequence)?;
-    if record.picked || record.destaged {
+    if record.is_picked() {
         return None;
     }
-    record.pins += 1;
+    record.pin();
     Some(sequence)
 }
 
@@ -2275,7 +2065,7 @@ fn advance_durable(state: &mut State) {
     // Records leave `records` only once destaged, which needs durability,
     // so every sequence from `durable_below` on is still listed.
     for record in state.records_from(below) {
-        if record.sequence == below && record.durable {
+        if record.sequence == below && record.is_durable() {
             below += 1;
         } else {
             break;
@@ -2289,58 +2079,6 @@ fn advance_durable(state: &mut State) {
         } else {
             state.durable_waiters.push((sequence, sender));
         }
-    }
-}
-
-enum Placement {
-    Here,
-    Wrap { next_lap_bytes: u64 },
-}
-
-/// Where a record of `bytes` can go, if anywhere, keeping room for a wrap
-/// record at the end of every lap and never passing the committed tail.
-fn place_record(state: &State, bytes: u64) -> Option<Placement> {
-    let head = state.head;
-    let tail = state.tail;
-    let fits_lap = |offset: u64, lap_bytes: u64| offset + bytes + HEADER_BYTES <= lap_bytes;
-    if tail.lap == head.lap {
-        if fits_lap(head.offset, state.lap_bytes) {
-            return Some(Placement::Here);
-        }
-        // Wrap: the new lap runs from 0 up to the tail.
-        let next = state.next_lap_bytes;
-        (fits_lap(0, next) && bytes + HEADER_BYTES <= tail.offset).then_some(Placement::Wrap {
-            next_lap_bytes: next,
-        })
-    } else {
-        // The tail is a lap behind, ahead of the head in the ring.
-        (head.offset + bytes + HEADER_BYTES <= tail.offset
-            && fits_lap(head.offset, state.lap_bytes))
-        .then_some(Placement::Here)
-    }
-}
-
-/// Free ring once a record of `bytes` is placed at `place`, keeping room
-/// for a wrap record at the end of every lap as [`place_record`] does.
-fn room_after(state: &State, bytes: u64, place: &Placement) -> u64 {
-    let (head, tail) = (state.head, state.tail);
-    let rest_of_lap = |end: u64, lap_bytes: u64| lap_bytes.saturating_sub(end + HEADER_BYTES);
-    match place {
-        Placement::Here if tail.lap == head.lap => {
-            let next_lap = tail.offset.min(state.next_lap_bytes);
-            rest_of_lap(head.offset + bytes, state.lap_bytes)
-                + next_lap.saturating_sub(HEADER_BYTES)
-        }
-        Placement::Here => {
-            let end = head.offset + bytes;
-            tail.offset
-                .saturating_sub(end + HEADER_BYTES)
-                .min(rest_of_lap(end, state.lap_bytes))
-        }
-        Placement::Wrap { next_lap_bytes } => tail
-            .offset
-            .saturating_sub(bytes + HEADER_BYTES)
-            .min(rest_of_lap(bytes, *next_lap_bytes)),
     }
 }
 
@@ -2420,108 +2158,6 @@ fn views(blocks: &[&Block]) -> Vec<Bytes> {
     views
 }
 
-/// Everything recovery found in a log.
-pub(crate) struct Recovered {
-    /// Where the newest logged data of each block lies in the log (byte
-    /// offset, after invalidations).
-    pub blocks: BTreeMap<u64, u64>,
-    /// Ranges written straight to the disks whose redundancy may disagree.
-    pub dirty: Vec<(u64, u64)>,
-}
-
-/// Scan a log from its committed tail: every valid record in order, until
-/// the first that is not.
-pub(crate) async fn scan<H: HomeIo>(
-    log: &H,
-    cache: &CacheRecord,
-) -> Result<Recovered, EngineError> {
-    let mut blocks: BTreeMap<u64, u64> = BTreeMap::new();
-    let mut dirty = Vec::new();
-    let mut position = cache.checkpoint_hint;
-    let mut offset = cache.checkpoint_offset;
-    let mut expected_sequence: Option<u64> = None;
-    let size = log.size_bytes();
-    while offset + HEADER_BYTES <= size {
-        let header_block = match log.read(offset, HEADER_BYTES).await {
-            Ok(block) => block,
-            Err(_) => break,
-        };
-        let Some(header) = Header::decode(&header_block) else {
-            break;
-        };
-        let in_order = expected_sequence.is_none_or(|s| header.sequence == s);
-        if header.epoch != cache.epoch || header.position != position || !in_order {
-            break;
-        }
-        if offset + header.record_bytes > size {
-            break;
-        }
-        let payload_bytes = header.record_bytes - HEADER_BYTES;
-        let payload: BytesMut = if payload_bytes > 0 {
-            match log.read(offset + HEADER_BYTES, payload_bytes).await {
-                Ok(payload) => payload,
-                Err(_) => break,
-            }
-        } else {
-            BytesMut::new()
-        };
-        if crc32c::crc32c(&payload) != header.payload_checksum {
-            break;
-        }
-        drop(payload);
-        expected_sequence = Some(header.sequence + 1);
-        match header.kind {
-            Kind::Writes | Kind::RowImage => {
-                let mut at = offset + HEADER_BYTES;
-                for [start, length, _] in &header.entries {
-                    for i in 0..length / BLOCK_BYTES {
-                        blocks.insert(start / BLOCK_BYTES + i, at);
-                        at += BLOCK_BYTES;
-                    }
-                }
-                position += header.record_bytes;
-                offset += header.record_bytes;
-            }
-            Kind::Dirty => {
-                dirty.extend(
-                    header
-                        .entries
-                        .iter()
-                        .map(|[offset, length, _]| (*offset, *length)),
-                );
-                position += header.record_bytes;
-                offset += header.record_bytes;
-            }
-            Kind::Invalidate => {
-                for [first, count, _] in &header.entries {
-                    for block in *first..first + count {
-                        blocks.remove(&block);
-                    }
-                }
-                position += header.record_bytes;
-                offset += header.record_bytes;
-            }
-            Kind::Wrap => {
-                let Some(&[next, _, _]) = header.entries.first() else {
-                    break;
-                };
-                position = next;
-                offset = 0;
-            }
-        }
-    }
-    Ok(Recovered { blocks, dirty })
-}
-
-/// Byte ranges of runs of contiguous blocks.
-pub(crate) fn block_runs<T>(blocks: &BTreeMap<u64, T>) -> Vec<(u64, u64)> {
-    let keys: Vec<u64> = blocks.keys().copied().collect();
-    ranges(&keys)
-        .into_iter()
-        .map(|(first, count)| (first * BLOCK_BYTES, count * BLOCK_BYTES))
-        .collect()
-}
-
 /// Writes home in flight for a destage round at `fill` (per mille):
 /// [`DESTAGE_PARALLEL_START`] at the start threshold, rising linearly to
 /// [`DESTAGE_PARALLEL`] at the urgent one; `flat_out` (writers wait for room
@@ -2534,29 +2170,6 @@ fn destage_parallel(fill: u64, flat_out: bool) -> usize {
     let span = DESTAGE_URGENT_PER_MILLE - DESTAGE_START_PER_MILLE;
     let extra = (DESTAGE_PARALLEL - DESTAGE_PARALLEL_START) as u64 * above.min(span) / span;
     DESTAGE_PARALLEL_START + extra as usize
-}
-
-/// The durable dirty blocks of the row of `row_blocks` blocks from `first`
-/// if they lie in [`MERGE_RUNS_MIN`] separate runs or more (the row is
-/// worth one merged update), else none. Blocks of records newer than a
-/// round's may go home with it: it is their newest data, and durable, so
-/// a replay after a crash writes the same; their own records find them
-/// gone from the index when their turn comes.
-fn dense_row(state: &State, first: u64, row_blocks: u64) -> Vec<(u64, (u64, Held))> {
-    let durable: Vec<(u64, (u64, Held))> = state
-        .index
-        .range(first..first + row_blocks)
-        .filter_map(|(&block, entry)| {
-            let (sequence, held) = entry.committed.as_ref()?;
-            (*sequence < state.durable_below).then(|| (block, (*sequence, held.clone())))
-        })
-        .collect();
-    let blocks: Vec<u64> = durable.iter().map(|(block, _)| *block).collect();
-    if ranges(&blocks).len() >= MERGE_RUNS_MIN {
-        durable
-    } else {
-        Vec::new()
-    }
 }
 
 /// A gather's row. Every block is covered. Pieces that follow each other
@@ -2579,29 +2192,6 @@ fn gathered_row(row_offset: u64, natural: u64, pieces: &[gather::Piece]) -> Payl
         row[at..at + piece.data.len()].copy_from_slice(&piece.data);
     }
     Payload::from(row.freeze())
-}
-
-/// The durable dirty blocks of `row` (a range of blocks) that `work` lacks,
-/// if with them `work` holds the whole row; else none. Like
-/// [`dense_row`], they may come from records newer than a round's.
-fn rest_of_row(state: &State, work: &Picked, row: std::ops::Range<u64>) -> Vec<(u64, (u64, Held))> {
-    let mut rest = Vec::new();
-    for block in row {
-        if work.contains_key(&block) {
-            continue;
-        }
-        match state
-            .index
-            .get(&block)
-            .and_then(|entry| entry.committed.as_ref())
-        {
-            Some((sequence, held)) if *sequence < state.durable_below => {
-                rest.push((block, (*sequence, held.clone())));
-            }
-            _ => return Vec::new(),
-        }
-    }
-    rest
 }
 
 /// Coalesced runs (sorted) as updates home, each run alone; but where
@@ -2677,107 +2267,6 @@ async fn write_update<H: HomeIo>(home: &H, update: &[(u64, Payload)]) -> Result<
         [(offset, data)] => home.write_home(*offset, data.clone(), false).await,
         pieces => home.write_home_merged(pieces).await,
     }
-}
-
-/// Write recovered blocks (see [`Recovered::blocks`]) home, read back from
-/// `log` a bounded amount at a time and coalesced, then flush.
-pub(crate) async fn replay<H: HomeIo>(
-    home: &H,
-    log: &H,
-    blocks: &BTreeMap<u64, u64>,
-) -> Result<(), EngineError> {
-    let mut from = 0;
-    loop {
-        let part: Vec<(u64, u64)> = blocks
-            .range(from..)
-            .take((READ_BACK_ROUND_BYTES / BLOCK_BYTES) as usize)
-            .map(|(&block, &at)| (block, at))
-            .collect();
-        let Some(&(last, _)) = part.last() else {
-            break;
-        };
-        from = last + 1;
-        let tagged: Work = read_back(log, &part)
-            .await?
-            .into_iter()
-            .map(|(block, data)| (block, (0, data)))
-            .collect();
-        let updates = updates(coalesce(&tagged, 1), None);
-        write_updates_home(home, &updates, &|| DESTAGE_PARALLEL).await?;
-    }
-    home.flush_pool_disks().await
-}
-
-/// A read-only pool cannot replay: serve the recovered blocks from the log
-/// (it is not written while the pool is read-only).
-pub(crate) fn load_read_only<H: HomeIo>(journal: &Journal<H>, blocks: BTreeMap<u64, u64>) {
-    let mut state = journal.state();
-    for (block, at) in blocks {
-        state.dirty_bytes += BLOCK_BYTES;
-        state.index.insert(
-            block,
-            Entry {
-                reserved: 0,
-                committed: Some((0, Held { at, data: None })),
-            },
-        );
-    }
-}
-
-/// The blocks of `held` that only the log holds, read back from `log`.
-async fn read_unheld<'a, H: HomeIo>(
-    log: &H,
-    held: impl Iterator<Item = (u64, &'a Held)>,
-) -> Result<BTreeMap<u64, Block>, EngineError> {
-    let wanted: Vec<(u64, u64)> = held
-        .filter(|(_, held)| held.data.is_none())
-        .map(|(block, held)| (block, held.at))
-        .collect();
-    read_back(log, &wanted).await
-}
-
-/// Read blocks back from `log`: `wanted` holds (block, byte offset in the
-/// log); neighbouring offsets are read as one, a few reads at a time.
-async fn read_back<H: HomeIo>(
-    log: &H,
-    wanted: &[(u64, u64)],
-) -> Result<BTreeMap<u64, Block>, EngineError> {
-    if wanted.is_empty() {
-        return Ok(BTreeMap::new());
-    }
-    // By place in the log (in blocks), cut into runs of neighbours.
-    let mut places: Vec<(u64, u64)> = wanted
-        .iter()
-        .map(|&(block, at)| (at / BLOCK_BYTES, block))
-        .collect();
-    places.sort_unstable();
-    let log_blocks: Vec<u64> = places.iter().map(|&(place, _)| place).collect();
-    let mut runs: Vec<(u64, Vec<u64>)> = Vec::new();
-    let mut rest = &places[..];
-    for (_, count) in ranges(&log_blocks) {
-        let (run, after) = rest.split_at(count as usize);
-        for part in run.chunks((READ_BACK_RUN_BYTES / BLOCK_BYTES) as usize) {
-            let blocks = part.iter().map(|&(_, block)| block).collect();
-            runs.push((part[0].0 * BLOCK_BYTES, blocks));
-        }
-        rest = after;
-    }
-    let mut reads = futures::stream::iter(runs.into_iter().map(|(start, blocks)| async move {
-        let length = blocks.len() as u64 * BLOCK_BYTES;
-        let data = log.read(start, length).await?.freeze();
-        Ok::<_, EngineError>((blocks, data))
-    }))
-    .buffer_unordered(READ_BACK_PARALLEL);
-    let mut read = BTreeMap::new();
-    while let Some(result) = reads.next().await {
-        let (blocks, buffer) = result?;
-        for (i, block) in blocks.into_iter().enumerate() {
-            let from = i * BLOCK_BYTES as usize;
-            let buffer = buffer.clone();
-            read.insert(block, Block { buffer, from });
-        }
-    }
-    Ok(read)
 }
 
 #[cfg(test)]
@@ -2943,43 +2432,6 @@ mod tests {
     }
 
     #[test]
-    fn a_dense_row_brings_every_durable_dirty_block_of_the_row() {
-        let k = BLOCK_BYTES;
-        let mut state = state_with(64 * k, at(0, 0, 0), at(0, 0, 0));
-        state.durable_below = 10;
-        let block = || Held {
-            at: 0,
-            data: Some(Block {
-                buffer: Bytes::from(vec![0; k as usize]),
-                from: 0,
-            }),
-        };
-        // Row 1 (blocks 8..16): durable blocks of records 3 to 9 in four
-        // runs, and block 14 of record 12, not yet durable. Row 0: three
-        // runs.
-        let dirty = [(8, 3), (10, 5), (11, 9), (13, 4), (15, 7), (14, 12)];
-        for (b, sequence) in dirty.into_iter().chain([(0, 2), (2, 2), (4, 6)]) {
-            let entry = Entry {
-                reserved: sequence,
-                committed: Some((sequence, block())),
-            };
-            state.index.insert(b, entry);
-        }
-        let dense = |state: &State, first| -> Vec<(u64, u64)> {
-            dense_row(state, first, 8)
-                .into_iter()
-                .map(|(b, (sequence, _))| (b, sequence))
-                .collect()
-        };
-        assert_eq!(dense(&state, 8), dirty[..5].to_vec());
-        // Three runs are not worth a merged update.
-        assert!(dense(&state, 0).is_empty());
-        // Block 14 durable too joins 13 and 15: three runs, not worth it.
-        state.durable_below = 13;
-        assert!(dense(&state, 8).is_empty());
-    }
-
-    #[test]
     fn destaging_runs_harder_as_the_log_fills() {
         let start = DESTAGE_START_PER_MILLE;
         let urgent = DESTAGE_URGENT_PER_MILLE;
@@ -2996,94 +2448,5 @@ mod tests {
         for fill in [0, start, middle as u64, urgent] {
             assert_eq!(destage_parallel(fill, true), DESTAGE_PARALLEL);
         }
-    }
-
-    fn state_with(lap: u64, head: Cursor, tail: Cursor) -> State {
-        State {
-            image_reserve_per_mille: 0,
-            lap_bytes: lap,
-            next_lap_bytes: lap,
-            head,
-            next_sequence: 1,
-            tail,
-            records: VecDeque::new(),
-            index: BTreeMap::new(),
-            recent: BTreeMap::new(),
-            durable_below: 1,
-            durable_waiters: Vec::new(),
-            syncing: false,
-            sync_waiters: Vec::new(),
-            space_waiters: Vec::new(),
-            leases: VecDeque::new(),
-            dirty_bytes: 0,
-            failed: None,
-            batches: batch::Batches::default(),
-            renewing: false,
-        }
-    }
-
-    fn at(position: u64, offset: u64, lap: u64) -> Cursor {
-        Cursor {
-            position,
-            offset,
-            lap,
-        }
-    }
-
-    #[test]
-    fn the_image_reserve_counts_free_ring_on_both_sides_of_the_wrap() {
-        let k = BLOCK_BYTES;
-        // A parity ring of 64 blocks keeps 16 for row images.
-        let parity = |head: u64, tail: u64| State {
-            image_reserve_per_mille: 250,
-            ..state_with(64 * k, at(head * k, head * k, 0), at(tail * k, tail * k, 0))
-        };
-        let write = |state: &mut State| try_reserve(state, 2 * k, &[1], true, false).is_some();
-        // Head 50 blocks in, tail at 10: 11 free before the lap ends, 9
-        // after the wrap (each less a wrap record's block). A write may go:
-        // the reserve is there in all, its larger piece holds half of it.
-        assert!(write(&mut parity(50, 10)));
-        // The same head with the tail at 4: too little in all.
-        assert!(!write(&mut parity(50, 4)));
-        // Head 58, tail 20: most of the reserve lies past the wrap.
-        assert!(write(&mut parity(58, 20)));
-        // Tail a lap behind: one piece, up to the tail.
-        let behind = |head: u64, tail: u64| State {
-            image_reserve_per_mille: 250,
-            ..state_with(
-                64 * k,
-                at(64 * k + head * k, head * k, 1),
-                at(tail * k, tail * k, 0),
-            )
-        };
-        assert!(write(&mut behind(10, 30)));
-        assert!(!write(&mut behind(10, 28)));
-        // Row images may use the reserve.
-        let image = |state: &mut State| try_reserve(state, 8 * k, &[1], false, false).is_some();
-        assert!(image(&mut parity(50, 4)));
-    }
-
-    #[test]
-    fn records_never_pass_the_tail_and_always_leave_room_to_wrap() {
-        let k = BLOCK_BYTES;
-        // Empty ring of 16 blocks.
-        let state = state_with(16 * k, at(0, 0, 0), at(0, 0, 0));
-        assert!(matches!(place_record(&state, 8 * k), Some(Placement::Here)));
-        assert!(matches!(
-            place_record(&state, 15 * k),
-            Some(Placement::Here)
-        ));
-        assert!(place_record(&state, 16 * k).is_none());
-        // Head near the end, tail in the middle of the same lap: wrap to 0.
-        let state = state_with(16 * k, at(14 * k, 14 * k, 0), at(8 * k, 8 * k, 0));
-        assert!(matches!(
-            place_record(&state, 2 * k),
-            Some(Placement::Wrap { .. })
-        ));
-        assert!(place_record(&state, 8 * k).is_none());
-        // Tail a lap behind: only up to it.
-        let state = state_with(16 * k, at(20 * k, 2 * k, 1), at(10 * k, 8 * k, 0));
-        assert!(matches!(place_record(&state, 5 * k), Some(Placement::Here)));
-        assert!(place_record(&state, 6 * k).is_none());
     }
 }
