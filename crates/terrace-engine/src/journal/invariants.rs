@@ -160,3 +160,66 @@ impl State {
         assert!(named == self.recent, "recent blocks miscounted");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::ring::{at, state_with, try_reserve};
+    use super::super::{Entry, Held};
+    use super::*;
+
+    /// A ring of 64 blocks holding one durable record of block 3, indexed.
+    fn one_record() -> State {
+        let k = BLOCK_BYTES;
+        let mut state = state_with(64 * k, at(0, 0, 0), at(0, 0, 0));
+        let (_, sequence, _) = try_reserve(&mut state, HEADER_BYTES + k, &[3], true, false)
+            .expect("room in an empty ring");
+        state.record_mut(sequence).expect("listed").wrote(true);
+        state.durable_below = sequence + 1;
+        state.index.insert(
+            3,
+            Entry {
+                reserved: sequence,
+                committed: Some((sequence, Held { at: k, data: None })),
+            },
+        );
+        state.dirty_bytes = k;
+        state
+    }
+
+    #[test]
+    fn a_consistent_state_passes() {
+        one_record().assert_invariants();
+    }
+
+    #[test]
+    #[should_panic(expected = "dirty bytes are not the index's data")]
+    fn dirty_bytes_must_be_the_index() {
+        let mut state = one_record();
+        state.dirty_bytes += BLOCK_BYTES;
+        state.assert_invariants();
+    }
+
+    #[test]
+    #[should_panic(expected = "which is Some(Destaged)")]
+    fn an_indexed_block_must_be_in_a_record_holding_data() {
+        let mut state = one_record();
+        state.records[0].abandon();
+        state.assert_invariants();
+    }
+
+    #[test]
+    #[should_panic(expected = "is past the head")]
+    fn the_tail_never_passes_the_head() {
+        let mut state = one_record();
+        state.tail = at(3 * HEADER_BYTES, 3 * HEADER_BYTES, 0);
+        state.assert_invariants();
+    }
+
+    #[test]
+    #[should_panic(expected = "recent blocks miscounted")]
+    fn recent_counts_the_records_blocks() {
+        let mut state = one_record();
+        state.recent.insert(9, 1);
+        state.assert_invariants();
+    }
+}

@@ -198,3 +198,76 @@ impl Record {
         self.pins += 1;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(wrap: bool) -> Record {
+        let at = Cursor {
+            position: 0,
+            offset: 0,
+            lap: 0,
+        };
+        Record::reserved(at, 8192, 1, vec![7], wrap, false)
+    }
+
+    #[test]
+    fn a_record_goes_through_its_phases_in_order() {
+        let mut logged = record(false);
+        logged.wrote(false);
+        assert_eq!(logged.phase(), Phase::Written);
+        assert!(logged.holds_data() && !logged.is_durable());
+        logged.flushed();
+        logged.flushed();
+        assert_eq!(logged.phase(), Phase::Durable);
+        logged.pick();
+        logged.pick();
+        logged.went_home();
+        assert!(logged.is_destaged() && !logged.holds_data());
+        // With FUA durable at once; a wrap record is done once durable.
+        let mut fua = record(false);
+        fua.wrote(true);
+        assert_eq!(fua.phase(), Phase::Durable);
+        let mut wrap = record(true);
+        wrap.wrote(false);
+        wrap.flushed();
+        assert!(wrap.is_destaged());
+        // An abandoned record stays abandoned when its write ends.
+        let mut abandoned = record(false);
+        abandoned.abandon();
+        abandoned.wrote(true);
+        assert!(abandoned.is_destaged());
+    }
+
+    #[test]
+    #[should_panic(expected = "went home unpicked")]
+    fn a_record_not_picked_cannot_go_home() {
+        let mut logged = record(false);
+        logged.wrote(true);
+        logged.went_home();
+    }
+
+    #[test]
+    #[should_panic(expected = "picked while Written")]
+    fn a_record_not_durable_cannot_be_picked() {
+        let mut logged = record(false);
+        logged.wrote(false);
+        logged.pick();
+    }
+
+    #[test]
+    #[should_panic(expected = "flushed before it was written")]
+    fn a_record_cannot_be_durable_before_it_is_written() {
+        record(false).flushed();
+    }
+
+    #[test]
+    #[should_panic(expected = "pinned while Picked")]
+    fn a_picked_record_cannot_be_pinned() {
+        let mut logged = record(false);
+        logged.wrote(true);
+        logged.pick();
+        logged.pin();
+    }
+}
