@@ -323,7 +323,7 @@ impl Pool {
         let mut ranges = recovered.dirty.clone();
         ranges.extend(journal::block_runs(&recovered.blocks));
         for (offset, length) in ranges {
-            crate::resync::resync_range(&space, offset, length).await?;
+            crate::redundancy::resync_range(&space, offset, length).await?;
         }
         self.shared.flush_disks().await?;
         let epoch = self.shared.env.random_u64();

@@ -36,6 +36,7 @@ mod parity;
 mod payload;
 mod pool;
 mod rebuild;
+mod redundancy;
 mod resync;
 mod room;
 mod row;
@@ -65,7 +66,8 @@ pub use pool::{
     validate_name, ImportOptions, NewDisk, Pool, PoolConfig, NAME_MAX_BYTES, SLAB_DEFAULT_BYTES,
     SLAB_MAX_BYTES, SLAB_MIN_BYTES,
 };
-pub use resync::{resync_space, verify_space, RedundancyReport};
+pub use redundancy::{resync_space, verify_space};
+pub use resync::RedundancyReport;
 pub use room::{metadata_slot_bytes_for, METADATA_SLOT_MAX_BYTES, SLOT_BYTES_PER_SLAB};
 pub use scan::{scan, DeviceKind, DeviceReport};
 pub use space::{Space, REQUEST_MAX_BYTES};

@@ -16,11 +16,14 @@
 //! copy.
 //!
 //! After an unclean shutdown, a row not yet resynchronised is
-//! resynchronised before it is read (see [`crate::crash_resync`]).
+//! resynchronised by the space before it is read here (see
+//! `crash_resync.rs`).
 //!
 //! Writes go to every online copy holding the lock on the bytes they
 //! write, so concurrent writers of a block leave all copies equal; a write
 //! succeeds while each of its pieces reached at least one copy.
+//!
+//! May depend on: `row` and what it depends on.
 
 use futures::future::join_all;
 use terrace_io::BytesMut;
@@ -28,7 +31,7 @@ use terrace_layout::{ColumnPiece, Geometry, RowSpan};
 
 use crate::error::EngineError;
 use crate::payload::Payload;
-use crate::row::{read_pieces, RowIo};
+use crate::row::{read_pieces, RowHost, RowIo};
 use crate::simple::piece_range;
 
 /// Bytes of a column read from one copy before the next takes over: at a
@@ -43,29 +46,16 @@ pub fn stream_reach_bytes(geometry: &Geometry) -> u64 {
     u64::from(geometry.layout().copies()) * u64::from(geometry.data_columns()) * READ_REGION_BYTES
 }
 
-pub async fn read(
-    io: &RowIo<'_>,
+pub async fn read<H: RowHost>(
+    io: &RowIo<'_, H>,
     span: &RowSpan,
     buffer: BytesMut,
 ) -> (BytesMut, Result<(), EngineError>) {
-    // Since a crash, a row is read only once its copies agree.
-    if io
-        .space
-        .pool
-        .crash_resync
-        .wanted(io.space.id, io.extent, io.row)
-    {
-        let resynced =
-            crate::resync::resync_crashed_row(io.space, io.extent, io.row, io.lock_held).await;
-        if let Err(error) = resynced {
-            return (buffer, Err(error));
-        }
-    }
     read_pieces(io, span, buffer, |piece, part| read_piece(io, piece, part)).await
 }
 
-async fn read_piece(
-    io: &RowIo<'_>,
+async fn read_piece<H: RowHost>(
+    io: &RowIo<'_, H>,
     piece: ColumnPiece,
     mut buffer: BytesMut,
 ) -> (BytesMut, Result<(), String>) {
@@ -89,13 +79,13 @@ async fn read_piece(
 }
 
 /// The copy a piece is read from first: its region's.
-fn first_copy(io: &RowIo<'_>, piece: &ColumnPiece, copies: u32) -> u32 {
+fn first_copy<H: RowHost>(io: &RowIo<'_, H>, piece: &ColumnPiece, copies: u32) -> u32 {
     let region = io.geometry().slab_offset(io.row, piece.column_offset) / READ_REGION_BYTES;
     ((io.extent + region + u64::from(piece.data_column)) % u64::from(copies)) as u32
 }
 
-pub async fn write(
-    io: &RowIo<'_>,
+pub async fn write<H: RowHost>(
+    io: &RowIo<'_, H>,
     span: &RowSpan,
     data: &Payload,
     fua: bool,

@@ -38,6 +38,8 @@
 //! writes leaves them disagreeing (the "write hole"). After an unclean
 //! shutdown the pool recomputes parity from data ([`crate::resync`]), which
 //! is correct while no disk is missing; the journal closes the hole fully.
+//!
+//! May depend on: `row` and what it depends on, `terrace_ec`.
 
 use futures::future::join_all;
 use terrace_io::{aligned_buffer, Bytes, BytesMut};
@@ -45,9 +47,8 @@ use terrace_layout::{ColumnPiece, RowSpan};
 
 use crate::error::EngineError;
 use crate::payload::Payload;
-use crate::row::RowIo;
+use crate::row::{join_buffer, split_buffer, RowHost, RowIo};
 use crate::simple::piece_range;
-use crate::space::{join_buffer, split_buffer};
 
 /// The columns of one row in logical order: data 0..k, then P, then Q.
 struct Columns {
@@ -56,7 +57,7 @@ struct Columns {
 }
 
 impl Columns {
-    fn of(io: &RowIo<'_>) -> Columns {
+    fn of<H: RowHost>(io: &RowIo<'_, H>) -> Columns {
         let geometry = io.geometry();
         Columns {
             data: geometry.data_columns() as usize,
@@ -69,7 +70,7 @@ impl Columns {
     }
 
     /// Slot of logical column `index` in this row.
-    fn slot(&self, io: &RowIo<'_>, index: usize) -> u32 {
+    fn slot<H: RowHost>(&self, io: &RowIo<'_, H>, index: usize) -> u32 {
         let geometry = io.geometry();
         if index < self.data {
             geometry.physical_column(io.row, index as u32)
@@ -79,15 +80,15 @@ impl Columns {
     }
 
     /// Logical columns whose slot is not online.
-    fn lost(&self, io: &RowIo<'_>) -> Vec<usize> {
+    fn lost<H: RowHost>(&self, io: &RowIo<'_, H>) -> Vec<usize> {
         (0..self.count())
             .filter(|&index| !io.online(self.slot(io, index)))
             .collect()
     }
 }
 
-pub async fn read(
-    io: &RowIo<'_>,
+pub async fn read<H: RowHost>(
+    io: &RowIo<'_, H>,
     span: &RowSpan,
     buffer: BytesMut,
 ) -> (BytesMut, Result<(), EngineError>) {
@@ -126,8 +127,8 @@ pub async fn read(
 }
 
 /// Rebuild the given pieces from the surviving columns of the row.
-async fn rebuild_pieces(
-    io: &RowIo<'_>,
+async fn rebuild_pieces<H: RowHost>(
+    io: &RowIo<'_, H>,
     span: &RowSpan,
     columns: &Columns,
     mut pieces: Vec<(&ColumnPiece, &mut BytesMut)>,
@@ -153,8 +154,8 @@ async fn rebuild_pieces(
 }
 
 /// Read every column of the band `[low, high)`, rebuilding lost ones.
-async fn read_band_rebuilt(
-    io: &RowIo<'_>,
+async fn read_band_rebuilt<H: RowHost>(
+    io: &RowIo<'_, H>,
     span: &RowSpan,
     columns: &Columns,
     low: u64,
@@ -187,8 +188,8 @@ fn too_many_lost(columns: &Columns, lost: &[usize]) -> String {
 
 /// Read the band of each wanted logical column; `None` if any read failed.
 /// Unwanted columns get a zeroed buffer of the band's size.
-async fn read_band(
-    io: &RowIo<'_>,
+async fn read_band<H: RowHost>(
+    io: &RowIo<'_, H>,
     columns: &Columns,
     low: u64,
     high: u64,
@@ -250,8 +251,8 @@ enum Attempt {
     Replan,
 }
 
-pub async fn write(
-    io: &RowIo<'_>,
+pub async fn write<H: RowHost>(
+    io: &RowIo<'_, H>,
     span: &RowSpan,
     data: &Payload,
     fua: bool,
@@ -306,8 +307,8 @@ pub async fn write(
     Err(io.unavailable(span, "disks kept failing while writing"))
 }
 
-async fn read_modify_write(
-    io: &RowIo<'_>,
+async fn read_modify_write<H: RowHost>(
+    io: &RowIo<'_, H>,
     columns: &Columns,
     plan: &WritePlan,
     fua: bool,
@@ -359,8 +360,8 @@ async fn read_modify_write(
     Attempt::Done
 }
 
-async fn reconstruct_write(
-    io: &RowIo<'_>,
+async fn reconstruct_write<H: RowHost>(
+    io: &RowIo<'_, H>,
     span: &RowSpan,
     columns: &Columns,
     plan: &WritePlan,
@@ -422,8 +423,8 @@ fn encode(data: &[&[u8]], parity: &mut [BytesMut]) {
 
 /// Write the new data pieces and the parity band to every surviving slot.
 /// Failures mark disks failed; the caller re-checks the row's tolerance.
-async fn write_row(
-    io: &RowIo<'_>,
+async fn write_row<H: RowHost>(
+    io: &RowIo<'_, H>,
     columns: &Columns,
     plan: &WritePlan,
     parity: Vec<BytesMut>,
@@ -448,7 +449,10 @@ async fn write_row(
 /// The whole row (one interleave) of `slot` as the other columns define it:
 /// rebuilt from every other readable column. Used to re-create a lost slab
 /// and to catch up a disk that missed writes; the caller holds the row lock.
-pub(crate) async fn rebuild_slot(io: &RowIo<'_>, slot: u32) -> Result<BytesMut, String> {
+pub(crate) async fn rebuild_slot<H: RowHost>(
+    io: &RowIo<'_, H>,
+    slot: u32,
+) -> Result<BytesMut, String> {
     let columns = Columns::of(io);
     let width = io.geometry().interleave_bytes();
     let this = (0..columns.count())

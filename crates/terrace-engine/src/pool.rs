@@ -831,10 +831,10 @@ async fn open(
             } else if by_intent {
                 for extent in cut {
                     let offset = u64::from(extent) * extent_bytes;
-                    crate::resync::resync_range(&space, offset, extent_bytes).await?;
+                    crate::redundancy::resync_range(&space, offset, extent_bytes).await?;
                 }
             } else {
-                crate::resync::resync_space(&space).await?;
+                crate::redundancy::resync_space(&space).await?;
             }
         }
         pool.shared.flush_disks().await?;

@@ -8,6 +8,8 @@
 //! watermark past the step.
 //! From then on client writes of that row also go to the destination (see
 //! `target.rs`), so the destination stays current behind the watermark.
+//!
+//! May depend on: `row`, `parity` and what they depend on.
 
 use std::sync::atomic::Ordering;
 
@@ -15,13 +17,12 @@ use terrace_io::{aligned_buffer, BytesMut};
 use terrace_layout::Layout;
 
 use crate::error::EngineError;
-use crate::row::RowIo;
-use crate::space::Space;
+use crate::row::{RowHost, RowIo};
 use crate::target::Location;
 
 /// The content of one row of `slot`, from anywhere but `destination`.
-async fn row_content(
-    io: &RowIo<'_>,
+async fn row_content<H: RowHost>(
+    io: &RowIo<'_, H>,
     slot: u32,
     destination: &Location,
 ) -> Result<BytesMut, String> {
@@ -69,35 +70,34 @@ async fn row_content(
 /// step's rows together keeps the source and the destination streaming
 /// (a drive sees the whole step queued) instead of one row's read and
 /// write at a time.
-pub(crate) async fn fill_rows(
-    space: &Space,
+pub(crate) async fn fill_rows<H: RowHost>(
+    space: &H,
     extent: u64,
     slot: u32,
     destination: &Location,
     rows: std::ops::Range<u64>,
 ) -> Result<u64, EngineError> {
-    let geometry = space.geometry;
+    let geometry = *space.geometry();
     let mark = destination
         .valid_below
         .as_ref()
         .expect("a destination being filled has a watermark");
     let mut guards = Vec::new();
     for row in rows.clone() {
-        guards.push(space.locks.lock((extent, row)).await);
+        guards.push(space.locks().lock((extent, row)).await);
     }
     // The slots' places as they are under the locks, not before them.
-    let map = space.map();
-    if extent >= map.extents.len() as u64 {
+    let Some(targets) = space.current_extent(extent) else {
         // The space was deleted: the move ends as its space is gone.
         return Ok(0);
-    }
+    };
     let fills = rows.clone().map(|row| {
-        let map = &map;
+        let targets = &targets;
         async move {
             let span = geometry.whole_row(extent, row);
             let io = RowIo {
                 lock_held: true,
-                ..space.row_io(map, &span)
+                ..RowIo::new(space, targets, &span)
             };
             let content = row_content(&io, slot, destination)
                 .await

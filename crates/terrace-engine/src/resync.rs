@@ -9,20 +9,23 @@
 //!
 //! After an unclean shutdown only the extents the write intent names are
 //! resynchronised (or the whole space, where it was named whole); a
-//! mirror's while it serves (see [`crate::crash_resync`]).
+//! mirror's while it serves (see `crash_resync.rs`).
 //!
 //! A parity row with a data column missing cannot be checked: its parity is
 //! the only record of the missing data. Such rows are left alone (and
 //! counted); the journal removes the window in which they could disagree.
+//!
+//! This module checks or mends one row; the passes over a space, and the
+//! bookkeeping of a crash, are in `redundancy.rs`.
+//!
+//! May depend on: `row`, `verify` and what they depend on, `terrace_ec`.
 
 use futures::future::join_all;
 use terrace_io::{aligned_buffer, BytesMut};
 use terrace_layout::Layout;
 
-use crate::error::EngineError;
-use crate::row::RowIo;
-use crate::space::Space;
-use crate::verify::{self, Finding, Problem, ProblemKind, FINDINGS_MAX};
+use crate::row::{RowHost, RowIo};
+use crate::verify::{self, Finding, Problem, ProblemKind};
 
 /// What a pass over a space found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -30,7 +33,7 @@ pub struct RedundancyReport {
     pub rows: u64,
     /// Rows whose redundancy disagreed (verify) or was rewritten (resync).
     pub mismatched_rows: Vec<(u64, u64)>,
-    /// The first [`FINDINGS_MAX`] of those rows, with what disagrees and
+    /// The first [`FINDINGS_MAX`](crate::verify::FINDINGS_MAX) of those rows, with what disagrees and
     /// where (the rest are counted in `mismatched_rows` only).
     pub findings: Vec<Finding>,
     /// Rows that could not be checked because a needed slot is offline.
@@ -41,149 +44,19 @@ pub struct RedundancyReport {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Pass {
+pub(crate) enum Pass {
     Verify,
     Repair,
 }
 
-/// Rewrite redundancy from its source of truth on every row.
-pub async fn resync_space(space: &Space) -> Result<RedundancyReport, EngineError> {
-    walk(space, Pass::Repair).await
-}
-
-/// Check, without writing, that every mirror copy and parity agrees.
-pub async fn verify_space(space: &Space) -> Result<RedundancyReport, EngineError> {
-    walk(space, Pass::Verify).await
-}
-
-/// Rewrite redundancy of the rows under `[offset, offset + length)` only
-/// (after a crash, the ranges a write-back log says were being written).
-pub(crate) async fn resync_range(
-    space: &Space,
-    offset: u64,
-    length: u64,
-) -> Result<RedundancyReport, EngineError> {
-    let row_bytes = space.geometry.row_data_bytes();
-    let end = (offset + length).min(space.size_bytes());
-    let rows = (offset / row_bytes..end.div_ceil(row_bytes)).map(|row| {
-        let per_extent = space.geometry.rows_per_extent();
-        (row / per_extent, row % per_extent)
-    });
-    walk_rows(space, Pass::Repair, rows).await
-}
-
-async fn walk(space: &Space, pass: Pass) -> Result<RedundancyReport, EngineError> {
-    let extents = space.map().extents.len() as u64;
-    let per_extent = space.geometry.rows_per_extent();
-    let rows = (0..extents).flat_map(|extent| (0..per_extent).map(move |row| (extent, row)));
-    walk_rows(space, pass, rows).await
-}
-
-async fn walk_rows(
-    space: &Space,
-    pass: Pass,
-    rows: impl Iterator<Item = (u64, u64)>,
-) -> Result<RedundancyReport, EngineError> {
-    let mut report = RedundancyReport::default();
-    if space.geometry.layout() == Layout::Simple {
-        return Ok(report);
-    }
-    let map = space.map();
-    for (extent, row) in rows {
-        if extent >= map.extents.len() as u64 {
-            continue;
-        }
-        let span = space.geometry.whole_row(extent, row);
-        if pass == Pass::Verify && space.pool.crash_resync.wanted(space.id, extent, row) {
-            // Not yet resynchronised since a crash: its copies may differ.
-            report.unsynced_rows += 1;
-            continue;
-        }
-        let io = space.row_io(&map, &span);
-        // A repair leaves out disks not in service; one that comes back
-        // (a disk returning at an import is welcomed only after recovery
-        // repaired) must catch up on the row too.
-        let _writing = match pass {
-            Pass::Repair => {
-                let row_bytes = space.geometry.row_data_bytes();
-                let offset = extent * space.geometry.extent_data_bytes() + row * row_bytes;
-                Some(space.track_missing(&map, offset, row_bytes).await?)
-            }
-            _ => None,
-        };
-        let _guard = space.locks.lock((extent, row)).await;
-        report.rows += 1;
-        match check_row(&io, pass).await {
-            RowState::Agrees => {}
-            RowState::Disagrees(problems) => {
-                report.mismatched_rows.push((extent, row));
-                if report.findings.len() < FINDINGS_MAX {
-                    report.findings.push(finding(space, extent, row, problems));
-                }
-            }
-            RowState::Skipped => report.skipped_rows += 1,
-        }
-    }
-    space.pool.persist_failures().await?;
-    Ok(report)
-}
-
-/// Resynchronise `row` of `extent` of a mirror after an unclean shutdown
-/// if it still wants it (see [`crate::crash_resync`]): under the row's
-/// lock, which the caller may hold already (`lock_held`: a sub-block
-/// write reading its edges, whose own record of missing disks covers the
-/// extent).
-pub(crate) async fn resync_crashed_row(
-    space: &Space,
-    extent: u64,
-    row: u64,
-    lock_held: bool,
-) -> Result<(), EngineError> {
-    if !space.pool.crash_resync.wanted(space.id, extent, row) {
-        return Ok(());
-    }
-    let row_bytes = space.geometry.row_data_bytes();
-    let (_writing, _guard) = if lock_held {
-        (None, None)
-    } else {
-        let offset = extent * space.geometry.extent_data_bytes() + row * row_bytes;
-        let writing = space.track_missing(&space.map(), offset, row_bytes).await?;
-        (Some(writing), Some(space.locks.lock((extent, row)).await))
-    };
-    // Another reader, the background pass or a move may have done it
-    // while this one waited for the lock.
-    if !space.pool.crash_resync.wanted(space.id, extent, row) {
-        return Ok(());
-    }
-    // The slots' places as they are under the lock.
-    let map = space.map();
-    if extent < map.extents.len() as u64 {
-        let span = space.geometry.whole_row(extent, row);
-        check_row(&space.row_io(&map, &span), Pass::Repair).await;
-    }
-    space.pool.crash_resync.done(space.id, extent, row);
-    Ok(())
-}
-
-enum RowState {
+pub(crate) enum RowState {
     Agrees,
     Disagrees(Vec<Problem>),
     Skipped,
 }
 
-fn finding(space: &Space, extent: u64, row: u64, problems: Vec<Problem>) -> Finding {
-    let length = space.geometry.row_data_bytes();
-    Finding {
-        offset: extent * space.geometry.extent_data_bytes() + row * length,
-        length,
-        extent,
-        row,
-        problems,
-    }
-}
-
 /// Read the whole row of every online slot (`None` for offline or failed).
-async fn read_slots(io: &RowIo<'_>) -> Vec<Option<BytesMut>> {
+async fn read_slots<H: RowHost>(io: &RowIo<'_, H>) -> Vec<Option<BytesMut>> {
     let width = io.geometry().interleave_bytes() as usize;
     let reads = (0..io.geometry().slots_per_extent()).map(|slot| async move {
         if !io.online(slot) {
@@ -195,7 +68,7 @@ async fn read_slots(io: &RowIo<'_>) -> Vec<Option<BytesMut>> {
     join_all(reads).await
 }
 
-async fn check_row(io: &RowIo<'_>, pass: Pass) -> RowState {
+pub(crate) async fn check_row<H: RowHost>(io: &RowIo<'_, H>, pass: Pass) -> RowState {
     let slots = read_slots(io).await;
     let geometry = io.geometry();
     let mut fixes: Vec<(u32, BytesMut)> = Vec::new();
@@ -293,7 +166,10 @@ async fn check_row(io: &RowIo<'_>, pass: Pass) -> RowState {
 
 /// A slot being moved has two valid places for this row; they must agree.
 /// The one reads come from is the reference.
-async fn second_copies(io: &RowIo<'_>, slots: &[Option<BytesMut>]) -> Vec<(u32, BytesMut)> {
+async fn second_copies<H: RowHost>(
+    io: &RowIo<'_, H>,
+    slots: &[Option<BytesMut>],
+) -> Vec<(u32, BytesMut)> {
     let width = io.geometry().interleave_bytes() as usize;
     let offset = io.geometry().slab_offset(io.row, 0);
     let mut fixes = Vec::new();

@@ -1,18 +1,49 @@
 //! I/O on one row of one extent: the only thing layout handlers see.
+//!
+//! A [`RowIo`] is built from the row's place (extent, row), the extent's
+//! slots ([`Target`]s) and a [`RowHost`]: the little a row needs from the
+//! space above it (its geometry and name, its row locks, the slots as they
+//! are now, and where a write that missed a disk is reported). Nothing
+//! here names the space or the pool; the host is a type parameter, so each
+//! call is static.
+//!
+//! May depend on: `target`, `disk` (through it), `row_lock`, `error`,
+//! `terrace_layout`, `terrace_io`.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use futures::future::join_all;
 use terrace_io::{Bytes, BytesMut};
 use terrace_layout::{ColumnPiece, Geometry, RowSpan};
+use terrace_meta::DiskIndex;
 
 use crate::error::EngineError;
-use crate::row_lock::RowGuard;
-use crate::space::{join_buffer, split_buffer, Space, Target};
-use crate::target::Location;
+use crate::row_lock::{RowGuard, RowLocks};
+use crate::target::{Location, Target};
 
-pub struct RowIo<'a> {
-    pub space: &'a Space,
+/// What the rows of a space need from the space: implemented by the space
+/// above, called by the row-level code below it.
+pub(crate) trait RowHost {
+    fn geometry(&self) -> &Geometry;
+
+    /// The space's name, for errors.
+    fn name(&self) -> &str;
+
+    fn locks(&self) -> &RowLocks;
+
+    /// Writers never overlap (a log space): they share row locks.
+    fn disjoint_writes(&self) -> bool;
+
+    /// The slots of `extent` as they are now (none if the extent is gone).
+    fn current_extent(&self, extent: u64) -> Option<Arc<[Target]>>;
+
+    /// A write of `extent` failed on `disk`: the disk missed the extent.
+    fn missed(&self, disk: DiskIndex, extent: u64);
+}
+
+pub(crate) struct RowIo<'a, H: RowHost> {
+    pub host: &'a H,
     pub extent: u64,
     pub row: u64,
     pub targets: &'a [Target],
@@ -21,13 +52,24 @@ pub struct RowIo<'a> {
     pub lock_held: bool,
 }
 
-impl RowIo<'_> {
+impl<'a, H: RowHost> RowIo<'a, H> {
+    /// I/O on the row of `span`, whose extent has the slots `targets`.
+    pub fn new(host: &'a H, targets: &'a [Target], span: &RowSpan) -> RowIo<'a, H> {
+        RowIo {
+            host,
+            extent: span.extent,
+            row: span.row,
+            targets,
+            lock_held: false,
+        }
+    }
+
     /// Take the row lock unless the caller holds it already.
     pub async fn lock(&self) -> Option<RowGuard<'_>> {
         if self.lock_held {
             None
         } else {
-            Some(self.space.locks.lock((self.extent, self.row)).await)
+            Some(self.host.locks().lock((self.extent, self.row)).await)
         }
     }
 
@@ -40,16 +82,16 @@ impl RowIo<'_> {
         let key = (self.extent, self.row);
         if self.lock_held {
             None
-        } else if self.space.disjoint_writes() {
-            Some(self.space.locks.lock_shared(key).await)
+        } else if self.host.disjoint_writes() {
+            Some(self.host.locks().lock_shared(key).await)
         } else {
             let range = (span.row_offset, span.row_offset + span.length);
-            Some(self.space.locks.lock_range(key, range).await)
+            Some(self.host.locks().lock_range(key, range).await)
         }
     }
 
     pub fn geometry(&self) -> &Geometry {
-        &self.space.geometry
+        self.host.geometry()
     }
 
     /// Run `f` on the extent's slots as the space has them now, not as
@@ -61,7 +103,7 @@ impl RowIo<'_> {
     /// returned the old data (found by the simulation once it ran the job
     /// runner). Callers hold the row's lock, as moves do while they fill.
     pub(crate) fn with_targets<R>(&self, f: impl FnOnce(&[Target]) -> R) -> R {
-        match self.space.current_extent(self.extent) {
+        match self.host.current_extent(self.extent) {
             Some(targets) => f(&targets),
             None => f(self.targets),
         }
@@ -148,16 +190,14 @@ impl RowIo<'_> {
 
     /// A write to `location` failed: its disk missed this extent.
     fn missed(&self, location: &Location) {
-        self.space
-            .pool
-            .note_failed_write(location.disk.index, self.space.id(), self.extent as u32);
+        self.host.missed(location.disk.index, self.extent);
     }
 
     /// The error for a span whose data cannot be served.
     pub fn unavailable(&self, span: &RowSpan, reason: impl Into<String>) -> EngineError {
         let geometry = self.geometry();
         EngineError::Unavailable {
-            space: self.space.name.clone(),
+            space: self.host.name().to_owned(),
             offset: span.extent * geometry.extent_data_bytes()
                 + span.row * geometry.row_data_bytes()
                 + span.row_offset,
@@ -169,8 +209,8 @@ impl RowIo<'_> {
 
 /// Read every column piece of a span into its part of `buffer` with
 /// `read_piece`, all at once; the first error names the span.
-pub async fn read_pieces<'a, F, R>(
-    io: &'a RowIo<'_>,
+pub(crate) async fn read_pieces<'a, H: RowHost, F, R>(
+    io: &'a RowIo<'_, H>,
     span: &RowSpan,
     buffer: BytesMut,
     read_piece: F,
@@ -204,4 +244,50 @@ where
         Some(error) => Err(io.unavailable(span, error)),
     };
     (join_buffer(parts), result)
+}
+
+/// Cut an aligned buffer into consecutive parts of the given lengths.
+pub(crate) fn split_buffer(
+    mut buffer: BytesMut,
+    lengths: impl Iterator<Item = u64>,
+) -> Vec<BytesMut> {
+    let mut parts: Vec<BytesMut> = lengths
+        .map(|length| buffer.split_to(length as usize))
+        .collect();
+    debug_assert!(buffer.is_empty());
+    if parts.is_empty() {
+        parts.push(buffer);
+    }
+    parts
+}
+
+/// Join consecutive parts cut by [`split_buffer`]; O(1) per part when they
+/// are still adjacent.
+pub(crate) fn join_buffer(parts: Vec<BytesMut>) -> BytesMut {
+    let mut parts = parts.into_iter();
+    let mut whole = parts.next().unwrap_or_default();
+    for part in parts {
+        whole.unsplit(part);
+    }
+    whole
+}
+
+/// Await every future and return the first error in their order. One
+/// future is awaited in place; more are collected first, so that
+/// `join_all` knows their count and uses its single-allocation form (an
+/// iterator of unknown length makes it build a `FuturesOrdered`, with an
+/// allocation per future).
+pub(crate) async fn all_ok<F, E>(futures: impl IntoIterator<Item = F>) -> Result<(), E>
+where
+    F: Future<Output = Result<(), E>>,
+{
+    let mut futures = futures.into_iter();
+    let Some(first) = futures.next() else {
+        return Ok(());
+    };
+    let Some(second) = futures.next() else {
+        return first.await;
+    };
+    let all: Vec<F> = [first, second].into_iter().chain(futures).collect();
+    join_all(all).await.into_iter().collect()
 }

@@ -1,15 +1,16 @@
 //! Simple (striped) rows: one slot per column, no redundancy.
+//!
+//! May depend on: `row` and what it depends on.
 
 use terrace_io::BytesMut;
 use terrace_layout::{ColumnPiece, RowSpan};
 
 use crate::error::EngineError;
 use crate::payload::Payload;
-use crate::row::{read_pieces, RowIo};
-use crate::space::all_ok;
+use crate::row::{all_ok, read_pieces, RowHost, RowIo};
 
-pub async fn read(
-    io: &RowIo<'_>,
+pub async fn read<H: RowHost>(
+    io: &RowIo<'_, H>,
     span: &RowSpan,
     buffer: BytesMut,
 ) -> (BytesMut, Result<(), EngineError>) {
@@ -23,8 +24,8 @@ pub async fn read(
     .await
 }
 
-pub async fn write(
-    io: &RowIo<'_>,
+pub async fn write<H: RowHost>(
+    io: &RowIo<'_, H>,
     span: &RowSpan,
     data: &Payload,
     fua: bool,

@@ -46,7 +46,8 @@ use crate::departures::Writing;
 use crate::error::EngineError;
 use crate::journal::Journal as JournalOf;
 use crate::payload::Payload;
-use crate::row::RowIo;
+pub(crate) use crate::row::{all_ok, join_buffer, split_buffer};
+use crate::row::{RowHost, RowIo};
 use crate::row_lock::RowLocks;
 use crate::target::Location;
 pub use crate::target::Target;
@@ -427,14 +428,8 @@ impl Space {
         Ok(map)
     }
 
-    pub(crate) fn row_io<'a>(&'a self, map: &'a SpaceMap, span: &RowSpan) -> RowIo<'a> {
-        RowIo {
-            space: self,
-            extent: span.extent,
-            row: span.row,
-            targets: &map.extents[span.extent as usize],
-            lock_held: false,
-        }
+    pub(crate) fn row_io<'a>(&'a self, map: &'a SpaceMap, span: &RowSpan) -> RowIo<'a, Space> {
+        RowIo::new(self, &map.extents[span.extent as usize], span)
     }
 
     /// Read `length` bytes at `offset` (any byte granularity).
@@ -877,7 +872,7 @@ impl Space {
         }
         let body = async {
             if body_end > body_start {
-                zero::zero_range(self, map, body_start, body_end - body_start, mode).await
+                zero::zero_range(self, &map.extents, body_start, body_end - body_start, mode).await
             } else {
                 Ok(())
             }
@@ -971,6 +966,32 @@ impl Space {
     }
 }
 
+impl RowHost for Space {
+    fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn locks(&self) -> &RowLocks {
+        &self.locks
+    }
+
+    fn disjoint_writes(&self) -> bool {
+        Space::disjoint_writes(self)
+    }
+
+    fn current_extent(&self, extent: u64) -> Option<Arc<[Target]>> {
+        Space::current_extent(self, extent)
+    }
+
+    fn missed(&self, disk: DiskIndex, extent: u64) {
+        self.pool.note_failed_write(disk, self.id, extent as u32);
+    }
+}
+
 /// `[offset, offset + length)` cut into the pieces a trim or write-zeroes
 /// is done in: at most [`REQUEST_MAX_BYTES`] each (a piece that falls back
 /// to writing zeroes, through a log or on a degraded row, holds that much
@@ -1045,10 +1066,22 @@ fn locations(extents: &[Arc<[Target]>]) -> impl Iterator<Item = Location> + '_ {
 
 /// Read one row span with its layout's handler.
 async fn read_span(
-    io: &RowIo<'_>,
+    io: &RowIo<'_, Space>,
     span: &RowSpan,
     part: BytesMut,
 ) -> Result<BytesMut, EngineError> {
+    // Since a crash, a (mirror) row is read only once its copies agree.
+    let space = io.host;
+    if space.pool.crash_resync.wanted(space.id, io.extent, io.row) {
+        // Boxed: rare, and every read's future would carry its state.
+        Box::pin(crate::redundancy::resync_crashed_row(
+            space,
+            io.extent,
+            io.row,
+            io.lock_held,
+        ))
+        .await?;
+    }
     let (part, result) = match io.geometry().layout() {
         Layout::Simple => simple::read(io, span, part).await,
         Layout::Mirror { .. } => mirror::read(io, span, part).await,
@@ -1061,7 +1094,7 @@ async fn read_span(
 
 /// Write one block-aligned row span with its layout's handler.
 async fn write_span(
-    io: &RowIo<'_>,
+    io: &RowIo<'_, Space>,
     span: &RowSpan,
     data: &Payload,
     fua: bool,
@@ -1072,52 +1105,6 @@ async fn write_span(
         // Boxed, as for reads: a parity update's state is the largest.
         Layout::Parity { .. } => Box::pin(parity::write(io, span, data, fua)).await,
     }
-}
-
-/// Await every future and return the first error in their order. One
-/// future is awaited in place; more are collected first, so that
-/// `join_all` knows their count and uses its single-allocation form (an
-/// iterator of unknown length makes it build a `FuturesOrdered`, with an
-/// allocation per future).
-pub(crate) async fn all_ok<F, E>(futures: impl IntoIterator<Item = F>) -> Result<(), E>
-where
-    F: std::future::Future<Output = Result<(), E>>,
-{
-    let mut futures = futures.into_iter();
-    let Some(first) = futures.next() else {
-        return Ok(());
-    };
-    let Some(second) = futures.next() else {
-        return first.await;
-    };
-    let all: Vec<F> = [first, second].into_iter().chain(futures).collect();
-    join_all(all).await.into_iter().collect()
-}
-
-/// Cut an aligned buffer into consecutive parts of the given lengths.
-pub(crate) fn split_buffer(
-    mut buffer: BytesMut,
-    lengths: impl Iterator<Item = u64>,
-) -> Vec<BytesMut> {
-    let mut parts: Vec<BytesMut> = lengths
-        .map(|length| buffer.split_to(length as usize))
-        .collect();
-    debug_assert!(buffer.is_empty());
-    if parts.is_empty() {
-        parts.push(buffer);
-    }
-    parts
-}
-
-/// Join consecutive parts cut by [`split_buffer`]; O(1) per part when they
-/// are still adjacent.
-pub(crate) fn join_buffer(parts: Vec<BytesMut>) -> BytesMut {
-    let mut parts = parts.into_iter();
-    let mut whole = parts.next().unwrap_or_default();
-    for part in parts {
-        whole.unsplit(part);
-    }
-    whole
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use std::fmt;
 use terrace_layout::{Geometry, Layout};
 use terrace_meta::DiskIndex;
 
-use crate::row::RowIo;
+use crate::row::{RowHost, RowIo};
 
 /// Most findings a verify keeps with their places; past this it only
 /// counts rows (the report's `mismatched_rows`). A hundred rows are
@@ -140,7 +140,7 @@ pub(crate) fn role(geometry: &Geometry, row: u64, slot: u32) -> Role {
 }
 
 /// Where `slot` of the row of `io` is read from now.
-pub(crate) fn place(io: &RowIo<'_>, slot: u32) -> Place {
+pub(crate) fn place<H: RowHost>(io: &RowIo<'_, H>, slot: u32) -> Place {
     let geometry = io.geometry();
     let location = io.with_targets(|targets| targets[slot as usize].readable(io.row).cloned());
     Place {
@@ -154,8 +154,8 @@ pub(crate) fn place(io: &RowIo<'_>, slot: u32) -> Place {
 /// The disagreement of a parity row whose parity columns `wrong` (by
 /// index) differ from what its `data` encodes to; `stored` is each
 /// parity column as read.
-pub(crate) fn parity_problem(
-    io: &RowIo<'_>,
+pub(crate) fn parity_problem<H: RowHost>(
+    io: &RowIo<'_, H>,
     data: &[&[u8]],
     stored: &[Option<&[u8]>],
     wrong: &[bool],

@@ -8,6 +8,10 @@
 //! are zeroed the same way, piece by piece; partial parity rows are written
 //! with zeroes through the ordinary write path (write-zeroes) or left alone
 //! (trim, which is advisory).
+//!
+//! May depend on: `row`, `parity` and what they depend on.
+
+use std::sync::Arc;
 
 use futures::future::join_all;
 use terrace_io::Bytes;
@@ -16,8 +20,8 @@ use terrace_layout::{Layout, RowSpan};
 use crate::error::EngineError;
 use crate::parity;
 use crate::payload::Payload;
-use crate::row::RowIo;
-use crate::space::{Space, SpaceMap};
+use crate::row::{RowHost, RowIo};
+use crate::target::Target;
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -35,14 +39,16 @@ impl Mode {
 /// the size of one device call (256 rows of 256 KiB = 64 MiB per slot).
 const CHUNK_ROWS: u64 = 256;
 
-pub async fn zero_range(
-    space: &Space,
-    map: &SpaceMap,
+/// Zero `[offset, offset + length)` of the space `space`, whose extents'
+/// slots were `extents` when the request began.
+pub(crate) async fn zero_range<H: RowHost>(
+    space: &H,
+    extents: &[Arc<[Target]>],
     offset: u64,
     length: u64,
     mode: Mode,
 ) -> Result<(), EngineError> {
-    let geometry = &space.geometry;
+    let geometry = space.geometry();
     let row_bytes = geometry.row_data_bytes();
     let end = offset + length;
     let body_start = offset.next_multiple_of(row_bytes).min(end);
@@ -50,7 +56,7 @@ pub async fn zero_range(
     let mut partials = Vec::new();
     for (start, stop) in [(offset, body_start), (body_end, end)] {
         if stop > start {
-            partials.push(zero_partial(space, map, start, stop - start, mode));
+            partials.push(zero_partial(space, extents, start, stop - start, mode));
         }
     }
     let mut chunks = Vec::new();
@@ -63,7 +69,7 @@ pub async fn zero_range(
             .min(CHUNK_ROWS);
         chunks.push(zero_rows(
             space,
-            map,
+            extents,
             location.extent,
             location.row,
             rows,
@@ -76,26 +82,26 @@ pub async fn zero_range(
 }
 
 /// Zero `rows` whole rows from `first_row` of `extent` on every slot.
-async fn zero_rows(
-    space: &Space,
-    map: &SpaceMap,
+async fn zero_rows<H: RowHost>(
+    space: &H,
+    extents: &[Arc<[Target]>],
     extent: u64,
     first_row: u64,
     rows: u64,
     mode: Mode,
 ) -> Result<(), EngineError> {
-    let geometry = &space.geometry;
+    let geometry = space.geometry();
     // Rows in ascending order: two requests locking several rows never
     // wait on each other in a cycle.
     let mut guards = Vec::new();
     for row in first_row..first_row + rows {
-        guards.push(space.locks.lock((extent, row)).await);
+        guards.push(space.locks().lock((extent, row)).await);
     }
     // The slots' places as they are under the locks (a move installed
     // since the request began has a target here that must be zeroed too;
     // see `RowIo::with_targets`).
     let current = space.current_extent(extent);
-    let targets = current.as_deref().unwrap_or(&map.extents[extent as usize]);
+    let targets = current.as_deref().unwrap_or(&extents[extent as usize]);
     let offset_in_slab = geometry.slab_offset(first_row, 0);
     let length = rows * geometry.interleave_bytes();
     let zeroes = targets
@@ -113,7 +119,7 @@ async fn zero_rows(
         .is_none()
     {
         return Err(EngineError::Unavailable {
-            space: space.name.clone(),
+            space: space.name().to_owned(),
             offset: extent * geometry.extent_data_bytes() + first_row * geometry.row_data_bytes(),
             length: rows * geometry.row_data_bytes(),
             reason: "more disks of this extent are lost than the layout tolerates".into(),
@@ -123,28 +129,39 @@ async fn zero_rows(
 }
 
 /// Zero a range that lies within single rows (at most two of them).
-async fn zero_partial(
-    space: &Space,
-    map: &SpaceMap,
+async fn zero_partial<H: RowHost>(
+    space: &H,
+    extents: &[Arc<[Target]>],
     offset: u64,
     length: u64,
     mode: Mode,
 ) -> Result<(), EngineError> {
-    let spans: Vec<RowSpan> = space.geometry.split_rows(offset, length).collect();
-    match space.geometry.layout() {
+    let spans: Vec<RowSpan> = space.geometry().split_rows(offset, length).collect();
+    match space.geometry().layout() {
         Layout::Parity { .. } => {
             let Mode::Zeroes { fua } = mode else {
                 return Ok(());
             };
             let zeroes = Payload::from(Bytes::from(vec![0u8; length as usize]));
             for span in &spans {
-                parity::write(&space.row_io(map, span), span, &zeroes, fua).await?;
+                parity::write(
+                    &RowIo::new(space, &extents[span.extent as usize], span),
+                    span,
+                    &zeroes,
+                    fua,
+                )
+                .await?;
             }
             Ok(())
         }
         Layout::Simple | Layout::Mirror { .. } => {
             for span in &spans {
-                zero_pieces(&space.row_io(map, span), span, mode).await?;
+                zero_pieces(
+                    &RowIo::new(space, &extents[span.extent as usize], span),
+                    span,
+                    mode,
+                )
+                .await?;
             }
             Ok(())
         }
@@ -152,7 +169,11 @@ async fn zero_partial(
 }
 
 /// Zero each piece of a simple or mirror row span on every online copy.
-async fn zero_pieces(io: &RowIo<'_>, span: &RowSpan, mode: Mode) -> Result<(), EngineError> {
+async fn zero_pieces<H: RowHost>(
+    io: &RowIo<'_, H>,
+    span: &RowSpan,
+    mode: Mode,
+) -> Result<(), EngineError> {
     let geometry = io.geometry();
     let copies = geometry.layout().copies();
     let _guard = io.lock().await;

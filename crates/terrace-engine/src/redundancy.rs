@@ -1,0 +1,209 @@
+//! Passes over a space that check or rewrite its redundancy: verify, the
+//! resync of a whole space or of a range, and the resync of mirror rows a
+//! crash left owed (on read, and the job runner's background pass).
+//!
+//! Each row is checked or mended by [`crate::resync`]; this module does
+//! what needs the space and the pool around it: the map, the row locks,
+//! the record of disks a repair leaves out, the crash-resync bookkeeping
+//! and the commit of failures.
+
+use futures::future::join_all;
+use terrace_layout::Layout;
+
+use crate::error::EngineError;
+use crate::pool::Pool;
+use crate::resync::{check_row, Pass, RedundancyReport, RowState};
+use crate::space::Space;
+use crate::verify::{Finding, Problem, FINDINGS_MAX};
+use terrace_meta::SpaceId;
+
+/// Rewrite redundancy from its source of truth on every row.
+pub async fn resync_space(space: &Space) -> Result<RedundancyReport, EngineError> {
+    walk(space, Pass::Repair).await
+}
+
+/// Check, without writing, that every mirror copy and parity agrees.
+pub async fn verify_space(space: &Space) -> Result<RedundancyReport, EngineError> {
+    walk(space, Pass::Verify).await
+}
+
+/// Rewrite redundancy of the rows under `[offset, offset + length)` only
+/// (after a crash, the ranges a write-back log says were being written).
+pub(crate) async fn resync_range(
+    space: &Space,
+    offset: u64,
+    length: u64,
+) -> Result<RedundancyReport, EngineError> {
+    let row_bytes = space.geometry.row_data_bytes();
+    let end = (offset + length).min(space.size_bytes());
+    let rows = (offset / row_bytes..end.div_ceil(row_bytes)).map(|row| {
+        let per_extent = space.geometry.rows_per_extent();
+        (row / per_extent, row % per_extent)
+    });
+    walk_rows(space, Pass::Repair, rows).await
+}
+
+async fn walk(space: &Space, pass: Pass) -> Result<RedundancyReport, EngineError> {
+    let extents = space.map().extents.len() as u64;
+    let per_extent = space.geometry.rows_per_extent();
+    let rows = (0..extents).flat_map(|extent| (0..per_extent).map(move |row| (extent, row)));
+    walk_rows(space, pass, rows).await
+}
+
+async fn walk_rows(
+    space: &Space,
+    pass: Pass,
+    rows: impl Iterator<Item = (u64, u64)>,
+) -> Result<RedundancyReport, EngineError> {
+    let mut report = RedundancyReport::default();
+    if space.geometry.layout() == Layout::Simple {
+        return Ok(report);
+    }
+    let map = space.map();
+    for (extent, row) in rows {
+        if extent >= map.extents.len() as u64 {
+            continue;
+        }
+        let span = space.geometry.whole_row(extent, row);
+        if pass == Pass::Verify && space.pool.crash_resync.wanted(space.id, extent, row) {
+            // Not yet resynchronised since a crash: its copies may differ.
+            report.unsynced_rows += 1;
+            continue;
+        }
+        let io = space.row_io(&map, &span);
+        // A repair leaves out disks not in service; one that comes back
+        // (a disk returning at an import is welcomed only after recovery
+        // repaired) must catch up on the row too.
+        let _writing = match pass {
+            Pass::Repair => {
+                let row_bytes = space.geometry.row_data_bytes();
+                let offset = extent * space.geometry.extent_data_bytes() + row * row_bytes;
+                Some(space.track_missing(&map, offset, row_bytes).await?)
+            }
+            _ => None,
+        };
+        let _guard = space.locks.lock((extent, row)).await;
+        report.rows += 1;
+        match check_row(&io, pass).await {
+            RowState::Agrees => {}
+            RowState::Disagrees(problems) => {
+                report.mismatched_rows.push((extent, row));
+                if report.findings.len() < FINDINGS_MAX {
+                    report.findings.push(finding(space, extent, row, problems));
+                }
+            }
+            RowState::Skipped => report.skipped_rows += 1,
+        }
+    }
+    space.pool.persist_failures().await?;
+    Ok(report)
+}
+
+/// Resynchronise `row` of `extent` of a mirror after an unclean shutdown
+/// if it still wants it (see [`crate::crash_resync`]): under the row's
+/// lock, which the caller may hold already (`lock_held`: a sub-block
+/// write reading its edges, whose own record of missing disks covers the
+/// extent).
+pub(crate) async fn resync_crashed_row(
+    space: &Space,
+    extent: u64,
+    row: u64,
+    lock_held: bool,
+) -> Result<(), EngineError> {
+    if !space.pool.crash_resync.wanted(space.id, extent, row) {
+        return Ok(());
+    }
+    let row_bytes = space.geometry.row_data_bytes();
+    let (_writing, _guard) = if lock_held {
+        (None, None)
+    } else {
+        let offset = extent * space.geometry.extent_data_bytes() + row * row_bytes;
+        let writing = space.track_missing(&space.map(), offset, row_bytes).await?;
+        (Some(writing), Some(space.locks.lock((extent, row)).await))
+    };
+    // Another reader, the background pass or a move may have done it
+    // while this one waited for the lock.
+    if !space.pool.crash_resync.wanted(space.id, extent, row) {
+        return Ok(());
+    }
+    // The slots' places as they are under the lock.
+    let map = space.map();
+    if extent < map.extents.len() as u64 {
+        let span = space.geometry.whole_row(extent, row);
+        check_row(&space.row_io(&map, &span), Pass::Repair).await;
+    }
+    space.pool.crash_resync.done(space.id, extent, row);
+    Ok(())
+}
+
+fn finding(space: &Space, extent: u64, row: u64, problems: Vec<Problem>) -> Finding {
+    let length = space.geometry.row_data_bytes();
+    Finding {
+        offset: extent * space.geometry.extent_data_bytes() + row * length,
+        length,
+        extent,
+        row,
+        problems,
+    }
+}
+
+/// Rows the background pass resynchronises at once, so that the drives
+/// see a queue rather than one row's reads and writes at a time.
+const ROWS_AT_ONCE: usize = 8;
+
+impl Pool {
+    /// Resynchronise every mirror row left since an unclean shutdown (see
+    /// the module doc); the job runner runs it, and it returns at once when
+    /// nothing is left. An extent stays named in the write intent until
+    /// the runner's idle clearing has flushed it.
+    pub async fn resync_after_crash(&self) -> Result<(), EngineError> {
+        while let Some((id, extent, rows)) = self.shared.crash_resync.next() {
+            self.shared.check_open()?;
+            let Some(space) = self.spaces().into_iter().find(|space| space.id() == id) else {
+                // Deleted.
+                self.shared.crash_resync.forget(id);
+                continue;
+            };
+            let row_bytes = space.geometry().row_data_bytes();
+            for batch in rows.chunks(ROWS_AT_ONCE) {
+                // Paced by the pool's repair rate, in one budget with the
+                // jobs' moves; reads that meet owed rows are not.
+                let rate = self
+                    .shared
+                    .control
+                    .lock()
+                    .await
+                    .metadata
+                    .settings
+                    .repair_rate_bytes_per_second;
+                self.wait_turn(rate, batch.len() as u64 * row_bytes).await;
+                self.shared.check_open()?;
+                let resyncs = batch
+                    .iter()
+                    .map(|&row| resync_crashed_row(&space, u64::from(extent), row, false));
+                for resynced in join_all(resyncs).await {
+                    resynced?;
+                }
+            }
+            self.shared.persist_failures().await?;
+        }
+        Ok(())
+    }
+
+    /// Extents of `space` left to resynchronise since an unclean shutdown.
+    pub fn resync_extents_left(&self, space: SpaceId) -> u64 {
+        self.shared.crash_resync.extents_left(space)
+    }
+
+    /// Extents of every space left to resynchronise since an unclean
+    /// shutdown.
+    pub fn resync_extents_pending(&self) -> u64 {
+        self.shared.crash_resync.extents_pending()
+    }
+
+    /// Clear the write intent of extents idle for long enough, now, as the
+    /// job runner does every so often.
+    pub async fn clear_idle_intent(&self) -> Result<(), EngineError> {
+        self.shared.clear_idle_intent().await
+    }
+}
