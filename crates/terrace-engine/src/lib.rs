@@ -2,9 +2,9 @@
 //!
 //! ```text
 //! Space::read/write/flush/write_zeroes/trim      (space.rs: validation, the split into rows)
-//!   └─ simple.rs / mirror.rs / parity.rs          (one row at a time; row locks)
+//!   └─ layouts/ (simple, mirror, parity)         (one row at a time; row locks)
 //!        └─ terrace_ec                            (P/Q encode, update, rebuild)
-//!        └─ row.rs → disk.rs                      (slot → disk offset; error latch)
+//!        └─ row.rs → target.rs → disk.rs          (slot → disk offset; error latch)
 //!             └─ terrace_io::BlockDevice          (files, block devices, memory, wrappers)
 //! Pool::create/import/close, create_space         (pool.rs, admin.rs)
 //!   └─ control.rs                                 (the one owner of metadata; commits)
@@ -29,10 +29,9 @@ mod events;
 mod failures;
 mod jobs;
 pub mod journal;
+mod layouts;
 mod log_memory;
 mod membership;
-mod mirror;
-mod parity;
 mod payload;
 mod pool;
 mod rebuild;
@@ -42,7 +41,6 @@ mod room;
 mod row;
 mod row_lock;
 mod scan;
-mod simple;
 mod slab_holds;
 mod space;
 mod status;
@@ -58,10 +56,10 @@ pub use disk::Condition;
 pub use error::EngineError;
 pub use events::{PoolEvent, EVENTS_QUEUED_MAX};
 pub use jobs::{JobAction, JobStatus, JOB_HISTORY_MAX};
-pub use membership::LabelLeft;
-pub use mirror::{
+pub use layouts::mirror::{
     stream_reach_bytes as mirror_stream_reach_bytes, READ_REGION_BYTES as MIRROR_READ_REGION_BYTES,
 };
+pub use membership::LabelLeft;
 pub use pool::{
     validate_name, ImportOptions, NewDisk, Pool, PoolConfig, NAME_MAX_BYTES, SLAB_DEFAULT_BYTES,
     SLAB_MAX_BYTES, SLAB_MIN_BYTES,

@@ -9,19 +9,19 @@
 //! From then on client writes of that row also go to the destination (see
 //! `target.rs`), so the destination stays current behind the watermark.
 //!
-//! May depend on: `row`, `parity` and what they depend on.
+//! May depend on: `layouts` and what it depends on.
 
 use std::sync::atomic::Ordering;
 
 use terrace_io::{aligned_buffer, BytesMut};
-use terrace_layout::Layout;
 
 use crate::error::EngineError;
-use crate::row::{RowHost, RowIo};
+use crate::layouts::{LayoutHost, RowLayout};
+use crate::row::RowIo;
 use crate::target::Location;
 
 /// The content of one row of `slot`, from anywhere but `destination`.
-async fn row_content<H: RowHost>(
+async fn row_content<H: LayoutHost>(
     io: &RowIo<'_, H>,
     slot: u32,
     destination: &Location,
@@ -41,23 +41,7 @@ async fn row_content<H: RowHost>(
             .await;
         return result.map(|()| buffer);
     }
-    match geometry.layout() {
-        Layout::Simple => Err("a simple layout keeps one copy; its data is lost".into()),
-        Layout::Mirror { copies } => {
-            let column = slot / copies;
-            for copy in 0..copies {
-                let other = geometry.slot(column, copy);
-                if other != slot && io.online(other) {
-                    let (buffer, result) = io.read(other, 0, aligned_buffer(width)).await;
-                    if result.is_ok() {
-                        return Ok(buffer);
-                    }
-                }
-            }
-            Err("no other copy of this column is readable".into())
-        }
-        Layout::Parity { .. } => crate::parity::rebuild_slot(io, slot).await,
-    }
+    io.host.layout().slot_content(io, slot).await
 }
 
 /// Bring `rows` of `slot` of `extent` into `destination` and raise its
@@ -70,7 +54,7 @@ async fn row_content<H: RowHost>(
 /// step's rows together keeps the source and the destination streaming
 /// (a drive sees the whole step queued) instead of one row's read and
 /// write at a time.
-pub(crate) async fn fill_rows<H: RowHost>(
+pub(crate) async fn fill_rows<H: LayoutHost>(
     space: &H,
     extent: u64,
     slot: u32,

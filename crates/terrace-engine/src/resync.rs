@@ -18,12 +18,12 @@
 //! This module checks or mends one row; the passes over a space, and the
 //! bookkeeping of a crash, are in `redundancy.rs`.
 //!
-//! May depend on: `row`, `verify` and what they depend on, `terrace_ec`.
+//! May depend on: `layouts` and what it depends on.
 
 use futures::future::join_all;
 use terrace_io::{aligned_buffer, BytesMut};
-use terrace_layout::Layout;
 
+use crate::layouts::{Compared, LayoutHost, RowLayout};
 use crate::row::{RowHost, RowIo};
 use crate::verify::{self, Finding, Problem, ProblemKind};
 
@@ -68,75 +68,19 @@ async fn read_slots<H: RowHost>(io: &RowIo<'_, H>) -> Vec<Option<BytesMut>> {
     join_all(reads).await
 }
 
-pub(crate) async fn check_row<H: RowHost>(io: &RowIo<'_, H>, pass: Pass) -> RowState {
+pub(crate) async fn check_row<H: LayoutHost>(io: &RowIo<'_, H>, pass: Pass) -> RowState {
     let slots = read_slots(io).await;
-    let geometry = io.geometry();
     let mut fixes: Vec<(u32, BytesMut)> = Vec::new();
     let mut problems = Vec::new();
-    let mut skipped = false;
-    match geometry.layout() {
-        Layout::Simple => return RowState::Agrees,
-        Layout::Mirror { copies } => {
-            for column in 0..geometry.columns() {
-                let copy_slots: Vec<u32> = (0..copies)
-                    .map(|copy| geometry.slot(column, copy))
-                    .collect();
-                let Some(source) = copy_slots.iter().find_map(|&s| slots[s as usize].as_ref())
-                else {
-                    skipped = true;
-                    continue;
-                };
-                let before = fixes.len();
-                for &slot in &copy_slots {
-                    if slots[slot as usize]
-                        .as_ref()
-                        .is_some_and(|copy| copy != source)
-                    {
-                        fixes.push((slot, source.clone()));
-                    }
-                }
-                if fixes.len() > before {
-                    problems.push(Problem {
-                        kind: ProblemKind::Copies { column },
-                        places: copy_slots.iter().map(|&s| verify::place(io, s)).collect(),
-                    });
-                }
-            }
-        }
-        Layout::Parity { redundancy } => {
-            let data_columns = geometry.data_columns();
-            let data: Option<Vec<&[u8]>> = (0..data_columns)
-                .map(|column| slots[geometry.physical_column(io.row, column) as usize].as_deref())
-                .collect();
-            let Some(data) = data else {
-                return RowState::Skipped;
-            };
-            let width = geometry.interleave_bytes() as usize;
-            let mut parity: Vec<BytesMut> =
-                (0..redundancy).map(|_| aligned_buffer(width)).collect();
-            match parity.as_mut_slice() {
-                [p] => terrace_ec::encode_p(&data, p),
-                [p, q] => terrace_ec::encode_pq(&data, p, q),
-                _ => unreachable!("parity layouts have one or two parity columns"),
-            }
-            let stored: Vec<Option<&[u8]>> = (0..redundancy)
-                .map(|index| slots[geometry.parity_column(io.row, index) as usize].as_deref())
-                .collect();
-            let wrong: Vec<bool> = stored
-                .iter()
-                .zip(&parity)
-                .map(|(stored, expected)| stored.is_some_and(|stored| stored != &expected[..]))
-                .collect();
-            if wrong.contains(&true) {
-                problems.push(verify::parity_problem(io, &data, &stored, &wrong));
-            }
-            for (index, expected) in parity.into_iter().enumerate() {
-                if wrong[index] {
-                    fixes.push((geometry.parity_column(io.row, index as u32), expected));
-                }
-            }
-        }
-    }
+    let skipped = match io
+        .host
+        .layout()
+        .compare(io, &slots, &mut fixes, &mut problems)
+    {
+        Compared::NoRedundancy => return RowState::Agrees,
+        Compared::Unreadable => return RowState::Skipped,
+        Compared::Checked { partly } => partly,
+    };
     let moving = second_copies(io, &slots).await;
     problems.extend(moving.iter().map(|(slot, _)| Problem {
         kind: ProblemKind::Moving { slot: *slot },

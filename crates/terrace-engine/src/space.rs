@@ -36,7 +36,7 @@ use std::sync::{Arc, OnceLock, RwLock};
 use bytes::Buf;
 use futures::future::join_all;
 use terrace_io::{aligned_buffer, BlockDevice, Bytes, BytesMut};
-use terrace_layout::{Geometry, Layout, RowSpan, BLOCK_BYTES};
+use terrace_layout::{Geometry, RowSpan, BLOCK_BYTES};
 use terrace_meta::{DiskIndex, SlabRef, SpaceId};
 
 use crate::disk::{Condition, Disk};
@@ -45,13 +45,14 @@ use crate::control::PoolShared;
 use crate::departures::Writing;
 use crate::error::EngineError;
 use crate::journal::Journal as JournalOf;
+use crate::layouts::{LayoutHost, Layouts, RowLayout};
 use crate::payload::Payload;
 pub(crate) use crate::row::{all_ok, join_buffer, split_buffer};
 use crate::row::{RowHost, RowIo};
 use crate::row_lock::RowLocks;
 use crate::target::Location;
 pub use crate::target::Target;
-use crate::{mirror, parity, simple, zero};
+use crate::zero;
 
 /// The journal in front of a space, its ring in another space.
 type Journal = JournalOf<Space>;
@@ -113,6 +114,8 @@ pub struct Space {
     /// The NBD export name (none for a log space); fixed.
     pub(crate) export: Option<String>,
     pub(crate) geometry: Geometry,
+    /// Its layout's implementation, chosen once from the geometry's.
+    layout: Layouts,
     map: RwLock<Arc<SpaceMap>>,
     pub(crate) locks: RowLocks,
     deleted: AtomicBool,
@@ -146,6 +149,7 @@ impl Space {
             name,
             export: None,
             geometry,
+            layout: Layouts::of(geometry.layout()),
             map: RwLock::new(Arc::new(map)),
             locks: RowLocks::default(),
             deleted: AtomicBool::new(false),
@@ -277,10 +281,7 @@ impl Space {
     /// The write size that avoids read-modify-write: a full row for parity,
     /// one interleave otherwise.
     pub fn natural_write_bytes(&self) -> u64 {
-        match self.geometry.layout() {
-            Layout::Parity { .. } => self.geometry.row_data_bytes(),
-            Layout::Simple | Layout::Mirror { .. } => self.geometry.interleave_bytes(),
-        }
+        self.layout.natural_write_bytes(&self.geometry)
     }
 
     pub(crate) fn map(&self) -> Arc<SpaceMap> {
@@ -992,6 +993,12 @@ impl RowHost for Space {
     }
 }
 
+impl LayoutHost for Space {
+    fn layout(&self) -> &Layouts {
+        &self.layout
+    }
+}
+
 /// `[offset, offset + length)` cut into the pieces a trim or write-zeroes
 /// is done in: at most [`REQUEST_MAX_BYTES`] each (a piece that falls back
 /// to writing zeroes, through a log or on a degraded row, holds that much
@@ -1082,13 +1089,7 @@ async fn read_span(
         ))
         .await?;
     }
-    let (part, result) = match io.geometry().layout() {
-        Layout::Simple => simple::read(io, span, part).await,
-        Layout::Mirror { .. } => mirror::read(io, span, part).await,
-        // Boxed: a parity read's state (reconstruction) is far larger than
-        // the others', and every read's future would carry it.
-        Layout::Parity { .. } => Box::pin(parity::read(io, span, part)).await,
-    };
+    let (part, result) = space.layout.read(io, span, part).await;
     result.map(|()| part)
 }
 
@@ -1099,17 +1100,13 @@ async fn write_span(
     data: &Payload,
     fua: bool,
 ) -> Result<(), EngineError> {
-    match io.geometry().layout() {
-        Layout::Simple => simple::write(io, span, data, fua).await,
-        Layout::Mirror { .. } => mirror::write(io, span, data, fua).await,
-        // Boxed, as for reads: a parity update's state is the largest.
-        Layout::Parity { .. } => Box::pin(parity::write(io, span, data, fua)).await,
-    }
+    io.host.layout.write(io, span, data, fua).await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use terrace_layout::Layout;
 
     /// Trims and zeroing of any length go in pieces within the request
     /// limit, cut on whole rows, that cover the range exactly once.

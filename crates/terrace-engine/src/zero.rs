@@ -9,31 +9,18 @@
 //! with zeroes through the ordinary write path (write-zeroes) or left alone
 //! (trim, which is advisory).
 //!
-//! May depend on: `row`, `parity` and what they depend on.
+//! May depend on: `layouts` and what it depends on.
 
 use std::sync::Arc;
 
 use futures::future::join_all;
-use terrace_io::Bytes;
-use terrace_layout::{Layout, RowSpan};
 
 use crate::error::EngineError;
-use crate::parity;
-use crate::payload::Payload;
-use crate::row::{RowHost, RowIo};
+use crate::layouts::{LayoutHost, RowLayout};
+use crate::row::RowIo;
 use crate::target::Target;
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    Zeroes { fua: bool },
-    Trim,
-}
-
-impl Mode {
-    fn fua(self) -> bool {
-        matches!(self, Mode::Zeroes { fua: true })
-    }
-}
+pub use crate::layouts::ZeroMode as Mode;
 
 /// Rows locked and zeroed together: bounds the locks one request holds and
 /// the size of one device call (256 rows of 256 KiB = 64 MiB per slot).
@@ -41,7 +28,7 @@ const CHUNK_ROWS: u64 = 256;
 
 /// Zero `[offset, offset + length)` of the space `space`, whose extents'
 /// slots were `extents` when the request began.
-pub(crate) async fn zero_range<H: RowHost>(
+pub(crate) async fn zero_range<H: LayoutHost>(
     space: &H,
     extents: &[Arc<[Target]>],
     offset: u64,
@@ -82,7 +69,7 @@ pub(crate) async fn zero_range<H: RowHost>(
 }
 
 /// Zero `rows` whole rows from `first_row` of `extent` on every slot.
-async fn zero_rows<H: RowHost>(
+async fn zero_rows<H: LayoutHost>(
     space: &H,
     extents: &[Arc<[Target]>],
     extent: u64,
@@ -129,71 +116,17 @@ async fn zero_rows<H: RowHost>(
 }
 
 /// Zero a range that lies within single rows (at most two of them).
-async fn zero_partial<H: RowHost>(
+async fn zero_partial<H: LayoutHost>(
     space: &H,
     extents: &[Arc<[Target]>],
     offset: u64,
     length: u64,
     mode: Mode,
 ) -> Result<(), EngineError> {
-    let spans: Vec<RowSpan> = space.geometry().split_rows(offset, length).collect();
-    match space.geometry().layout() {
-        Layout::Parity { .. } => {
-            let Mode::Zeroes { fua } = mode else {
-                return Ok(());
-            };
-            let zeroes = Payload::from(Bytes::from(vec![0u8; length as usize]));
-            for span in &spans {
-                parity::write(
-                    &RowIo::new(space, &extents[span.extent as usize], span),
-                    span,
-                    &zeroes,
-                    fua,
-                )
-                .await?;
-            }
-            Ok(())
-        }
-        Layout::Simple | Layout::Mirror { .. } => {
-            for span in &spans {
-                zero_pieces(
-                    &RowIo::new(space, &extents[span.extent as usize], span),
-                    span,
-                    mode,
-                )
-                .await?;
-            }
-            Ok(())
-        }
-    }
-}
-
-/// Zero each piece of a simple or mirror row span on every online copy.
-async fn zero_pieces<H: RowHost>(
-    io: &RowIo<'_, H>,
-    span: &RowSpan,
-    mode: Mode,
-) -> Result<(), EngineError> {
-    let geometry = io.geometry();
-    let copies = geometry.layout().copies();
-    let _guard = io.lock().await;
-    for piece in geometry.split_columns(*span) {
-        // The slots' places as they are now, under the lock (see
-        // `RowIo::with_targets`).
-        let locations: Vec<crate::target::Location> = io.with_targets(|targets| {
-            (0..copies)
-                .map(|copy| geometry.slot(piece.data_column, copy))
-                .flat_map(|slot| targets[slot as usize].writable(io.row).cloned())
-                .collect()
-        });
-        let zeroes = locations.iter().map(|location| {
-            let offset = location.base + geometry.slab_offset(io.row, piece.column_offset);
-            location.disk.write_zeroes(offset, piece.length, mode.fua())
-        });
-        let reached = join_all(zeroes).await.iter().any(Result::is_ok);
-        if !reached {
-            return Err(io.unavailable(span, "no copy of this column could be zeroed"));
-        }
+    let layout = space.layout();
+    for span in space.geometry().split_rows(offset, length) {
+        let io = RowIo::new(space, &extents[span.extent as usize], &span);
+        layout.zero_span(&io, &span, mode).await?;
     }
     Ok(())
 }

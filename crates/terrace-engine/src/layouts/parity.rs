@@ -36,19 +36,120 @@
 //!
 //! Crashes are another matter: a power cut between the data and parity
 //! writes leaves them disagreeing (the "write hole"). After an unclean
-//! shutdown the pool recomputes parity from data ([`crate::resync`]), which
+//! shutdown the pool recomputes parity from data (`resync.rs`), which
 //! is correct while no disk is missing; the journal closes the hole fully.
 //!
 //! May depend on: `row` and what it depends on, `terrace_ec`.
 
 use futures::future::join_all;
 use terrace_io::{aligned_buffer, Bytes, BytesMut};
-use terrace_layout::{ColumnPiece, RowSpan};
+use terrace_layout::{ColumnPiece, Geometry, RowSpan};
 
+use super::simple::piece_range;
+use super::{Compared, RowLayout, ZeroMode};
 use crate::error::EngineError;
 use crate::payload::Payload;
 use crate::row::{join_buffer, split_buffer, RowHost, RowIo};
-use crate::simple::piece_range;
+use crate::verify::{self, Problem};
+
+/// The parity layout: data columns and `redundancy` parity columns (P, or
+/// P and Q) per row, rotating.
+#[derive(Clone, Copy)]
+pub(crate) struct Parity {
+    pub redundancy: u32,
+}
+
+impl RowLayout for Parity {
+    async fn read<H: RowHost>(
+        &self,
+        io: &RowIo<'_, H>,
+        span: &RowSpan,
+        buffer: BytesMut,
+    ) -> (BytesMut, Result<(), EngineError>) {
+        read(io, span, buffer).await
+    }
+
+    async fn write<H: RowHost>(
+        &self,
+        io: &RowIo<'_, H>,
+        span: &RowSpan,
+        data: &Payload,
+        fua: bool,
+    ) -> Result<(), EngineError> {
+        write(io, span, data, fua).await
+    }
+
+    async fn slot_content<H: RowHost>(
+        &self,
+        io: &RowIo<'_, H>,
+        slot: u32,
+    ) -> Result<BytesMut, String> {
+        rebuild_slot(io, slot).await
+    }
+
+    /// Parity encoded from the data columns against the stored parity; a
+    /// row with a data column unreadable cannot be checked.
+    fn compare<H: RowHost>(
+        &self,
+        io: &RowIo<'_, H>,
+        slots: &[Option<BytesMut>],
+        fixes: &mut Vec<(u32, BytesMut)>,
+        problems: &mut Vec<Problem>,
+    ) -> Compared {
+        let geometry = io.geometry();
+        let data: Option<Vec<&[u8]>> = (0..geometry.data_columns())
+            .map(|column| slots[geometry.physical_column(io.row, column) as usize].as_deref())
+            .collect();
+        let Some(data) = data else {
+            return Compared::Unreadable;
+        };
+        let width = geometry.interleave_bytes() as usize;
+        let mut parity: Vec<BytesMut> = (0..self.redundancy)
+            .map(|_| aligned_buffer(width))
+            .collect();
+        encode(&data, &mut parity);
+        let stored: Vec<Option<&[u8]>> = (0..self.redundancy)
+            .map(|index| slots[geometry.parity_column(io.row, index) as usize].as_deref())
+            .collect();
+        let wrong: Vec<bool> = stored
+            .iter()
+            .zip(&parity)
+            .map(|(stored, expected)| stored.is_some_and(|stored| stored != &expected[..]))
+            .collect();
+        if wrong.contains(&true) {
+            problems.push(verify::parity_problem(io, &data, &stored, &wrong));
+        }
+        for (index, expected) in parity.into_iter().enumerate() {
+            if wrong[index] {
+                fixes.push((geometry.parity_column(io.row, index as u32), expected));
+            }
+        }
+        Compared::Checked { partly: false }
+    }
+
+    /// Zeroes go through the ordinary write path (parity is updated);
+    /// a trim of part of a row is left undone (it is advisory).
+    async fn zero_span<H: RowHost>(
+        &self,
+        io: &RowIo<'_, H>,
+        span: &RowSpan,
+        mode: ZeroMode,
+    ) -> Result<(), EngineError> {
+        let ZeroMode::Zeroes { fua } = mode else {
+            return Ok(());
+        };
+        let zeroes = Payload::from(Bytes::from(vec![0u8; span.length as usize]));
+        let span = RowSpan {
+            request_offset: 0,
+            ..*span
+        };
+        write(io, &span, &zeroes, fua).await
+    }
+
+    fn natural_write_bytes(&self, geometry: &Geometry) -> u64 {
+        geometry.row_data_bytes()
+    }
+}
 
 /// The columns of one row in logical order: data 0..k, then P, then Q.
 struct Columns {
@@ -87,7 +188,7 @@ impl Columns {
     }
 }
 
-pub async fn read<H: RowHost>(
+async fn read<H: RowHost>(
     io: &RowIo<'_, H>,
     span: &RowSpan,
     buffer: BytesMut,
@@ -251,7 +352,7 @@ enum Attempt {
     Replan,
 }
 
-pub async fn write<H: RowHost>(
+async fn write<H: RowHost>(
     io: &RowIo<'_, H>,
     span: &RowSpan,
     data: &Payload,
@@ -449,10 +550,7 @@ async fn write_row<H: RowHost>(
 /// The whole row (one interleave) of `slot` as the other columns define it:
 /// rebuilt from every other readable column. Used to re-create a lost slab
 /// and to catch up a disk that missed writes; the caller holds the row lock.
-pub(crate) async fn rebuild_slot<H: RowHost>(
-    io: &RowIo<'_, H>,
-    slot: u32,
-) -> Result<BytesMut, String> {
+async fn rebuild_slot<H: RowHost>(io: &RowIo<'_, H>, slot: u32) -> Result<BytesMut, String> {
     let columns = Columns::of(io);
     let width = io.geometry().interleave_bytes();
     let this = (0..columns.count())

@@ -26,13 +26,113 @@
 //! May depend on: `row` and what it depends on.
 
 use futures::future::join_all;
-use terrace_io::BytesMut;
+use terrace_io::{aligned_buffer, BytesMut};
 use terrace_layout::{ColumnPiece, Geometry, RowSpan};
 
+use super::simple::{piece_range, zero_pieces};
+use super::{Compared, RowLayout, ZeroMode};
 use crate::error::EngineError;
 use crate::payload::Payload;
 use crate::row::{read_pieces, RowHost, RowIo};
-use crate::simple::piece_range;
+use crate::verify::{self, Problem, ProblemKind};
+
+/// The mirror layout: every column on `copies` slots.
+#[derive(Clone, Copy)]
+pub(crate) struct Mirror {
+    pub copies: u32,
+}
+
+impl RowLayout for Mirror {
+    async fn read<H: RowHost>(
+        &self,
+        io: &RowIo<'_, H>,
+        span: &RowSpan,
+        buffer: BytesMut,
+    ) -> (BytesMut, Result<(), EngineError>) {
+        read(io, span, buffer).await
+    }
+
+    async fn write<H: RowHost>(
+        &self,
+        io: &RowIo<'_, H>,
+        span: &RowSpan,
+        data: &Payload,
+        fua: bool,
+    ) -> Result<(), EngineError> {
+        write(io, span, data, fua).await
+    }
+
+    /// Another copy of the slot's column.
+    async fn slot_content<H: RowHost>(
+        &self,
+        io: &RowIo<'_, H>,
+        slot: u32,
+    ) -> Result<BytesMut, String> {
+        let geometry = io.geometry();
+        let width = geometry.interleave_bytes() as usize;
+        let column = slot / self.copies;
+        for copy in 0..self.copies {
+            let other = geometry.slot(column, copy);
+            if other != slot && io.online(other) {
+                let (buffer, result) = io.read(other, 0, aligned_buffer(width)).await;
+                if result.is_ok() {
+                    return Ok(buffer);
+                }
+            }
+        }
+        Err("no other copy of this column is readable".into())
+    }
+
+    /// Every copy of a column against the first readable one.
+    fn compare<H: RowHost>(
+        &self,
+        io: &RowIo<'_, H>,
+        slots: &[Option<BytesMut>],
+        fixes: &mut Vec<(u32, BytesMut)>,
+        problems: &mut Vec<Problem>,
+    ) -> Compared {
+        let geometry = io.geometry();
+        let mut partly = false;
+        for column in 0..geometry.columns() {
+            let copy_slots: Vec<u32> = (0..self.copies)
+                .map(|copy| geometry.slot(column, copy))
+                .collect();
+            let Some(source) = copy_slots.iter().find_map(|&s| slots[s as usize].as_ref()) else {
+                partly = true;
+                continue;
+            };
+            let before = fixes.len();
+            for &slot in &copy_slots {
+                if slots[slot as usize]
+                    .as_ref()
+                    .is_some_and(|copy| copy != source)
+                {
+                    fixes.push((slot, source.clone()));
+                }
+            }
+            if fixes.len() > before {
+                problems.push(Problem {
+                    kind: ProblemKind::Copies { column },
+                    places: copy_slots.iter().map(|&s| verify::place(io, s)).collect(),
+                });
+            }
+        }
+        Compared::Checked { partly }
+    }
+
+    async fn zero_span<H: RowHost>(
+        &self,
+        io: &RowIo<'_, H>,
+        span: &RowSpan,
+        mode: ZeroMode,
+    ) -> Result<(), EngineError> {
+        zero_pieces(io, span, mode).await
+    }
+
+    fn natural_write_bytes(&self, geometry: &Geometry) -> u64 {
+        geometry.interleave_bytes()
+    }
+}
 
 /// Bytes of a column read from one copy before the next takes over: at a
 /// hard disk's media rate (125–204 MB/s on `hdd-10k`) 20–35 ms of reading
@@ -46,7 +146,7 @@ pub fn stream_reach_bytes(geometry: &Geometry) -> u64 {
     u64::from(geometry.layout().copies()) * u64::from(geometry.data_columns()) * READ_REGION_BYTES
 }
 
-pub async fn read<H: RowHost>(
+async fn read<H: RowHost>(
     io: &RowIo<'_, H>,
     span: &RowSpan,
     buffer: BytesMut,
@@ -84,7 +184,7 @@ fn first_copy<H: RowHost>(io: &RowIo<'_, H>, piece: &ColumnPiece, copies: u32) -
     ((io.extent + region + u64::from(piece.data_column)) % u64::from(copies)) as u32
 }
 
-pub async fn write<H: RowHost>(
+async fn write<H: RowHost>(
     io: &RowIo<'_, H>,
     span: &RowSpan,
     data: &Payload,

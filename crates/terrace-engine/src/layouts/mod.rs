@@ -1,0 +1,216 @@
+//! One implementation per layout, behind one interface.
+//!
+//! Everything that differs between simple, mirror and parity rows is a
+//! method of [`RowLayout`]: reading and writing a span of one row, the
+//! content of one slot's row as the others define it (rebuilds, moves and
+//! catch-ups), checking a row's redundancy (verify, resync), zeroing a
+//! partial row, and the write size that needs no read. Each layout implements it in its own file; [`Layouts`] wraps
+//! the three, is chosen once from the space's [`Layout`] when the space is
+//! built, and dispatches statically (a `match` per row span, no `dyn`).
+//!
+//! ```text
+//!   Space ─ zero / rebuild / resync
+//!             └─ Layouts ─ simple.rs | mirror.rs | parity.rs
+//!                              └─ verify (what a finding names) ─ row ─ target ─ disk
+//! ```
+//!
+//! May depend on: `row`, `verify`, `payload`, `error` and what they depend
+//! on, `terrace_ec`, `terrace_layout`.
+
+pub(crate) mod mirror;
+pub(crate) mod parity;
+pub(crate) mod simple;
+
+use std::future::Future;
+
+use terrace_io::BytesMut;
+use terrace_layout::{Geometry, Layout, RowSpan};
+
+use crate::error::EngineError;
+use crate::payload::Payload;
+use crate::row::{RowHost, RowIo};
+use crate::verify::Problem;
+
+pub(crate) use mirror::Mirror;
+pub(crate) use parity::Parity;
+pub(crate) use simple::Simple;
+
+/// How a range is zeroed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum ZeroMode {
+    Zeroes { fua: bool },
+    Trim,
+}
+
+impl ZeroMode {
+    pub(crate) fn fua(self) -> bool {
+        matches!(self, ZeroMode::Zeroes { fua: true })
+    }
+}
+
+/// What comparing a row's redundancy found (see [`RowLayout::compare`]).
+pub(crate) enum Compared {
+    /// The layout keeps no redundancy: nothing to compare.
+    NoRedundancy,
+    /// The row cannot be checked (a slot its check needs is unreadable).
+    Unreadable,
+    /// Compared; `partly`: some part could not be (a mirror column with no
+    /// readable copy).
+    Checked { partly: bool },
+}
+
+/// What a layout does with the rows of a space.
+pub(crate) trait RowLayout {
+    /// Read the block-aligned `span` of the row of `io` into `buffer`.
+    fn read<H: RowHost>(
+        &self,
+        io: &RowIo<'_, H>,
+        span: &RowSpan,
+        buffer: BytesMut,
+    ) -> impl Future<Output = (BytesMut, Result<(), EngineError>)>;
+
+    /// Write the block-aligned `span` of the row of `io` from `data`.
+    fn write<H: RowHost>(
+        &self,
+        io: &RowIo<'_, H>,
+        span: &RowSpan,
+        data: &Payload,
+        fua: bool,
+    ) -> impl Future<Output = Result<(), EngineError>>;
+
+    /// The whole row (one interleave) of `slot` from the row's other slots
+    /// (another copy, or rebuilt from the other columns); the caller holds
+    /// the row lock.
+    fn slot_content<H: RowHost>(
+        &self,
+        io: &RowIo<'_, H>,
+        slot: u32,
+    ) -> impl Future<Output = Result<BytesMut, String>>;
+
+    /// Compare the redundancy of the row of `io`, read whole into `slots`
+    /// (`None` for a slot unreadable): what disagrees goes to `problems`,
+    /// and the content each wrong slot should have to `fixes`.
+    fn compare<H: RowHost>(
+        &self,
+        io: &RowIo<'_, H>,
+        slots: &[Option<BytesMut>],
+        fixes: &mut Vec<(u32, BytesMut)>,
+        problems: &mut Vec<Problem>,
+    ) -> Compared;
+
+    /// Zero `span`, part of one row (whole rows are zeroed on every slot
+    /// alike, whatever the layout).
+    fn zero_span<H: RowHost>(
+        &self,
+        io: &RowIo<'_, H>,
+        span: &RowSpan,
+        mode: ZeroMode,
+    ) -> impl Future<Output = Result<(), EngineError>>;
+
+    /// The write size that avoids reading before writing.
+    fn natural_write_bytes(&self, geometry: &Geometry) -> u64;
+}
+
+/// The layout of a space: one of the three, chosen once.
+#[derive(Clone, Copy)]
+pub(crate) enum Layouts {
+    Simple(Simple),
+    Mirror(Mirror),
+    Parity(Parity),
+}
+
+impl Layouts {
+    /// The implementation of `layout`: the one place a layout is registered.
+    pub(crate) fn of(layout: Layout) -> Layouts {
+        match layout {
+            Layout::Simple => Layouts::Simple(Simple),
+            Layout::Mirror { copies } => Layouts::Mirror(Mirror { copies }),
+            Layout::Parity { redundancy } => Layouts::Parity(Parity { redundancy }),
+        }
+    }
+}
+
+impl RowLayout for Layouts {
+    async fn read<H: RowHost>(
+        &self,
+        io: &RowIo<'_, H>,
+        span: &RowSpan,
+        buffer: BytesMut,
+    ) -> (BytesMut, Result<(), EngineError>) {
+        match self {
+            Layouts::Simple(layout) => layout.read(io, span, buffer).await,
+            Layouts::Mirror(layout) => layout.read(io, span, buffer).await,
+            // Boxed: a parity read's state (reconstruction) is far larger
+            // than the others', and every read's future would carry it.
+            Layouts::Parity(layout) => Box::pin(layout.read(io, span, buffer)).await,
+        }
+    }
+
+    async fn write<H: RowHost>(
+        &self,
+        io: &RowIo<'_, H>,
+        span: &RowSpan,
+        data: &Payload,
+        fua: bool,
+    ) -> Result<(), EngineError> {
+        match self {
+            Layouts::Simple(layout) => layout.write(io, span, data, fua).await,
+            Layouts::Mirror(layout) => layout.write(io, span, data, fua).await,
+            // Boxed, as for reads: a parity update's state is the largest.
+            Layouts::Parity(layout) => Box::pin(layout.write(io, span, data, fua)).await,
+        }
+    }
+
+    async fn slot_content<H: RowHost>(
+        &self,
+        io: &RowIo<'_, H>,
+        slot: u32,
+    ) -> Result<BytesMut, String> {
+        match self {
+            Layouts::Simple(layout) => layout.slot_content(io, slot).await,
+            Layouts::Mirror(layout) => layout.slot_content(io, slot).await,
+            Layouts::Parity(layout) => layout.slot_content(io, slot).await,
+        }
+    }
+
+    fn compare<H: RowHost>(
+        &self,
+        io: &RowIo<'_, H>,
+        slots: &[Option<BytesMut>],
+        fixes: &mut Vec<(u32, BytesMut)>,
+        problems: &mut Vec<Problem>,
+    ) -> Compared {
+        match self {
+            Layouts::Simple(layout) => layout.compare(io, slots, fixes, problems),
+            Layouts::Mirror(layout) => layout.compare(io, slots, fixes, problems),
+            Layouts::Parity(layout) => layout.compare(io, slots, fixes, problems),
+        }
+    }
+
+    async fn zero_span<H: RowHost>(
+        &self,
+        io: &RowIo<'_, H>,
+        span: &RowSpan,
+        mode: ZeroMode,
+    ) -> Result<(), EngineError> {
+        match self {
+            Layouts::Simple(layout) => layout.zero_span(io, span, mode).await,
+            Layouts::Mirror(layout) => layout.zero_span(io, span, mode).await,
+            Layouts::Parity(layout) => layout.zero_span(io, span, mode).await,
+        }
+    }
+
+    fn natural_write_bytes(&self, geometry: &Geometry) -> u64 {
+        match self {
+            Layouts::Simple(layout) => layout.natural_write_bytes(geometry),
+            Layouts::Mirror(layout) => layout.natural_write_bytes(geometry),
+            Layouts::Parity(layout) => layout.natural_write_bytes(geometry),
+        }
+    }
+}
+
+/// What the code above the layouts needs of a space besides its rows: the
+/// layout it was built with.
+pub(crate) trait LayoutHost: RowHost {
+    fn layout(&self) -> &Layouts;
+}
