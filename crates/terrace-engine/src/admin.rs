@@ -20,6 +20,7 @@ use terrace_meta::{
 
 use crate::control::PoolShared;
 use crate::error::EngineError;
+use crate::layouts::reason::{columns_reason, count};
 use crate::pool::{validate_name, Pool};
 use crate::space::{Space, SpaceMap, Target};
 use crate::units::format_size;
@@ -252,7 +253,7 @@ impl Pool {
             Ok(record) => format!(
                 "at most {} with {} (--max)",
                 format_size(record.size_bytes),
-                terrace_layout::count(record.columns, "column")
+                count(record.columns, "column")
             ),
             Err(_) => "nothing of this layout fits".to_string(),
         };
@@ -431,10 +432,9 @@ pub(crate) fn plan_space(
         .into());
     }
     let mut choice = choose_columns(layout, config.columns, usable)?;
+    let mut reason = columns_reason(layout, &choice);
     if level != FaultDomain::Disk {
-        choice
-            .reason
-            .push_str(&format!("; {domains} {level:?} fault domains"));
+        reason.push_str(&format!("; {domains} {level:?} fault domains"));
     }
     let first_columns = choice.columns;
     let interleave_bytes = config
@@ -450,13 +450,14 @@ pub(crate) fn plan_space(
         match place(config.size, &geometry, allocator.clone()) {
             Ok((size_bytes, extents)) => {
                 if choice.columns < first_columns {
-                    choice.reason = format!(
+                    reason = format!(
                         "{} columns: reduced from {first_columns} because free slabs remain on too few disks for wider extents",
                         choice.columns
                     );
                 }
                 let planned = Planned {
                     choice,
+                    reason,
                     level,
                     created_ns: now,
                     geometry,
@@ -490,7 +491,7 @@ pub(crate) fn plan_space(
                 }
                 choice = ColumnChoice {
                     columns: choice.columns - 1,
-                    reason: String::new(),
+                    ..choice
                 };
             }
         }
@@ -578,13 +579,15 @@ impl Room {
 
 /// "a 2-way mirror space over 1 column"
 pub(crate) fn shape(geometry: &Geometry) -> String {
-    let columns = terrace_layout::count(geometry.columns(), "column");
+    let columns = count(geometry.columns(), "column");
     format!("a {} space over {columns}", geometry.layout())
 }
 
 /// A space fully planned: its shape and where every extent goes.
 struct Planned {
     choice: ColumnChoice,
+    /// Why, in words (stored with the space).
+    reason: String,
     level: FaultDomain,
     created_ns: u64,
     geometry: Geometry,
@@ -604,7 +607,7 @@ fn record(config: &SpaceConfig, metadata: &PoolMetadata, planned: Planned) -> Sp
         provisioning: Provisioning::Fixed,
         fault_domain: planned.level,
         created_ns: planned.created_ns,
-        columns_reason: planned.choice.reason,
+        columns_reason: planned.reason,
         role: SpaceRole::Data,
         cache: None,
         extents: planned

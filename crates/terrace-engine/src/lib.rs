@@ -59,6 +59,7 @@ pub use jobs::{JobAction, JobStatus, JOB_HISTORY_MAX};
 pub use layouts::mirror::{
     stream_reach_bytes as mirror_stream_reach_bytes, READ_REGION_BYTES as MIRROR_READ_REGION_BYTES,
 };
+pub use layouts::reason::count;
 pub use membership::LabelLeft;
 pub use pool::{
     validate_name, ImportOptions, NewDisk, Pool, PoolConfig, NAME_MAX_BYTES, SLAB_DEFAULT_BYTES,

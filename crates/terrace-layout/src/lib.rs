@@ -453,20 +453,29 @@ impl Geometry {
 }
 
 /// The column count picked for a new space, and why.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ColumnChoice {
     pub columns: u32,
-    pub reason: String,
+    pub reason: ColumnsReason,
 }
 
-/// "1 column", "3 columns": a count with its noun as a sentence says it.
-/// Column choices are explained with it, and so is everything else the
-/// system counts for people (disks, failures, log disks).
-pub fn count(n: impl Into<u64>, noun: &str) -> String {
-    match n.into() {
-        1 => format!("1 {noun}"),
-        n => format!("{n} {noun}s"),
-    }
+/// Why a new space got its column count. The words for people are the
+/// engine's (it stores them with the space); this is the decision alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ColumnsReason {
+    /// The count asked for.
+    Requested,
+    /// The automatic maximum, [`COLUMNS_AUTOMATIC_MAX`], although
+    /// `usable_disks` would allow `fit`.
+    AutomaticMaximum { usable_disks: u32, fit: u32 },
+    /// As wide as `width` of `usable_disks` allow, one kept free so that a
+    /// failed disk is rebuilt into free space.
+    KeepingOneFree { width: u32, usable_disks: u32 },
+    /// As wide as `usable_disks` allow: too few to keep one free for
+    /// rebuilds.
+    TooFewToKeepOneFree { usable_disks: u32 },
+    /// As wide as `usable_disks` allow (no redundancy to rebuild).
+    AsWideAsDisksAllow { usable_disks: u32 },
 }
 
 /// Choose (or check) the column count of a new space given how many disks
@@ -504,17 +513,12 @@ pub fn choose_columns(
         }
         return Ok(ColumnChoice {
             columns,
-            reason: format!("{}, as requested", count(columns, "column")),
+            reason: ColumnsReason::Requested,
         });
     }
     // A redundant space leaves one disk's width free where it can, so that
     // a failed disk is rebuilt at once into free space on the others, in
     // parallel, instead of waiting for a spare or a new disk.
-    let copies_note = if copies > 1 {
-        format!(" ({copies} copies each)")
-    } else {
-        String::new()
-    };
     let redundant = layout.failures_tolerated() > 0;
     let keep_free = redundant && (usable_disks - 1) / copies >= layout.min_columns();
     let width = if keep_free {
@@ -524,21 +528,17 @@ pub fn choose_columns(
     };
     let fit = width / copies;
     let columns = fit.min(COLUMNS_AUTOMATIC_MAX);
-    let chosen = count(columns, "column");
     let reason = if fit > COLUMNS_AUTOMATIC_MAX {
-        format!(
-            "{chosen}{copies_note}: the automatic maximum; {usable_disks} usable disks would allow {fit}, but wider rows make small parity updates and rebuilds touch more disks"
-        )
+        ColumnsReason::AutomaticMaximum { usable_disks, fit }
     } else if keep_free {
-        format!(
-            "{chosen}{copies_note}: as wide as {width} of {usable_disks} usable disks allow, keeping one free so that a failed disk is rebuilt into free space without a spare"
-        )
+        ColumnsReason::KeepingOneFree {
+            width,
+            usable_disks,
+        }
     } else if redundant {
-        format!(
-            "{chosen}{copies_note}: as wide as {usable_disks} usable disks allow (too few to keep one free for rebuilds: a failed disk waits for a spare or a new disk)"
-        )
+        ColumnsReason::TooFewToKeepOneFree { usable_disks }
     } else {
-        format!("{chosen}{copies_note}: as wide as {usable_disks} usable disks allow")
+        ColumnsReason::AsWideAsDisksAllow { usable_disks }
     };
     Ok(ColumnChoice { columns, reason })
 }

@@ -41,8 +41,8 @@ pub fn parse_size(text: &str) -> Result<u64, SizeError> {
     Ok(bytes.round() as u64)
 }
 
+pub use terrace_engine::count;
 pub use terrace_engine::format_size;
-pub use terrace_engine::layout::count;
 
 #[cfg(test)]
 mod tests {

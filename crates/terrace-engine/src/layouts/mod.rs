@@ -19,6 +19,7 @@
 
 pub(crate) mod mirror;
 pub(crate) mod parity;
+pub(crate) mod reason;
 pub(crate) mod simple;
 
 use std::future::Future;

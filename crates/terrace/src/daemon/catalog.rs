@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex, Weak};
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use terrace_engine::layout::{count, Geometry, Layout};
+use terrace_engine::count;
+use terrace_engine::layout::{Geometry, Layout};
 use terrace_engine::{mirror_stream_reach_bytes, EngineError, Space};
 use terrace_export::{Backend, BlockSizes, Catalog, Errno, Extent};
 

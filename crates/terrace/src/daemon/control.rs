@@ -4,8 +4,9 @@
 use std::sync::Arc;
 
 use serde::Serialize;
+use terrace_engine::count;
 use terrace_engine::io::BlockDevice;
-use terrace_engine::layout::{count, Layout, LayoutError};
+use terrace_engine::layout::{Layout, LayoutError};
 use terrace_engine::meta::{DiskIndex, FaultDomain, Media, RepairPolicy, RetireMissing, Usage};
 use terrace_engine::{
     EngineError, ImportOptions, JobAction, NewDisk, Pool, PoolConfig, Space, SpaceConfig, SpaceSize,

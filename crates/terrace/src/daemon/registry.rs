@@ -462,7 +462,7 @@ impl Registry {
             super::log(format!(
                 "pool {}: importing ({})",
                 saved.name,
-                terrace_engine::layout::count(devices.len() as u64, "disk")
+                terrace_engine::count(devices.len() as u64, "disk")
             ));
             let started_ns = self.env.now_ns();
             match Pool::import(self.env.clone(), devices, options).await {
