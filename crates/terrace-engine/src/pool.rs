@@ -17,7 +17,6 @@ use std::sync::{Arc, RwLock};
 
 use futures::future::join_all;
 use terrace_io::{BlockDevice, Env};
-use terrace_layout::Layout;
 use terrace_meta::format::{
     data_offset, Label, METADATA_SLOT_DEFAULT_BYTES, METADATA_SLOT_MIN_BYTES,
 };
@@ -32,6 +31,7 @@ use crate::control::PoolShared;
 use crate::disk::{Condition, Disk, DiskContext};
 use crate::error::EngineError;
 use crate::failures::MissedExtent;
+use crate::layouts::{LayoutHost, RowLayout};
 use crate::space::Space;
 
 /// Default slab: 256 MiB, as the allocation unit of Storage Spaces.
@@ -793,7 +793,7 @@ async fn open(
             } else {
                 (0..extents).collect()
             };
-            if matches!(space.geometry().layout(), Layout::Mirror { .. }) {
+            if space.layout().resyncs_while_serving() {
                 // Rows past the end of the space (in its last extent) are
                 // never read or written.
                 let row_bytes = space.geometry().row_data_bytes();

@@ -132,6 +132,10 @@ impl RowLayout for Mirror {
     fn natural_write_bytes(&self, geometry: &Geometry) -> u64 {
         geometry.interleave_bytes()
     }
+
+    fn resyncs_while_serving(&self) -> bool {
+        true
+    }
 }
 
 /// Bytes of a column read from one copy before the next takes over: at a

@@ -110,6 +110,15 @@ pub(crate) trait RowLayout {
 
     /// The write size that avoids reading before writing.
     fn natural_write_bytes(&self, geometry: &Geometry) -> u64;
+
+    /// Whether, after an unclean shutdown, the rows the write intent names
+    /// are resynchronised while the space serves (each before it is read)
+    /// rather than before it serves. Mirrors can: a read resynchronises its
+    /// row first. Parity cannot: stale parity would feed partial-row
+    /// updates and reconstruction.
+    fn resyncs_while_serving(&self) -> bool {
+        false
+    }
 }
 
 /// The layout of a space: one of the three, chosen once.
@@ -206,6 +215,14 @@ impl RowLayout for Layouts {
             Layouts::Simple(layout) => layout.natural_write_bytes(geometry),
             Layouts::Mirror(layout) => layout.natural_write_bytes(geometry),
             Layouts::Parity(layout) => layout.natural_write_bytes(geometry),
+        }
+    }
+
+    fn resyncs_while_serving(&self) -> bool {
+        match self {
+            Layouts::Simple(layout) => layout.resyncs_while_serving(),
+            Layouts::Mirror(layout) => layout.resyncs_while_serving(),
+            Layouts::Parity(layout) => layout.resyncs_while_serving(),
         }
     }
 }
