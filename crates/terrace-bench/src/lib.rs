@@ -41,7 +41,6 @@ pub mod plot;
 pub mod prefill;
 pub mod profile;
 pub mod report;
-pub mod rng;
 pub mod runner;
 pub mod sweep;
 pub mod table;

@@ -5,10 +5,10 @@
 
 use futures::stream::{FuturesUnordered, StreamExt};
 
-use crate::rng::Rng;
 use crate::runner::WritePool;
 use crate::target::Target;
 use crate::BenchError;
+use terrace_io::random::SplitMix64;
 
 /// Prefill request size: 8 MiB, several full rows of any parity layout up
 /// to 16 data columns of 256 KiB interleave (2 MiB rows at 8 columns), so a
@@ -31,7 +31,7 @@ pub async fn prefill(
     let alignment = target.alignment().max(1);
     let chunk = PREFILL_CHUNK_BYTES.min(target.request_max_bytes()) / alignment * alignment;
     let chunk = chunk.max(alignment);
-    let mut rng = Rng::new(PREFILL_SEED);
+    let mut rng = SplitMix64::new(PREFILL_SEED);
     let pool = WritePool::new(chunk, &mut rng);
     let mut in_flight = FuturesUnordered::new();
     let (mut issued, mut written) = (0u64, 0u64);

@@ -41,9 +41,9 @@ use crate::cpu::{self, CpuSample};
 use crate::histogram::Histogram;
 use crate::profile::{Access, Profile};
 use crate::report::Point;
-use crate::rng::Rng;
 use crate::target::{Target, TargetError};
 use crate::BenchError;
+use terrace_io::random::SplitMix64;
 
 /// Random data that writes take their payloads from: 8 MiB, so that
 /// consecutive writes carry different bytes (no deduplication or
@@ -159,7 +159,7 @@ impl Offsets {
         }
     }
 
-    fn next(&mut self, slot: usize, rng: &mut Rng) -> u64 {
+    fn next(&mut self, slot: usize, rng: &mut SplitMix64) -> u64 {
         let block = match (self.access, self.mode) {
             (Access::Random, _) => rng.below(self.blocks),
             (Access::Sequential, SequentialMode::Shared) => {
@@ -185,7 +185,7 @@ pub(crate) struct WritePool {
 }
 
 impl WritePool {
-    pub(crate) fn new(block: u64, rng: &mut Rng) -> WritePool {
+    pub(crate) fn new(block: u64, rng: &mut SplitMix64) -> WritePool {
         let length = WRITE_POOL_BYTES + block as usize;
         let mut data = aligned_buffer(length);
         rng.fill(&mut data);
@@ -195,7 +195,7 @@ impl WritePool {
         }
     }
 
-    pub(crate) fn payload(&self, length: u64, rng: &mut Rng) -> Bytes {
+    pub(crate) fn payload(&self, length: u64, rng: &mut SplitMix64) -> Bytes {
         let start = (rng.below(self.slots) * WRITE_POOL_ALIGNMENT) as usize;
         self.data.slice(start..start + length as usize)
     }
@@ -234,7 +234,7 @@ struct Generator<'a> {
     block: u64,
     offsets: Offsets,
     pool: WritePool,
-    rng: Rng,
+    rng: SplitMix64,
 }
 
 type Completed = (usize, Kind, Instant, Result<(), TargetError>);
@@ -274,7 +274,7 @@ pub async fn run_point(
     }
     let block = u64::from(profile.block_bytes);
     let working_set = working_set(target, options.working_set_bytes, block)?;
-    let mut rng = Rng::new(options.seed);
+    let mut rng = SplitMix64::new(options.seed);
     let pool = WritePool::new(block, &mut rng);
     let offsets = Offsets::new(
         profile.access,
@@ -437,7 +437,7 @@ mod tests {
 
     #[test]
     fn shared_sequential_offsets_follow_one_cursor_and_wrap() {
-        let mut rng = Rng::new(1);
+        let mut rng = SplitMix64::new(1);
         let mut offsets = Offsets::new(Access::Sequential, SequentialMode::Shared, 512, 4, 3);
         let seen: Vec<u64> = (0..6).map(|i| offsets.next(i % 3, &mut rng)).collect();
         assert_eq!(seen, [0, 512, 1024, 1536, 0, 512]);
@@ -445,7 +445,7 @@ mod tests {
 
     #[test]
     fn per_slot_offsets_stay_in_their_regions() {
-        let mut rng = Rng::new(1);
+        let mut rng = SplitMix64::new(1);
         let mut offsets = Offsets::new(Access::Sequential, SequentialMode::PerSlot, 1, 10, 3);
         let slot1: Vec<u64> = (0..5).map(|_| offsets.next(1, &mut rng)).collect();
         assert_eq!(slot1, [3, 4, 5, 3, 4]);

@@ -10,6 +10,7 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use terrace_io::random::SplitMix64;
 
 /// 256 KiB: a typical stripe unit, large enough that per-call overhead is
 /// noise, small enough that a 6+2 stripe (2 MiB) stays in a core's L2 cache
@@ -20,21 +21,9 @@ const COLUMN_BYTES: usize = 256 * 1024;
 const SEED: u64 = 0x7e77_ace0;
 
 fn random_columns(count: usize, seed: u64) -> Vec<Vec<u8>> {
-    // splitmix64: quick, deterministic filler; the values do not affect speed.
-    let mut state = seed;
-    (0..count)
-        .map(|_| {
-            (0..COLUMN_BYTES / 8)
-                .flat_map(|_| {
-                    state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-                    let mut mixed = state;
-                    mixed = (mixed ^ (mixed >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-                    mixed = (mixed ^ (mixed >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-                    (mixed ^ (mixed >> 31)).to_le_bytes()
-                })
-                .collect()
-        })
-        .collect()
+    // Quick, deterministic filler; the values do not affect speed.
+    let mut random = SplitMix64::new(seed);
+    (0..count).map(|_| random.bytes(COLUMN_BYTES)).collect()
 }
 
 fn stripe(criterion: &mut Criterion, data_columns: usize, parity: usize) {

@@ -110,7 +110,7 @@ fn cached(name: &str, layout: Layout, size: u64) -> SpaceConfig {
 async fn write_randomly(
     space: &terrace_engine::Space,
     model: &mut Model,
-    rng: &mut Rng,
+    rng: &mut SplitMix64,
     count: usize,
 ) {
     let size = space.size_bytes();
@@ -161,9 +161,9 @@ async fn cut_and_import(
     devices: &[Arc<dyn BlockDevice>],
     seed: u64,
 ) -> Pool {
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64::new(seed);
     for device in crash {
-        device.crash(&mut || rng.next()).unwrap();
+        device.crash(&mut || rng.next_u64()).unwrap();
     }
     Pool::import(env(), devices.to_vec(), ImportOptions::default())
         .await
@@ -245,7 +245,7 @@ fn logged_writes_read_back_before_and_after_destage_and_across_a_restart() {
     block_on(async {
         let memory = memory_devices("cache-a");
         let pool = journal_pool(&memory).await;
-        let mut rng = Rng(1);
+        let mut rng = SplitMix64::new(1);
         let mut models = Vec::new();
         for (layout, name) in [
             (Layout::Parity { redundancy: 1 }, "p1"),
@@ -319,7 +319,7 @@ fn power_cuts_lose_no_acknowledged_write_and_leave_parity_consistent() {
                     .unwrap()
                     .space;
                 model = Model::new(space.size_bytes());
-                let mut rng = Rng(seed);
+                let mut rng = SplitMix64::new(seed);
                 write_randomly(&space, &mut model, &mut rng, 80 + (seed as usize * 7) % 60).await;
                 // Some destaging, some not: the cut finds both.
                 if seed % 3 == 0 {
@@ -365,7 +365,7 @@ fn concurrent_small_writes_share_records_and_survive_a_cut() {
             // Every write is logged (none gathered into rows).
             journal.set_gathering(false);
             model = Model::new(space.size_bytes());
-            let mut rng = Rng(7);
+            let mut rng = SplitMix64::new(7);
             let blocks = space.size_bytes() / BLOCK;
             for _ in 0..6 {
                 let mut picks: Vec<u64> = Vec::new();
@@ -414,7 +414,7 @@ async fn parity_written(
     devices: &[Arc<dyn BlockDevice>],
     seed: u64,
     writes: usize,
-) -> (Pool, Arc<terrace_engine::Space>, Model, Rng) {
+) -> (Pool, Arc<terrace_engine::Space>, Model, SplitMix64) {
     let pool = Pool::create(env(), small_config("tank"), journal_pool_disks(devices))
         .await
         .unwrap();
@@ -424,7 +424,7 @@ async fn parity_written(
         .unwrap()
         .space;
     let mut model = Model::new(space.size_bytes());
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix64::new(seed);
     write_randomly(&space, &mut model, &mut rng, writes).await;
     (pool, space, model, rng)
 }
@@ -574,7 +574,7 @@ fn live_resize_up_and_down_under_load() {
             let space = space.clone();
             let stop = &stop;
             async move {
-                let mut rng = Rng(100 + w as u64);
+                let mut rng = SplitMix64::new(100 + w as u64);
                 let mut rounds = 0;
                 while !stop.load(Ordering::Relaxed) || rounds < 50 {
                     let offset = w as u64 * quarter + rng.below(quarter / 4096 - 4) * 4096;
@@ -633,7 +633,7 @@ fn streams_of_partial_rows_go_to_the_disks_as_whole_rows() {
         let row = space.natural_write_bytes();
         let piece = row / 4;
         let mut model = Model::new(space.size_bytes());
-        let mut rng = Rng(7);
+        let mut rng = SplitMix64::new(7);
 
         // Rows 0..8 as a stream of quarter rows, all in flight at once. Row
         // 0's first piece continues nothing, so row 0 is logged; the later
@@ -754,7 +754,7 @@ fn a_shrunk_cache_gives_back_its_log_slabs() {
         assert!(log_bytes(&journal) >= 64 << 20);
         let row = space.natural_write_bytes();
         let mut model = Model::new(space.size_bytes());
-        let mut rng = Rng(11);
+        let mut rng = SplitMix64::new(11);
         // What the ring may hold: its size, even while the lap under way
         // after a shrink is still of the old size.
         let size = std::cell::Cell::new(64 << 20);
@@ -829,7 +829,7 @@ fn a_stream_of_whole_rows_shares_one_dirty_range_and_survives_a_cut() {
                 let journal = space.journal().unwrap();
                 let row = space.natural_write_bytes();
                 let logged = || journal.counters.log_bytes_written.load(Ordering::Relaxed);
-                let mut rng = Rng(seed);
+                let mut rng = SplitMix64::new(seed);
                 let before = logged();
                 space
                     .write(0, bytes(rng.bytes(row as usize)), false)
@@ -902,7 +902,7 @@ fn a_stream_of_whole_rows_finds_its_next_dirty_range_logged() {
         let waits = || journal.counters.dirty_range_waits.load(Ordering::Relaxed);
         let logged = || journal.counters.log_bytes_written.load(Ordering::Relaxed);
         let row = space.natural_write_bytes();
-        let mut rng = Rng(17);
+        let mut rng = SplitMix64::new(17);
         // Four rows a write, over three records' reach (16 MiB each).
         let rows = (48 << 20) / row / 4 * 4;
         for index in (0..rows).step_by(4) {
@@ -937,7 +937,7 @@ fn a_quiet_log_is_emptied_by_the_destage_task() {
         let layout = Layout::Parity { redundancy: 1 };
         let space = cached_space(&pool, "quiet", layout).await;
         let journal = space.journal().unwrap();
-        let data = Rng(11).bytes(4096);
+        let data = SplitMix64::new(11).bytes(4096);
         space
             .write(3 * 4096, bytes(data.clone()), false)
             .await
@@ -977,7 +977,7 @@ fn a_dirty_range_is_shared_only_for_a_while() {
         let journal = space.journal().unwrap();
         let row = space.natural_write_bytes();
         let logged = || journal.counters.log_bytes_written.load(Ordering::Relaxed);
-        let mut rng = Rng(5);
+        let mut rng = SplitMix64::new(5);
         let mut write_row = |index: u64| {
             let data = rng.bytes(row as usize);
             space.write(index * row, bytes(data), false)
@@ -1010,7 +1010,7 @@ fn a_full_log_frees_a_round_at_a_time() {
             .space;
         let journal = space.journal().unwrap();
         let mut model = Model::new(space.size_bytes());
-        let mut rng = Rng(23);
+        let mut rng = SplitMix64::new(23);
         let blocks = space.size_bytes() / BLOCK;
         let mut first_wait = None;
         let mut waits = 0;
@@ -1058,7 +1058,7 @@ fn rows_with_many_dirty_runs_destage_as_one_update() {
                     .space;
                 let journal = space.journal().unwrap();
                 model = Model::new(space.size_bytes());
-                let mut rng = Rng(31 + redundancy as u64);
+                let mut rng = SplitMix64::new(31 + redundancy as u64);
                 // Home data first, straight to the disks by whole rows.
                 let row = space.natural_write_bytes();
                 let whole = rng.bytes(row as usize);
@@ -1111,7 +1111,7 @@ fn a_destage_round_of_a_stream_writes_whole_rows() {
         let piece = 64 << 10;
         assert!(row % piece != 0 && (4 << 20) % row != 0 && (16 << 20) % row != 0);
         let mut model = Model::new(size);
-        let mut rng = Rng(41);
+        let mut rng = SplitMix64::new(41);
         // Pieces in falling order: none continues the one before, so all
         // are logged (not gathered), and the oldest records are the
         // highest offsets.
@@ -1158,7 +1158,7 @@ fn a_log_beyond_its_memory_is_read_back_from_its_disks() {
         let journal = space.journal().unwrap();
         journal.set_gathering(false);
         let mut model = Model::new(space.size_bytes());
-        let mut rng = Rng(43);
+        let mut rng = SplitMix64::new(43);
         write_randomly(&space, &mut model, &mut rng, 150).await;
         let status = journal.status();
         assert!(
@@ -1220,7 +1220,7 @@ fn a_read_back_that_the_ring_overtakes_reads_again() {
         journal.set_gathering(false);
         let size = space.size_bytes();
         let mut model = Model::new(size);
-        let mut rng = Rng(47);
+        let mut rng = SplitMix64::new(47);
         // Less than a row, logged.
         let region = 32 << 10;
         assert!(region < space.natural_write_bytes());
@@ -1285,7 +1285,7 @@ fn zeroing_new_slabs_holds_up_no_other_space() {
             .await
             .unwrap();
         let mut model = Model::new(mirror.size_bytes());
-        let mut rng = Rng(53);
+        let mut rng = SplitMix64::new(53);
         for round in 0..4u64 {
             gate.arm();
             let preparing = async {
@@ -1383,7 +1383,7 @@ fn a_log_is_written_ahead_only_where_first_writes_allocate() {
             // Single parity: two copies of each log.
             let expected = if allocates { 2 * CACHE / SLAB } else { 0 };
             let layout = Layout::Parity { redundancy: 1 };
-            let mut rng = Rng(71);
+            let mut rng = SplitMix64::new(71);
             let mut model;
             {
                 let pool = journal_pool(&devices).await;
@@ -1530,7 +1530,7 @@ fn a_writer_waiting_behind_a_direct_write_goes_on_when_it_ends() {
     let (count, writing, writes) = (written.clone(), space.clone(), model.clone());
     spawner
         .spawn_local(async move {
-            let mut rng = Rng(41);
+            let mut rng = SplitMix64::new(41);
             let blocks = writing.size_bytes() / BLOCK;
             for _ in 0..CACHE / BLOCK {
                 let offset = (row / BLOCK + rng.below(blocks - row / BLOCK)) * BLOCK;
@@ -1924,7 +1924,7 @@ fn fua_records(cheap: bool) {
             let pool = journal_pool(&devices).await;
             let space = cached_space(&pool, "fua", Layout::Parity { redundancy: 1 }).await;
             model = Model::new(space.size_bytes());
-            let mut rng = Rng(41);
+            let mut rng = SplitMix64::new(41);
             let (flushed, fua) = (count(flushes), count(fua_writes));
             for i in 0..20u64 {
                 let data = rng.bytes(BLOCK as usize);
@@ -2092,7 +2092,7 @@ fn writes_in_flight_when_the_log_fails(cheap_fua: bool) {
     let row = space.natural_write_bytes();
     assert!(row > interleave, "rows of several interleaves: {row}");
     let model = Rc::new(RefCell::new(Model::new(space.size_bytes())));
-    let mut rng = Rng(43);
+    let mut rng = SplitMix64::new(43);
     // Partial-row writes of a block to a whole interleave, and whole rows;
     // the writes of a wave are apart, so any order of them is the same.
     let mut disjoint = move |count: usize, space_bytes: u64| {

@@ -23,7 +23,12 @@ fn space_config(name: &str, layout: Layout, size: u64, interleave: u64) -> Space
 }
 
 /// Random writes, zeroes and trims against a model, then a full read-back.
-async fn exercise(space: &terrace_engine::Space, model: &mut Model, rng: &mut Rng, rounds: usize) {
+async fn exercise(
+    space: &terrace_engine::Space,
+    model: &mut Model,
+    rng: &mut SplitMix64,
+    rounds: usize,
+) {
     let size = space.size_bytes();
     for _ in 0..rounds {
         let (offset, length) = random_range(rng, size, 96 << 10);
@@ -93,7 +98,7 @@ fn every_layout_reads_back_what_was_written_across_a_restart() {
                 .unwrap();
             assert!(!created.columns_reason.is_empty());
             let mut model = Model::new(created.space.size_bytes());
-            let mut rng = Rng(index as u64);
+            let mut rng = SplitMix64::new(index as u64);
             exercise(&created.space, &mut model, &mut rng, 60).await;
             assert_eq!(
                 verify_space(&created.space).await.unwrap().mismatched_rows,
@@ -127,7 +132,7 @@ fn concurrent_writers_of_shared_rows_leave_redundancy_consistent() {
                 .unwrap()
                 .space;
             // 64 writers of single blocks and overlapping runs, all at once.
-            let mut rng = Rng(7);
+            let mut rng = SplitMix64::new(7);
             let writes: Vec<_> = (0..64)
                 .map(|_| {
                     let (offset, length) = random_range(&mut rng, space.size_bytes(), 24 << 10);
@@ -157,7 +162,7 @@ fn degraded_spaces_keep_serving_and_beyond_tolerance_never_return_wrong_data() {
                 .unwrap()
                 .space;
             let mut model = Model::new(space.size_bytes());
-            let mut rng = Rng(99);
+            let mut rng = SplitMix64::new(99);
             exercise(&space, &mut model, &mut rng, 20).await;
             let tolerated = layout.failures_tolerated() as usize;
             for lost in 0..tolerated {
@@ -482,7 +487,7 @@ fn requests_outside_the_space_are_refused_and_any_byte_granularity_works() {
             (4097, 100),
             (12_288 - 3, 9000),
         ] {
-            let data = Rng(offset).bytes(length as usize);
+            let data = SplitMix64::new(offset).bytes(length as usize);
             space
                 .write(offset, bytes(data.clone()), false)
                 .await
@@ -573,7 +578,7 @@ fn pools_keep_their_metadata_when_disks_fail_while_running() {
             .await
             .unwrap()
             .space;
-        let data = Rng(5).bytes(256 << 10);
+        let data = SplitMix64::new(5).bytes(256 << 10);
         space.write(0, bytes(data.clone()), false).await.unwrap();
         disks.faults[0].lose();
         disks.faults[4].lose();
@@ -780,7 +785,7 @@ fn disks_join_spaces_grow_usage_changes_and_pools_are_destroyed() {
             .await
             .unwrap()
             .space;
-        let data = Rng(3).bytes(128 << 10);
+        let data = SplitMix64::new(3).bytes(128 << 10);
         space.write(0, bytes(data.clone()), false).await.unwrap();
         // Too few disks for dual parity, until two more join.
         assert!(pool

@@ -45,7 +45,7 @@ fn a_pool_of_sparse_files_survives_close_and_import_byte_for_byte() {
                 .await
                 .unwrap()
                 .space;
-            let data = Rng(name.len() as u64).bytes(8 << 20);
+            let data = SplitMix64::new(name.len() as u64).bytes(8 << 20);
             // 1 MiB requests, all in flight at once.
             let writes = (0..8u64).map(|i| {
                 let chunk = bytes(data[(i << 20) as usize..((i + 1) << 20) as usize].to_vec());

@@ -121,7 +121,11 @@ async fn copies_agree(space: &Space) {
 async fn torn_and_imported(disks: &Disks, damaged: &[usize]) -> (Pool, std::sync::Arc<Space>) {
     let (pool, space) = mirror(disks).await;
     space
-        .write(0, bytes(Rng(10).bytes(SPACE_BYTES as usize)), false)
+        .write(
+            0,
+            bytes(SplitMix64::new(10).bytes(SPACE_BYTES as usize)),
+            false,
+        )
         .await
         .unwrap();
     drop(space);
@@ -136,7 +140,11 @@ async fn torn_and_imported(disks: &Disks, damaged: &[usize]) -> (Pool, std::sync
     let space = pool.space("m").unwrap();
     // Extent 3 is being written when the power goes.
     space
-        .write(3 * SLAB + 8192, bytes(Rng(11).bytes(8192)), false)
+        .write(
+            3 * SLAB + 8192,
+            bytes(SplitMix64::new(11).bytes(8192)),
+            false,
+        )
         .await
         .unwrap();
     assert_eq!(pool.metadata().await.intent, vec![(space.id(), 3)]);
@@ -311,7 +319,7 @@ fn writes_and_moves_before_the_resync_after_a_crash_leave_the_copies_agreeing() 
     block_on(async {
         let disks = Disks::new(3, DISK_BYTES);
         let (pool, space) = torn_and_imported(&disks, &[]).await;
-        let written = Rng(12).bytes(8192);
+        let written = SplitMix64::new(12).bytes(8192);
         space
             .write(3 * SLAB + 4096, bytes(written.clone()), false)
             .await
@@ -347,7 +355,7 @@ fn write_intent_is_cleared_once_extents_are_idle_and_flushed() {
         let disks = Disks::new(3, DISK_BYTES);
         let (pool, space) = mirror(&disks).await;
         space
-            .write(0, bytes(Rng(3).bytes(2 * SLAB as usize)), false)
+            .write(0, bytes(SplitMix64::new(3).bytes(2 * SLAB as usize)), false)
             .await
             .unwrap();
         let id = space.id();
@@ -355,7 +363,7 @@ fn write_intent_is_cleared_once_extents_are_idle_and_flushed() {
         // A second write to a named extent costs no commit.
         let generation = pool.metadata().await.generation;
         space
-            .write(4096, bytes(Rng(4).bytes(4096)), false)
+            .write(4096, bytes(SplitMix64::new(4).bytes(4096)), false)
             .await
             .unwrap();
         assert_eq!(pool.metadata().await.generation, generation);
@@ -363,7 +371,7 @@ fn write_intent_is_cleared_once_extents_are_idle_and_flushed() {
         intent_clears(&pool).await;
         // Written again: named again.
         space
-            .write(5 * SLAB, bytes(Rng(5).bytes(4096)), false)
+            .write(5 * SLAB, bytes(SplitMix64::new(5).bytes(4096)), false)
             .await
             .unwrap();
         assert_eq!(pool.metadata().await.intent, vec![(id, 5)]);
@@ -395,7 +403,11 @@ fn writes_made_while_a_log_had_failed_are_resynced_after_a_crash() {
         let journal = space.journal().expect("a log");
         let extent_bytes = space.geometry().extent_data_bytes();
         space
-            .write(0, bytes(Rng(6).bytes(SPACE_BYTES as usize)), true)
+            .write(
+                0,
+                bytes(SplitMix64::new(6).bytes(SPACE_BYTES as usize)),
+                true,
+            )
             .await
             .unwrap();
         space.flush().await.unwrap();
@@ -408,7 +420,11 @@ fn writes_made_while_a_log_had_failed_are_resynced_after_a_crash() {
         // whole row would go straight to the disks under the dirty-range
         // record the first write logged.)
         space
-            .write(3 * extent_bytes + 8192, bytes(Rng(7).bytes(4096)), false)
+            .write(
+                3 * extent_bytes + 8192,
+                bytes(SplitMix64::new(7).bytes(4096)),
+                false,
+            )
             .await
             .unwrap();
         assert!(journal.status().write_through.is_some());
@@ -459,7 +475,11 @@ fn naming_an_extent_writes_the_intent_slots_not_the_metadata() {
         let id = space.id();
         let generation = pool.metadata().await.generation;
         space
-            .write(2 * SLAB + 4096, bytes(Rng(8).bytes(4096)), false)
+            .write(
+                2 * SLAB + 4096,
+                bytes(SplitMix64::new(8).bytes(4096)),
+                false,
+            )
             .await
             .unwrap();
         assert_eq!(pool.metadata().await.intent, vec![(id, 2)]);
@@ -504,7 +524,7 @@ fn a_disk_that_fails_the_intent_write_is_recorded_failed_beside_the_list() {
         let (pool, space) = mirror(&disks).await;
         let id = space.id();
         disks.faults[2].fail_writes(INTENT_OFFSET..INTENT_OFFSET + 2 * INTENT_SLOT_BYTES);
-        let data = Rng(9).bytes(8192);
+        let data = SplitMix64::new(9).bytes(8192);
         space
             .write(3 * SLAB, bytes(data.clone()), false)
             .await

@@ -148,7 +148,7 @@ fn a_parity_space_always_gets_a_log_and_it_moves_to_journal_disks_with_room() {
         let model = {
             let mut model = Model::new(4 * MIB);
             model
-                .write_random_ranges(&q, &mut Rng(5), 40, 64 << 10)
+                .write_random_ranges(&q, &mut SplitMix64::new(5), 40, 64 << 10)
                 .await;
             model
         };

@@ -85,7 +85,7 @@ async fn mirror(read_ns: u64) -> (Vec<Arc<Recorded>>, Pool, Model) {
     config.cache_bytes = Some(0);
     let space = pool.create_space(config).await.unwrap().space;
     let mut model = Model::new(space.size_bytes());
-    let mut rng = Rng(7);
+    let mut rng = SplitMix64::new(7);
     let chunk = 1 << 20;
     for offset in (0..space.size_bytes()).step_by(chunk) {
         let data = rng.bytes(chunk);
@@ -142,7 +142,7 @@ fn random_reads_land_on_every_copy_alike() {
     block_on(async {
         let (disks, pool, model) = mirror(0).await;
         let space = pool.space("m").unwrap();
-        let mut rng = Rng(3);
+        let mut rng = SplitMix64::new(3);
         let blocks = space.size_bytes() / 4096;
         for _ in 0..4096 {
             let offset = rng.below(blocks) * 4096;

@@ -21,7 +21,7 @@ const DISK_BYTES: u64 = 4 << 20;
 
 async fn fill(space: &Space, seed: u64) -> Model {
     let mut model = Model::new(space.size_bytes());
-    let data = Rng(seed).bytes(space.size_bytes() as usize);
+    let data = SplitMix64::new(seed).bytes(space.size_bytes() as usize);
     space.write(0, bytes(data.clone()), false).await.unwrap();
     model.write(0, &data);
     model
@@ -175,7 +175,7 @@ fn repairs_keep_client_writes_and_prefer_hot_spares() {
         let mut model = fill(&space, 3).await;
         let lost = disks_of(&pool.metadata().await, "p")[0];
         disks.faults[usize::from(lost.0)].lose();
-        let mut rng = Rng(77);
+        let mut rng = SplitMix64::new(77);
         with_jobs(&pool, async {
             // Keep writing while the repair runs.
             model
@@ -290,7 +290,7 @@ fn evacuation_and_replacement_move_everything_off_a_healthy_disk() {
         pool.start_evacuation(victim).await.unwrap();
         with_jobs(&pool, async {
             let (offset, length) = (4096u64, 64u64 << 10);
-            let data = Rng(1).bytes(length as usize);
+            let data = SplitMix64::new(1).bytes(length as usize);
             space
                 .write(offset, bytes(data.clone()), false)
                 .await
@@ -362,7 +362,7 @@ fn a_repair_without_room_is_recorded_once_and_retried_when_a_disk_joins() {
             // Writes find the loss; commits follow; the runner polls many
             // times meanwhile.
             for round in 0..40u64 {
-                let data = Rng(round).bytes(4096);
+                let data = SplitMix64::new(round).bytes(4096);
                 let _ = space.write(round * 4096, bytes(data), false).await;
                 sleep(10).await;
             }
@@ -449,7 +449,7 @@ fn jobs_pause_resume_and_cancel_without_losing_writes() {
             "a paused job does not move"
         );
         // Writes while moving reach both places; cancel keeps them.
-        let data = Rng(2).bytes(1 << 20);
+        let data = SplitMix64::new(2).bytes(1 << 20);
         space.write(0, bytes(data.clone()), false).await.unwrap();
         model.write(0, &data);
         pool.job_action(id, JobAction::Resume).await.unwrap();
@@ -495,7 +495,7 @@ async fn returning_disk_resyncs_only_what_it_missed(crash: bool) {
         .unwrap();
     let space = pool.space("m").unwrap();
     let generation = pool.metadata().await.generation;
-    let data = Rng(6).bytes(32 << 10);
+    let data = SplitMix64::new(6).bytes(32 << 10);
     space.write(0, bytes(data.clone()), false).await.unwrap();
     model.write(0, &data);
     let metadata = pool.metadata().await;
@@ -571,7 +571,7 @@ fn a_disk_back_before_its_repair_is_done_catches_up_in_place() {
             .await
             .unwrap();
         let space = pool.space("m").unwrap();
-        let data = Rng(8).bytes(64 << 10);
+        let data = SplitMix64::new(8).bytes(64 << 10);
         space.write(0, bytes(data.clone()), false).await.unwrap();
         model.write(0, &data);
         with_jobs(&pool, sleep(1500)).await;
@@ -981,7 +981,7 @@ fn journal_disks_added_later_take_over_the_logs() {
         let on_capacity = log_disks(&pool.metadata().await);
         assert!(on_capacity.iter().all(|&d| d < 4), "{on_capacity:?}");
         add_journal_disks(&pool, &disks).await;
-        let mut rng = Rng(12);
+        let mut rng = SplitMix64::new(12);
         let job = with_jobs(&pool, async {
             for _ in 0..40 {
                 let (offset, length) = random_range(&mut rng, space.size_bytes(), 8 << 10);
@@ -1064,7 +1064,7 @@ fn a_missing_disk_is_taken_back_while_the_pool_runs() {
             .rposition(|e| e.slabs.as_ref().unwrap().iter().any(|s| s.disk == away))
             .unwrap() as u64;
         let offset = held * space.geometry().extent_data_bytes();
-        let mut rng = Rng(22);
+        let mut rng = SplitMix64::new(22);
         let data = rng.bytes(64 << 10);
         space
             .write(offset, bytes(data.clone()), false)
@@ -1150,7 +1150,7 @@ fn a_disk_replaced_while_missing_and_back_at_an_import_stays_out() {
         let (space, mut model) = small_mirror(&pool, 2, 31).await;
         let away = disks_of(&pool.metadata().await, "m")[0];
         pool.disk_gone(away, "pulled").await.unwrap();
-        let data = Rng(32).bytes(64 << 10);
+        let data = SplitMix64::new(32).bytes(64 << 10);
         space.write(0, bytes(data.clone()), false).await.unwrap();
         model.write(0, &data);
         let (new, job) = pool.replace_disk(away, spare).await.unwrap();
@@ -1283,7 +1283,7 @@ async fn log_move_under_way(disks: &Disks) -> (Pool, Model, DiskIndex, u64) {
     let source =
         log.extents[step.extent as usize].slabs.as_ref().unwrap()[usize::from(step.slot)].disk;
     pool.disk_gone(source, "pulled").await.unwrap();
-    let mut rng = Rng(34);
+    let mut rng = SplitMix64::new(34);
     model
         .write_random_ranges(&space, &mut rng, 20, 8 << 10)
         .await;
@@ -1487,7 +1487,7 @@ fn an_older_copy_of_a_missing_disk_is_not_taken_back() {
             pool.create_space(config).await.unwrap();
             pool.delete_space(name).await.unwrap();
         }
-        let mut rng = Rng(32);
+        let mut rng = SplitMix64::new(32);
         model
             .write_random_ranges(&space, &mut rng, 10, 16 << 10)
             .await;
@@ -1708,7 +1708,7 @@ async fn fail_under_write(
     extent: u64,
 ) {
     disks.faults[disk].lose();
-    let mut rng = Rng(100 + extent);
+    let mut rng = SplitMix64::new(100 + extent);
     let offset = extent * PARITY_EXTENT_BYTES;
     model
         .write_random(space, &mut rng, offset, PARITY_EXTENT_BYTES)
@@ -1730,7 +1730,7 @@ fn a_double_failure_that_passes_is_cleared_and_every_byte_reads_back() {
         let pool = create_pool(&disks).await;
         let (space, mut model) = parity_on_three(&pool, 11).await;
         fail_under_write(&pool, &disks, &space, &mut model, 1, 0).await;
-        let mut rng = Rng(12);
+        let mut rng = SplitMix64::new(12);
         for extent in [2, 5] {
             let offset = extent * PARITY_EXTENT_BYTES + 4096;
             model.write_random(&space, &mut rng, offset, 8192).await;
@@ -1869,7 +1869,7 @@ fn a_log_that_cannot_go_home_holds_its_space_until_clear() {
         let mut model = fill(&space, 51).await;
         journal.destage(&space, true).await.unwrap();
         // No destage task runs here: these stay in the log only.
-        let mut rng = Rng(52);
+        let mut rng = SplitMix64::new(52);
         for extent in [1, 4] {
             let offset = extent * PARITY_EXTENT_BYTES + 8192;
             model.write_random(&space, &mut rng, offset, 4096).await;

@@ -64,7 +64,7 @@ async fn written(pool: &Pool, case: &Case) -> Arc<Space> {
     config.interleave_bytes = Some(INTERLEAVE);
     config.cache_bytes = Some(case.cache_bytes);
     let space = pool.create_space(config).await.unwrap().space;
-    let mut rng = Rng(7);
+    let mut rng = SplitMix64::new(7);
     let size = space.size_bytes();
     let piece = 64 << 10;
     for offset in (0..size).step_by(piece as usize) {

@@ -31,6 +31,7 @@ pub mod file;
 pub mod latch;
 pub mod memory;
 pub mod model;
+pub mod random;
 mod timer;
 pub use timer::use_thread_timers;
 

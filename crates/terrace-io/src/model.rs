@@ -901,14 +901,6 @@ mod tests {
 
     const GIB: u64 = 1 << 30;
 
-    /// A small deterministic generator for offsets.
-    fn next(state: &mut u64) -> u64 {
-        *state ^= *state << 13;
-        *state ^= *state >> 7;
-        *state ^= *state << 17;
-        *state
-    }
-
     /// Run `ops` one at a time (queue depth 1) and return each service time.
     fn serial(drive: &mut Drive, ops: &[Op]) -> Vec<u64> {
         let mut now = 1;
@@ -928,10 +920,10 @@ mod tests {
     }
 
     fn random_reads(count: usize, length: u64, size: u64) -> Vec<Op> {
-        let mut state = 0x9e37_79b9_7f4a_7c15;
+        let mut random = crate::random::SplitMix64::new(1);
         (0..count)
             .map(|_| Op::Read {
-                offset: (next(&mut state) % (size / length)) * length,
+                offset: random.below(size / length) * length,
                 length,
             })
             .collect()

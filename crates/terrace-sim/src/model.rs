@@ -22,6 +22,8 @@
 //! whole space at each import: reads the clients make later settle blocks,
 //! while the pool resynchronises behind them.
 
+use terrace_engine::io::random::{mix, spread};
+
 /// Bytes per block: the space's I/O granularity.
 pub const BLOCK_BYTES: u64 = 4096;
 /// Crash tearing granularity.
@@ -41,13 +43,10 @@ pub enum Content {
 
 /// The 8-byte word repeated through one sector of a tagged block.
 fn word(tag: u64, block: u64, sector: usize) -> u64 {
-    let mut z = tag
-        .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    let z = spread(tag)
         .wrapping_add(block.rotate_left(20))
         .wrapping_add(sector as u64);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    (z ^ (z >> 31)) | 1 // never zero, so a tagged sector never looks zeroed
+    mix(z) | 1 // never zero, so a tagged sector never looks zeroed
 }
 
 impl Content {

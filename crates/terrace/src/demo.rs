@@ -17,6 +17,7 @@ use std::time::Instant;
 
 use futures::stream::{self, StreamExt, TryStreamExt};
 use terrace_engine::io::file::create_sparse_file;
+use terrace_engine::io::random::{spread, SplitMix64};
 use terrace_engine::io::SystemEnv;
 
 use crate::api::{DiskSpec, PoolView, Request, SpaceCreate};
@@ -57,15 +58,8 @@ fn disk_files(directory: &Path) -> Vec<(PathBuf, &'static str, u64)> {
 /// Deterministic data for request `index` of a space, so verification needs
 /// no copy of what was written.
 fn pattern(space: &str, index: u64) -> Vec<u8> {
-    let mut state = index.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ space.len() as u64 ^ 0x007e_7ace;
-    let mut data = Vec::with_capacity(REQUEST_BYTES as usize);
-    while data.len() < REQUEST_BYTES as usize {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        data.extend_from_slice(&state.to_le_bytes());
-    }
-    data
+    let seed = spread(index) ^ space.len() as u64 ^ 0x007e_7ace;
+    SplitMix64::new(seed).bytes(REQUEST_BYTES as usize)
 }
 
 fn rate(bytes: u64, started: Instant) -> String {

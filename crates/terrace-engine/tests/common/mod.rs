@@ -18,31 +18,7 @@ pub fn env() -> Arc<dyn Env> {
     Arc::new(SystemEnv::new())
 }
 
-/// A small deterministic generator for test data and offsets.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    pub fn below(&mut self, bound: u64) -> u64 {
-        self.next() % bound
-    }
-
-    pub fn bytes(&mut self, length: usize) -> Vec<u8> {
-        let mut out = Vec::with_capacity(length + 8);
-        while out.len() < length {
-            out.extend_from_slice(&self.next().to_le_bytes());
-        }
-        out.truncate(length);
-        out
-    }
-}
+pub use terrace_engine::io::random::SplitMix64;
 
 /// Memory disks wrapped in fault injectors; with [`Disks::with_power`], a
 /// volatile cache between the two that a power cut can lose.
@@ -198,7 +174,7 @@ impl Model {
     pub async fn write_random(
         &mut self,
         space: &terrace_engine::Space,
-        rng: &mut Rng,
+        rng: &mut SplitMix64,
         offset: u64,
         length: u64,
     ) {
@@ -215,7 +191,7 @@ impl Model {
     pub async fn write_random_ranges(
         &mut self,
         space: &terrace_engine::Space,
-        rng: &mut Rng,
+        rng: &mut SplitMix64,
         count: usize,
         max: u64,
     ) {
@@ -228,7 +204,7 @@ impl Model {
 
 /// A random (offset, length) within `size`, up to `max` bytes: block
 /// aligned two times in three, any bytes otherwise.
-pub fn random_range(rng: &mut Rng, size: u64, max: u64) -> (u64, u64) {
+pub fn random_range(rng: &mut SplitMix64, size: u64, max: u64) -> (u64, u64) {
     if rng.below(3) == 0 {
         let offset = rng.below(size);
         let length = 1 + rng.below(max);

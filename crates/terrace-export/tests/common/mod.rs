@@ -913,18 +913,9 @@ pub fn block_status_payload(payload: &[u8]) -> (u32, Vec<(u32, u32)>) {
 // ---------------------------------------------------------------------------
 // Data and tools.
 
-/// Deterministic pseudo-random bytes (xorshift64*).
+/// Deterministic pseudo-random bytes, different per seed.
 pub fn pseudo_random(length: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut out = Vec::with_capacity(length + 8);
-    while out.len() < length {
-        state ^= state >> 12;
-        state ^= state << 25;
-        state ^= state >> 27;
-        out.extend_from_slice(&state.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
-    }
-    out.truncate(length);
-    out
+    terrace_io::random::SplitMix64::new(seed).bytes(length)
 }
 
 /// Whether `program` can be run; prints a note for the skipped test if not.

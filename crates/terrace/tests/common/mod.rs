@@ -216,18 +216,9 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut ready: impl FnMut() -> Opt
     }
 }
 
-/// Deterministic pseudo-random bytes (xorshift64*), different per seed.
+/// Deterministic pseudo-random bytes, different per seed.
 pub fn random_bytes(seed: u64, length: usize) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut data = Vec::with_capacity(length + 8);
-    while data.len() < length {
-        state ^= state >> 12;
-        state ^= state << 25;
-        state ^= state >> 27;
-        data.extend_from_slice(&state.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
-    }
-    data.truncate(length);
-    data
+    terrace_engine::io::random::SplitMix64::new(seed).bytes(length)
 }
 
 pub fn sha256_hex(data: &[u8]) -> String {
