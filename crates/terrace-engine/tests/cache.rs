@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use common::*;
-use futures::executor::block_on;
 use futures::future::join_all;
 use terrace_engine::io::crash::CrashDevice;
 use terrace_engine::io::delay::{DelayDevice, DelayPolicy};
@@ -854,9 +853,9 @@ fn a_stream_of_whole_rows_shares_one_dirty_range_and_survives_a_cut() {
     }
 }
 
-/// A clock that stands still (sleeps still take real time): what a test
-/// sees does not depend on how fast the machine runs it.
-struct StillClock(terrace_engine::io::env::SystemEnv);
+/// A clock that stands still (sleeps still end, on the test's clock): the
+/// test sees no time pass between its writes, however they interleave.
+struct StillClock(Arc<dyn terrace_engine::io::env::Env>);
 
 impl terrace_engine::io::env::Env for StillClock {
     fn now_ns(&self) -> u64 {
@@ -888,7 +887,7 @@ fn a_stream_of_whole_rows_finds_its_next_dirty_range_logged() {
             })
             .collect();
         let devices = as_devices(&crash);
-        let env = Arc::new(StillClock(terrace_engine::io::env::SystemEnv::new()));
+        let env = Arc::new(StillClock(env()));
         let pool = Pool::create(env, small_config("tank"), journal_pool_disks(&devices))
             .await
             .unwrap();
@@ -1483,14 +1482,13 @@ fn a_disk_lost_while_zeroing(the_held_disk: bool) {
 /// wait for ever.
 #[test]
 fn a_writer_waiting_behind_a_direct_write_goes_on_when_it_ends() {
-    use futures::executor::LocalPool;
     use futures::task::LocalSpawnExt;
     use std::cell::RefCell;
     use std::rc::Rc;
 
     let gate = Arc::new(Gate::default());
     let devices = marked_held(&memory_devices("pinned"), |_| gate.clone());
-    let mut executor = LocalPool::new();
+    let mut executor = Executor::new();
     let spawner = executor.spawner();
     let (pool, space) = executor.run_until(async {
         let pool = journal_pool(&devices).await;
@@ -1579,7 +1577,6 @@ fn a_writer_waiting_behind_a_direct_write_goes_on_when_it_ends() {
 /// and the disk, taken back, caught up on nothing and kept the old row.
 #[test]
 fn a_disk_goes_missing_only_after_the_writes_that_looked_at_it() {
-    use futures::executor::LocalPool;
     use futures::task::LocalSpawnExt;
     use std::cell::Cell;
     use std::rc::Rc;
@@ -1587,7 +1584,7 @@ fn a_disk_goes_missing_only_after_the_writes_that_looked_at_it() {
     let gate = Arc::new(Gate::default());
     let disks = Disks::new(4, 16 << 20);
     let devices = marked_held(&disks.devices, |_| gate.clone());
-    let mut executor = LocalPool::new();
+    let mut executor = Executor::new();
     let spawner = executor.spawner();
     let (pool, space) = executor.run_until(async {
         let pool = pool_on(small_config("tank"), &devices).await;
@@ -1662,7 +1659,6 @@ fn a_disk_goes_missing_only_after_the_writes_that_looked_at_it() {
 /// again after.
 #[test]
 fn a_deleted_space_s_slabs_wait_for_its_requests_under_way() {
-    use futures::executor::LocalPool;
     use futures::task::LocalSpawnExt;
     use std::cell::Cell;
     use std::rc::Rc;
@@ -1675,7 +1671,7 @@ fn a_deleted_space_s_slabs_wait_for_its_requests_under_way() {
         config.columns = Some(1);
         config
     };
-    let mut executor = LocalPool::new();
+    let mut executor = Executor::new();
     let spawner = executor.spawner();
     let (pool, space) = executor.run_until(async {
         let pool = pool_on(small_config("tank"), &devices).await;
@@ -2036,7 +2032,6 @@ fn writes_in_flight_when_the_last_log_copy_fails_complete_write_through() {
 }
 
 fn writes_in_flight_when_the_log_fails(cheap_fua: bool) {
-    use futures::executor::LocalPool;
     use futures::task::LocalSpawnExt;
     use std::cell::RefCell;
     use std::rc::Rc;
@@ -2068,7 +2063,7 @@ fn writes_in_flight_when_the_log_fails(cheap_fua: bool) {
             }) as Arc<dyn BlockDevice>
         })
         .collect();
-    let mut executor = LocalPool::new();
+    let mut executor = Executor::new();
     let spawner = executor.spawner();
     let layout = Layout::Parity { redundancy: 1 };
     let (pool, space) = executor.run_until(async {

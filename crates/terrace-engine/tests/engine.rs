@@ -6,7 +6,6 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use futures::executor::block_on;
 use futures::future::join_all;
 use terrace_engine::io::BlockDevice;
 use terrace_engine::layout::Layout;

@@ -6,7 +6,6 @@
 mod common;
 
 use common::*;
-use futures::executor::block_on;
 use terrace_engine::layout::Layout;
 use terrace_engine::meta::format::{
     data_offset, INTENT_OFFSET, INTENT_SLOT_BYTES, METADATA_SLOT_MIN_BYTES,

@@ -7,7 +7,6 @@
 mod common;
 
 use common::*;
-use futures::executor::block_on;
 use terrace_engine::layout::Layout;
 use terrace_engine::meta::{DiskIndex, JobKind, JobState, PoolMetadata, SpaceRole, Usage};
 use terrace_engine::{NewDisk, Pool, PoolConfig, SpaceConfig, SpaceSize};

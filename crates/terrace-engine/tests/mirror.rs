@@ -7,7 +7,6 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use common::*;
-use futures::executor::block_on;
 use futures::future::join_all;
 use terrace_engine::io::delay::{DelayDevice, DelayPolicy};
 use terrace_engine::io::{BlockDevice, BoxFuture, Bytes, BytesMut, IoResult};

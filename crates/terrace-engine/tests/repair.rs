@@ -8,7 +8,6 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use futures::executor::block_on;
 use terrace_engine::io::delay::{DelayDevice, DelayPolicy};
 use terrace_engine::layout::Layout;
 use terrace_engine::meta::{DiskIndex, DiskState, JobKind, JobState, SpaceRole, Usage};
@@ -1596,7 +1595,6 @@ fn moves_finished_together_share_a_commit() {
 /// out of allocations until the write is done, and is taken again after.
 #[test]
 fn a_cancelled_move_s_target_waits_for_the_writes_reaching_it() {
-    use futures::executor::LocalPool;
     use futures::task::LocalSpawnExt;
     use std::cell::Cell;
     use std::rc::Rc;
@@ -1604,7 +1602,7 @@ fn a_cancelled_move_s_target_waits_for_the_writes_reaching_it() {
     let disks = Disks::new(5, 16 << 20);
     let gates: Vec<Arc<Gate>> = disks.devices.iter().map(|_| Arc::default()).collect();
     let devices = marked_held(&disks.devices, |index| gates[index].clone());
-    let mut executor = LocalPool::new();
+    let mut executor = Executor::new();
     let spawner = executor.spawner();
     let (pool, space, job, step) = executor.run_until(async {
         // 1 MiB slabs: a move copies 64 of its 256 rows a step.

@@ -9,7 +9,6 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use futures::executor::block_on;
 use terrace_engine::layout::Layout;
 use terrace_engine::meta::format::{data_offset, METADATA_SLOT_MIN_BYTES};
 use terrace_engine::{

@@ -33,6 +33,7 @@ pub mod memory;
 pub mod model;
 pub mod random;
 mod timer;
+pub mod virtual_clock;
 pub use timer::use_thread_timers;
 
 pub use env::{Env, SystemEnv};

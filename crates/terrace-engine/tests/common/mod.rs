@@ -1,21 +1,134 @@
 //! Shared helpers for the engine's integration tests.
 #![allow(dead_code)]
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use futures::executor::{LocalPool, LocalSpawner};
 
 use terrace_engine::io::crash::CrashDevice;
 use terrace_engine::io::fault::{FaultControls, FaultDevice};
 use terrace_engine::io::memory::MemoryDevice;
-use terrace_engine::io::{BlockDevice, BoxFuture, Bytes, BytesMut, Env, IoResult, SystemEnv};
+use terrace_engine::io::virtual_clock::VirtualEnv;
+use terrace_engine::io::{BlockDevice, BoxFuture, Bytes, BytesMut, Env, IoResult};
 use terrace_engine::layout::Layout;
 use terrace_engine::meta::format::METADATA_SLOT_MIN_BYTES;
 use terrace_engine::{NewDisk, Pool, PoolConfig};
 
 pub const SLAB: u64 = 64 << 10;
 
+thread_local! {
+    static CLOCK: Arc<VirtualEnv> = VirtualEnv::new(CLOCK_SEED);
+}
+
+/// The seed of each test thread's randomness (pool identifiers, epochs).
+const CLOCK_SEED: u64 = 0x7e57;
+
+/// The environment of this test: virtual time that [`block_on`] and
+/// [`Executor`] move on whenever no task can go on, one clock per test
+/// thread.
 pub fn env() -> Arc<dyn Env> {
-    Arc::new(SystemEnv::new())
+    clock()
+}
+
+/// This test thread's virtual clock.
+pub fn clock() -> Arc<VirtualEnv> {
+    CLOCK.with(Arc::clone)
+}
+
+/// Run `future` to its end on this thread's virtual clock.
+pub fn block_on<F: Future>(future: F) -> F::Output {
+    Executor::new().run_until(future)
+}
+
+/// A single-threaded executor for tests that spawn tasks, on this thread's
+/// virtual clock: time moves only when every task waits.
+pub struct Executor {
+    pool: LocalPool,
+}
+
+impl Default for Executor {
+    fn default() -> Self {
+        Executor::new()
+    }
+}
+
+impl Executor {
+    pub fn new() -> Executor {
+        Executor {
+            pool: LocalPool::new(),
+        }
+    }
+
+    pub fn spawner(&self) -> LocalSpawner {
+        self.pool.spawner()
+    }
+
+    /// Run the spawned tasks until none can go on, without moving the
+    /// clock.
+    pub fn run_until_stalled(&mut self) {
+        self.pool.run_until_stalled();
+    }
+
+    /// Run `future` and the spawned tasks until `future` ends; when none
+    /// can go on, move the clock to the next deadline. A test whose tasks
+    /// all wait with no deadline to reach is stuck: it panics.
+    pub fn run_until<F: Future>(&mut self, future: F) -> F::Output {
+        let clock = clock();
+        let mut future = std::pin::pin!(future);
+        let woken = Arc::new(Woken {
+            flag: AtomicBool::new(true),
+            thread: std::thread::current(),
+        });
+        let waker = Waker::from(woken.clone());
+        let mut context = Context::from_waker(&waker);
+        let mut idle_since = None;
+        loop {
+            if woken.flag.swap(false, Ordering::SeqCst) {
+                idle_since = None;
+                if let Poll::Ready(value) = future.as_mut().poll(&mut context) {
+                    return value;
+                }
+            }
+            self.pool.run_until_stalled();
+            if woken.flag.load(Ordering::SeqCst) {
+                continue;
+            }
+            if clock.advance() {
+                idle_since = None;
+                continue;
+            }
+            // Nothing is due: only another thread can wake a task now (a
+            // file's I/O completing; nothing does with memory disks).
+            let idle = *idle_since.get_or_insert_with(std::time::Instant::now);
+            assert!(
+                idle.elapsed() < STUCK_AFTER,
+                "stuck: every task waits and no sleep has a deadline to reach"
+            );
+            std::thread::park_timeout(STUCK_AFTER / 100);
+        }
+    }
+}
+
+/// How long a test whose tasks all wait, with no sleep to end, may wait
+/// for another thread before it counts as stuck.
+const STUCK_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
+
+struct Woken {
+    flag: AtomicBool,
+    thread: std::thread::Thread,
+}
+
+impl std::task::Wake for Woken {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.flag.store(true, Ordering::SeqCst);
+        self.thread.unpark();
+    }
 }
 
 pub use terrace_engine::io::random::SplitMix64;
