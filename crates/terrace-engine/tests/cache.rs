@@ -18,29 +18,15 @@ use terrace_engine::io::memory::MemoryDevice;
 use terrace_engine::io::{BlockDevice, BoxFuture, Bytes, BytesMut, IoResult};
 use terrace_engine::layout::Layout;
 use terrace_engine::meta::{ExtentRecord, SlabRef, Usage};
-use terrace_engine::{
-    verify_space, ImportOptions, NewDisk, Pool, PoolConfig, SpaceConfig, SpaceSize,
-};
+use terrace_engine::{verify_space, ImportOptions, Pool, PoolConfig, SpaceConfig, SpaceSize};
 
 const CAPACITY_BYTES: u64 = 8 << 20;
 const JOURNAL_BYTES: u64 = 100 << 20;
 const CACHE: u64 = 32 << 20;
 const BLOCK: u64 = 4096;
 
-/// Six capacity disks and three journal disks, as devices.
-fn journal_pool_disks(devices: &[Arc<dyn BlockDevice>]) -> Vec<NewDisk> {
-    devices
-        .iter()
-        .enumerate()
-        .map(|(i, device)| {
-            let mut disk = NewDisk::new(device.clone());
-            if i >= 6 {
-                disk.usage = Usage::Journal;
-            }
-            disk
-        })
-        .collect()
-}
+/// The capacity disks come first: six, then three journal disks.
+const CAPACITY_DISKS: usize = 6;
 
 /// The pool's disks on memory, names starting with `name`.
 fn memory_devices(name: &str) -> Vec<Arc<dyn BlockDevice>> {
@@ -69,16 +55,14 @@ fn fault_devices(name: &str) -> (Vec<Arc<dyn BlockDevice>>, Vec<FaultControls>) 
 }
 
 /// A pool of six capacity and three journal disks on `devices`.
-async fn journal_pool(devices: &[Arc<dyn BlockDevice>]) -> Pool {
+async fn log_pool(devices: &[Arc<dyn BlockDevice>]) -> Pool {
     // Three 32 MiB logs in 64 KiB slabs put 1,536 slabs on a journal disk:
     // the record of its repair needs more than the smallest slot leaves.
     let config = PoolConfig {
         metadata_slot_bytes: 256 << 10,
         ..small_config("tank")
     };
-    Pool::create(env(), config, journal_pool_disks(devices))
-        .await
-        .unwrap()
+    journal_pool(config, devices, CAPACITY_DISKS).await
 }
 
 /// A 1 MiB space with a cache, of `layout`, in `pool`.
@@ -243,7 +227,7 @@ async fn check_all(space: &terrace_engine::Space, model: &Model) {
 fn logged_writes_read_back_before_and_after_destage_and_across_a_restart() {
     block_on(async {
         let memory = memory_devices("cache-a");
-        let pool = journal_pool(&memory).await;
+        let pool = log_pool(&memory).await;
         let mut rng = SplitMix64::new(1);
         let mut models = Vec::new();
         for (layout, name) in [
@@ -311,7 +295,7 @@ fn power_cuts_lose_no_acknowledged_write_and_leave_parity_consistent() {
             };
             let mut model;
             {
-                let pool = journal_pool(&devices).await;
+                let pool = log_pool(&devices).await;
                 let space = pool
                     .create_space(cached("s", layout, 2 << 20))
                     .await
@@ -358,7 +342,7 @@ fn concurrent_small_writes_share_records_and_survive_a_cut() {
             .collect();
         let mut model;
         {
-            let pool = journal_pool(&delayed).await;
+            let pool = log_pool(&delayed).await;
             let space = cached_space(&pool, "s", Layout::Parity { redundancy: 1 }).await;
             let journal = space.journal().unwrap();
             // Every write is logged (none gathered into rows).
@@ -414,9 +398,7 @@ async fn parity_written(
     seed: u64,
     writes: usize,
 ) -> (Pool, Arc<terrace_engine::Space>, Model, SplitMix64) {
-    let pool = Pool::create(env(), small_config("tank"), journal_pool_disks(devices))
-        .await
-        .unwrap();
+    let pool = journal_pool(small_config("tank"), devices, CAPACITY_DISKS).await;
     let space = pool
         .create_space(cached("s", Layout::Parity { redundancy: 1 }, 2 << 20))
         .await
@@ -558,7 +540,7 @@ fn destroying_a_pool_with_failed_journal_disks_erases_the_rest() {
 fn live_resize_up_and_down_under_load() {
     block_on(async {
         let memory = memory_devices("resize-");
-        let pool = Arc::new(journal_pool(&memory).await);
+        let pool = Arc::new(log_pool(&memory).await);
         let space = pool
             .create_space(cached("s", Layout::Parity { redundancy: 2 }, 2 << 20))
             .await
@@ -624,7 +606,7 @@ fn live_resize_up_and_down_under_load() {
 fn streams_of_partial_rows_go_to_the_disks_as_whole_rows() {
     block_on(async {
         let memory = memory_devices("gather");
-        let pool = journal_pool(&memory).await;
+        let pool = log_pool(&memory).await;
         let layout = Layout::Parity { redundancy: 2 };
         let space = cached_space(&pool, "stream", layout).await;
         let journal = space.journal().expect("a cache");
@@ -708,7 +690,7 @@ fn streams_of_partial_rows_go_to_the_disks_as_whole_rows() {
 fn journal_disks_and_their_logs_are_counted_apart_from_capacity() {
     block_on(async {
         let memory = memory_devices("counted");
-        let pool = journal_pool(&memory).await;
+        let pool = log_pool(&memory).await;
         let space = pool
             .create_space(cached("p", Layout::Parity { redundancy: 1 }, 1 << 20))
             .await
@@ -742,7 +724,7 @@ fn journal_disks_and_their_logs_are_counted_apart_from_capacity() {
 fn a_shrunk_cache_gives_back_its_log_slabs() {
     block_on(async {
         let memory = memory_devices("shrink");
-        let pool = journal_pool(&memory).await;
+        let pool = log_pool(&memory).await;
         let mut config = cached("p1", Layout::Parity { redundancy: 1 }, 1 << 20);
         config.cache_bytes = Some(64 << 20);
         let space = pool.create_space(config).await.unwrap().space;
@@ -820,7 +802,7 @@ fn a_stream_of_whole_rows_shares_one_dirty_range_and_survives_a_cut() {
         block_on(async {
             let (crash, devices) = crash_devices(&format!("lease{seed}"));
             {
-                let pool = journal_pool(&devices).await;
+                let pool = log_pool(&devices).await;
                 let layout = Layout::Parity {
                     redundancy: 1 + (seed % 2) as u32,
                 };
@@ -888,9 +870,13 @@ fn a_stream_of_whole_rows_finds_its_next_dirty_range_logged() {
             .collect();
         let devices = as_devices(&crash);
         let env = Arc::new(StillClock(env()));
-        let pool = Pool::create(env, small_config("tank"), journal_pool_disks(&devices))
-            .await
-            .unwrap();
+        let pool = Pool::create(
+            env,
+            small_config("tank"),
+            journal_disks_after(&devices, CAPACITY_DISKS),
+        )
+        .await
+        .unwrap();
         let layout = Layout::Parity { redundancy: 1 };
         let space = pool
             .create_space(cached("rows", layout, 100 << 20))
@@ -932,7 +918,7 @@ fn a_stream_of_whole_rows_finds_its_next_dirty_range_logged() {
 fn a_quiet_log_is_emptied_by_the_destage_task() {
     block_on(async {
         let memory = memory_devices("quiet");
-        let pool = journal_pool(&memory).await;
+        let pool = log_pool(&memory).await;
         let layout = Layout::Parity { redundancy: 1 };
         let space = cached_space(&pool, "quiet", layout).await;
         let journal = space.journal().unwrap();
@@ -970,7 +956,7 @@ fn a_quiet_log_is_emptied_by_the_destage_task() {
 fn a_dirty_range_is_shared_only_for_a_while() {
     block_on(async {
         let memory = memory_devices("lease-time");
-        let pool = journal_pool(&memory).await;
+        let pool = log_pool(&memory).await;
         let layout = Layout::Parity { redundancy: 1 };
         let space = cached_space(&pool, "rows", layout).await;
         let journal = space.journal().unwrap();
@@ -1000,7 +986,7 @@ fn a_dirty_range_is_shared_only_for_a_while() {
 fn a_full_log_frees_a_round_at_a_time() {
     block_on(async {
         let memory = memory_devices("full");
-        let pool = journal_pool(&memory).await;
+        let pool = log_pool(&memory).await;
         let layout = Layout::Parity { redundancy: 1 };
         let space = pool
             .create_space(cached("full", layout, 16 << 20))
@@ -1048,7 +1034,7 @@ fn rows_with_many_dirty_runs_destage_as_one_update() {
             let (crash, devices) = crash_devices(&format!("merge{redundancy}"));
             let mut model;
             {
-                let pool = journal_pool(&devices).await;
+                let pool = log_pool(&devices).await;
                 let layout = Layout::Parity { redundancy };
                 let space = pool
                     .create_space(cached("m", layout, 2 << 20))
@@ -1097,7 +1083,7 @@ fn rows_with_many_dirty_runs_destage_as_one_update() {
 fn a_destage_round_of_a_stream_writes_whole_rows() {
     block_on(async {
         let (counting, devices) = counted(memory_devices("round"), false, None);
-        let pool = journal_pool(&devices).await;
+        let pool = log_pool(&devices).await;
         let layout = Layout::Parity { redundancy: 1 };
         let size = 20 << 20;
         let mut config = cached("round", layout, size);
@@ -1150,7 +1136,7 @@ fn a_log_beyond_its_memory_is_read_back_from_its_disks() {
     block_on(async {
         let (devices, faults) = fault_devices("beyond");
         let (counting, devices) = counted(devices, false, None);
-        let pool = journal_pool(&devices).await;
+        let pool = log_pool(&devices).await;
         let budget = 256 << 10;
         pool.set_log_memory(budget);
         let space = cached_space(&pool, "s", Layout::Parity { redundancy: 1 }).await;
@@ -1210,7 +1196,7 @@ fn a_read_back_that_the_ring_overtakes_reads_again() {
     block_on(async {
         let gate = Arc::new(Gate::default());
         let (_, devices) = counted(memory_devices("overtaken"), false, Some(gate.clone()));
-        let pool = journal_pool(&devices).await;
+        let pool = log_pool(&devices).await;
         pool.set_log_memory(0);
         let mut config = cached("s", Layout::Parity { redundancy: 1 }, 4 << 20);
         config.cache_bytes = Some(1 << 20);
@@ -1268,7 +1254,7 @@ fn zeroing_new_slabs_holds_up_no_other_space() {
         let gate = Arc::new(Gate::default());
         let (_, devices) =
             counted_gates(memory_devices("prepared"), false, None, Some(gate.clone()));
-        let pool = journal_pool(&devices).await;
+        let pool = log_pool(&devices).await;
         let uncached = |name: &str, layout| {
             let mut config = SpaceConfig::new(name, layout, SpaceSize::Bytes(1 << 20));
             config.cache_bytes = Some(0);
@@ -1385,7 +1371,7 @@ fn a_log_is_written_ahead_only_where_first_writes_allocate() {
             let mut rng = SplitMix64::new(71);
             let mut model;
             {
-                let pool = journal_pool(&devices).await;
+                let pool = log_pool(&devices).await;
                 // An earlier log, full of records, then dropped with its
                 // space.
                 let earlier = cached_space(&pool, "earlier", layout).await;
@@ -1431,7 +1417,7 @@ fn a_disk_lost_while_zeroing(the_held_disk: bool) {
     block_on(async {
         let gate = Arc::new(Gate::default());
         let (_, devices) = counted_gates(memory_devices("lost"), false, None, Some(gate.clone()));
-        let pool = journal_pool(&devices).await;
+        let pool = log_pool(&devices).await;
         // Two copies over three columns: every capacity disk holds a slot
         // of its one extent.
         let mut config = SpaceConfig::new(
@@ -1491,7 +1477,7 @@ fn a_writer_waiting_behind_a_direct_write_goes_on_when_it_ends() {
     let mut executor = Executor::new();
     let spawner = executor.spawner();
     let (pool, space) = executor.run_until(async {
-        let pool = journal_pool(&devices).await;
+        let pool = log_pool(&devices).await;
         let layout = Layout::Mirror { copies: 2 };
         let space = pool
             .create_space(cached("pinned", layout, 4 << 20))
@@ -1917,7 +1903,7 @@ fn fua_records(cheap: bool) {
         let fua_writes = |c: &Counting| c.fua_writes.load(Ordering::Relaxed);
         let mut model;
         {
-            let pool = journal_pool(&devices).await;
+            let pool = log_pool(&devices).await;
             let space = cached_space(&pool, "fua", Layout::Parity { redundancy: 1 }).await;
             model = Model::new(space.size_bytes());
             let mut rng = SplitMix64::new(41);
@@ -2067,7 +2053,7 @@ fn writes_in_flight_when_the_log_fails(cheap_fua: bool) {
     let spawner = executor.spawner();
     let layout = Layout::Parity { redundancy: 1 };
     let (pool, space) = executor.run_until(async {
-        let pool = journal_pool(&devices).await;
+        let pool = log_pool(&devices).await;
         let mut config = cached("s", layout, 16 << 20);
         config.interleave_bytes = Some(64 << 10);
         // A ring that the writes in flight fill: later ones wait for room.

@@ -11,7 +11,7 @@ use terrace_engine::meta::format::{
     data_offset, INTENT_OFFSET, INTENT_SLOT_BYTES, METADATA_SLOT_MIN_BYTES,
 };
 use terrace_engine::meta::store::{self, Probe};
-use terrace_engine::meta::{DiskState, IntentRecord, PoolMetadata, SpaceId, Usage};
+use terrace_engine::meta::{DiskState, IntentRecord, PoolMetadata, SpaceId};
 use terrace_engine::{verify_space, ImportOptions, Pool, Space, SpaceConfig, SpaceSize};
 
 const DISK_BYTES: u64 = 8 << 20;
@@ -389,13 +389,7 @@ fn writes_made_while_a_log_had_failed_are_resynced_after_a_crash() {
     block_on(async {
         // Six capacity disks and three journal disks for the log.
         let disks = Disks::new(9, 64 << 20);
-        let mut new_disks = disks.new_disks();
-        for disk in &mut new_disks[6..] {
-            disk.usage = Usage::Journal;
-        }
-        let pool = Pool::create(env(), small_config("tank"), new_disks)
-            .await
-            .unwrap();
+        let pool = journal_pool(small_config("tank"), &disks.devices, 6).await;
         let mut config = small_space("p", Layout::Parity { redundancy: 1 }, 3);
         config.cache_bytes = Some(32 << 20);
         let space = pool.create_space(config).await.unwrap().space;

@@ -8,8 +8,8 @@ mod common;
 
 use common::*;
 use terrace_engine::layout::Layout;
-use terrace_engine::meta::{DiskIndex, JobKind, JobState, PoolMetadata, SpaceRole, Usage};
-use terrace_engine::{NewDisk, Pool, PoolConfig, SpaceConfig, SpaceSize};
+use terrace_engine::meta::{DiskIndex, JobKind, JobState, PoolMetadata, SpaceRole};
+use terrace_engine::{Pool, PoolConfig, SpaceConfig, SpaceSize};
 
 const MIB: u64 = 1 << 20;
 /// The default log of a parity space without room on journal disks.
@@ -18,18 +18,7 @@ const SMALL_LOG: u64 = 32 * MIB;
 /// A pool of 1 MiB slabs over `capacity` disks of `capacity_bytes` and
 /// `journals` journal disks of `journal_bytes`, the journal disks last.
 async fn pool_of(disks: &Disks, capacity: usize, capacity_bytes: u64, journal_bytes: u64) -> Pool {
-    let new_disks: Vec<NewDisk> = disks
-        .devices
-        .iter()
-        .enumerate()
-        .map(|(index, device)| {
-            let mut disk = NewDisk::new(device.clone());
-            if index >= capacity {
-                disk.usage = Usage::Journal;
-            }
-            disk
-        })
-        .collect();
+    let new_disks = journal_disks_after(&disks.devices, capacity);
     assert!(disks.memory[..capacity]
         .iter()
         .all(|m| terrace_engine::io::BlockDevice::size_bytes(m.as_ref()) == capacity_bytes));

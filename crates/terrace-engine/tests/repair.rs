@@ -12,8 +12,8 @@ use terrace_engine::io::delay::{DelayDevice, DelayPolicy};
 use terrace_engine::layout::Layout;
 use terrace_engine::meta::{DiskIndex, DiskState, JobKind, JobState, SpaceRole, Usage};
 use terrace_engine::{
-    verify_space, EngineError, ImportOptions, JobAction, NewDisk, Pool, PoolConfig, Space,
-    SpaceConfig, SpaceHealth, SpaceSize,
+    verify_space, EngineError, ImportOptions, JobAction, Pool, PoolConfig, Space, SpaceConfig,
+    SpaceHealth, SpaceSize,
 };
 
 const DISK_BYTES: u64 = 4 << 20;
@@ -44,17 +44,6 @@ async fn assert_redundant(space: &Space) {
         "{}: rows without full redundancy",
         space.name()
     );
-}
-
-/// A pool of `disks`, those from `capacity` on journal disks.
-async fn journal_pool(disks: &Disks, capacity: usize) -> Pool {
-    let mut new_disks = disks.new_disks();
-    for disk in &mut new_disks[capacity..] {
-        disk.usage = Usage::Journal;
-    }
-    Pool::create(env(), small_config("tank"), new_disks)
-        .await
-        .unwrap()
 }
 
 /// Set the pool's repair and move bandwidth limit (0: none).
@@ -616,7 +605,7 @@ fn a_disk_back_before_its_repair_is_done_catches_up_in_place() {
 fn a_lost_log_copy_is_re_mirrored_onto_another_journal_disk() {
     block_on(async {
         let disks = Disks::new(7, 64 << 20);
-        let pool = journal_pool(&disks, 4).await;
+        let pool = journal_pool(small_config("tank"), &disks.devices, 4).await;
         let mut config = SpaceConfig::new(
             "p",
             Layout::Parity { redundancy: 1 },
@@ -870,7 +859,7 @@ fn failure_impacts_are_listed_in_disk_order() {
 fn failure_impacts_name_the_write_back_logs_a_disk_holds() {
     block_on(async {
         let disks = Disks::new(6, 64 << 20);
-        let pool = journal_pool(&disks, 4).await;
+        let pool = journal_pool(small_config("tank"), &disks.devices, 4).await;
         wait_for_missing_disks(&pool).await;
         let mut config = SpaceConfig::new(
             "p",
@@ -957,14 +946,7 @@ async fn parity_log_on_capacity(
 
 /// Add the disks of `disks` past the fourth to `pool` as journal disks.
 async fn add_journal_disks(pool: &Pool, disks: &Disks) {
-    let journal: Vec<NewDisk> = disks.new_disks()[4..]
-        .iter()
-        .map(|disk| {
-            let mut disk = NewDisk::new(disk.device.clone());
-            disk.usage = Usage::Journal;
-            disk
-        })
-        .collect();
+    let journal = journal_disks_after(&disks.devices[4..], 0);
     pool.add_disks(journal).await.unwrap();
 }
 

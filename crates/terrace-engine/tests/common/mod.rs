@@ -240,6 +240,34 @@ pub async fn dirty_found(
     dirty
 }
 
+/// `devices` as new disks: the first `capacity` capacity disks, the rest
+/// journal disks.
+pub fn journal_disks_after(devices: &[Arc<dyn BlockDevice>], capacity: usize) -> Vec<NewDisk> {
+    devices
+        .iter()
+        .enumerate()
+        .map(|(index, device)| {
+            let mut disk = NewDisk::new(device.clone());
+            if index >= capacity {
+                disk.usage = terrace_engine::meta::Usage::Journal;
+            }
+            disk
+        })
+        .collect()
+}
+
+/// A pool of `config` on `devices`: the first `capacity` capacity disks,
+/// the rest journal disks.
+pub async fn journal_pool(
+    config: PoolConfig,
+    devices: &[Arc<dyn BlockDevice>],
+    capacity: usize,
+) -> Pool {
+    Pool::create(env(), config, journal_disks_after(devices, capacity))
+        .await
+        .expect("create pool")
+}
+
 /// A pool of `config` on `devices`, all capacity disks.
 pub async fn pool_on(config: PoolConfig, devices: &[Arc<dyn BlockDevice>]) -> Pool {
     let new_disks = devices.iter().map(|d| NewDisk::new(d.clone())).collect();
