@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use terrace_io::size::parse_size;
+
 /// A text that is not a duration or a block size; the message says what is
 /// accepted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,27 +41,14 @@ pub fn parse_duration(text: &str) -> Result<Duration, UnitError> {
     Duration::try_from_secs_f64(value * scale).map_err(|_| error())
 }
 
-/// Parse a block size: a whole number of bytes with an optional K or M
-/// suffix (`8K`, `64KiB`, `1M`).
+/// Parse a block size as every size is read (`8K`, `64KiB`, `1M`; see
+/// [`parse_size`]).
 pub fn parse_block_size(text: &str) -> Result<u64, UnitError> {
-    let error = || UnitError {
+    parse_size(text).map_err(|_| UnitError {
         text: text.to_string(),
         what: "a block size",
-        hint: "a whole number of bytes with an optional K or M suffix, e.g. 8K or 1M",
-    };
-    let trimmed = text.trim();
-    let trimmed = trimmed.strip_suffix(['B', 'b']).unwrap_or(trimmed);
-    let trimmed = trimmed.strip_suffix('i').unwrap_or(trimmed);
-    let (number, shift) = match trimmed.chars().last() {
-        Some('K' | 'k') => (&trimmed[..trimmed.len() - 1], 10),
-        Some('M' | 'm') => (&trimmed[..trimmed.len() - 1], 20),
-        _ => (trimmed, 0),
-    };
-    if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(error());
-    }
-    let value: u64 = number.parse().map_err(|_| error())?;
-    value.checked_mul(1 << shift).ok_or_else(error)
+        hint: "a number of bytes with an optional K or M suffix, e.g. 8K or 1M",
+    })
 }
 
 /// `64 KiB`, `8 KiB`, `1 MiB`, `1536 B`: block sizes for titles.
@@ -110,7 +99,8 @@ mod tests {
         assert_eq!(parse_block_size("8K"), Ok(8192));
         assert_eq!(parse_block_size("64KiB"), Ok(64 << 10));
         assert_eq!(parse_block_size("1M"), Ok(1 << 20));
-        for bad in ["", "K", "1.5K", "-8K", "8G", "99999999999999999999"] {
+        assert_eq!(parse_block_size("1.5K"), Ok(1536));
+        for bad in ["", "K", "-8K", "8Q", "99999999999999999999"] {
             assert!(parse_block_size(bad).is_err(), "{bad}");
         }
         assert_eq!(format_block(64 << 10), "64 KiB");

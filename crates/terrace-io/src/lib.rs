@@ -32,6 +32,7 @@ pub mod latch;
 pub mod memory;
 pub mod model;
 pub mod random;
+pub mod size;
 mod timer;
 pub mod virtual_clock;
 pub use timer::use_thread_timers;

@@ -348,13 +348,7 @@ impl fmt::Display for DriveModel {
 }
 
 fn parse_bytes(text: &str) -> Option<u64> {
-    let (digits, shift) = match text.as_bytes().last()? {
-        b'K' | b'k' => (&text[..text.len() - 1], 10),
-        b'M' | b'm' => (&text[..text.len() - 1], 20),
-        b'G' | b'g' => (&text[..text.len() - 1], 30),
-        _ => (text, 0),
-    };
-    digits.parse::<u64>().ok()?.checked_mul(1 << shift)
+    crate::size::parse_size(text).ok()
 }
 
 /// What an operation asks of the drive.
