@@ -23,21 +23,10 @@ const KNOWN_CYCLE: &[&str] = &[
     "admin",
     "cache",
     "control",
-    "crash_resync",
-    "disk",
     "jobs",
-    "journal",
-    "mirror",
-    "parity",
     "pool",
-    "rebuild",
-    "resync",
-    "row",
-    "simple",
+    "redundancy",
     "space",
-    "target",
-    "verify",
-    "zero",
 ];
 
 /// The imports between modules of [`KNOWN_CYCLE`]: each module with those
@@ -46,52 +35,13 @@ const KNOWN_CYCLE_EDGES: &[(&str, &[&str])] = &[
     ("admin", &["cache", "control", "pool", "space"]),
     (
         "cache",
-        &["admin", "control", "journal", "pool", "resync", "space"],
+        &["admin", "control", "pool", "redundancy", "space"],
     ),
-    (
-        "control",
-        &["crash_resync", "disk", "jobs", "journal", "space"],
-    ),
-    ("crash_resync", &["pool", "resync"]),
-    ("disk", &["pool"]),
-    (
-        "jobs",
-        &[
-            "cache", "control", "disk", "pool", "rebuild", "space", "target",
-        ],
-    ),
-    ("journal", &["control", "space"]),
-    ("mirror", &["crash_resync", "resync", "row", "simple"]),
-    ("parity", &["resync", "row", "simple", "space"]),
-    (
-        "pool",
-        &[
-            "admin",
-            "control",
-            "crash_resync",
-            "disk",
-            "jobs",
-            "journal",
-            "resync",
-            "space",
-        ],
-    ),
-    ("rebuild", &["parity", "row", "space", "target"]),
-    (
-        "resync",
-        &["crash_resync", "row", "space", "target", "verify"],
-    ),
-    ("row", &["space", "target"]),
-    ("simple", &["row", "space"]),
-    (
-        "space",
-        &[
-            "control", "disk", "journal", "mirror", "parity", "row", "simple", "target", "zero",
-        ],
-    ),
-    ("target", &["disk"]),
-    ("verify", &["row"]),
-    ("zero", &["parity", "row", "space", "target"]),
+    ("control", &["jobs", "space"]),
+    ("jobs", &["cache", "control", "pool", "space"]),
+    ("pool", &["admin", "control", "jobs", "redundancy", "space"]),
+    ("redundancy", &["pool", "space"]),
+    ("space", &["control", "redundancy"]),
 ];
 
 type Graph = BTreeMap<String, BTreeSet<String>>;
