@@ -274,6 +274,34 @@ struct State {
 }
 
 impl State {
+    /// An empty ring of `lap_bytes` from `head` to `tail`, keeping
+    /// `image_reserve_per_mille` of each lap for row images.
+    fn new(lap_bytes: u64, head: Cursor, tail: Cursor, image_reserve_per_mille: u64) -> State {
+        State {
+            image_reserve_per_mille,
+            lap_bytes,
+            next_lap_bytes: lap_bytes,
+            head,
+            next_sequence: 1,
+            tail,
+            records: VecDeque::new(),
+            index: BTreeMap::new(),
+            recent: BTreeMap::new(),
+            durable_below: 1,
+            durable_waiters: Vec::new(),
+            syncing: false,
+            sync_waiters: Vec::new(),
+            space_waiters: Vec::new(),
+            leases: VecDeque::new(),
+            dirty_bytes: 0,
+            failed: None,
+            batches: batch::Batches::default(),
+            renewing: false,
+            checks: 0,
+            next_full_check: 0,
+        }
+    }
+
     /// The record with `sequence`, if it is still listed. Records are listed
     /// in sequence order without gaps (they are pushed as their sequences
     /// are handed out and leave only from the front), so this is an index,
@@ -377,29 +405,12 @@ impl<H: HomeIo> Journal<H> {
             log,
             checkpoints,
             epoch,
-            state: Mutex::new(State {
-                image_reserve_per_mille: if parity { 250 } else { 0 },
-                lap_bytes: bytes,
-                next_lap_bytes: bytes,
-                head: start,
-                next_sequence: 1,
-                tail: start,
-                records: VecDeque::new(),
-                index: BTreeMap::new(),
-                recent: BTreeMap::new(),
-                durable_below: 1,
-                durable_waiters: Vec::new(),
-                syncing: false,
-                sync_waiters: Vec::new(),
-                space_waiters: Vec::new(),
-                leases: VecDeque::new(),
-                dirty_bytes: 0,
-                failed: None,
-                batches: batch::Batches::default(),
-                renewing: false,
-                checks: 0,
-                next_full_check: 0,
-            }),
+            state: Mutex::new(State::new(
+                bytes,
+                start,
+                start,
+                if parity { 250 } else { 0 },
+            )),
             destaging: futures::lock::Mutex::new(()),
             edges: Default::default(),
             gathers: Mutex::default(),

@@ -16,13 +16,9 @@
 //! Depends on: `record`, `format` (the header size), the state defined in
 //! the journal's root.
 
-#[cfg(test)]
-use super::batch;
 use super::format::HEADER_BYTES;
 use super::record::{Cursor, Record};
 use super::{Entry, State};
-#[cfg(test)]
-use std::collections::{BTreeMap, VecDeque};
 
 /// A ring position, sequence (and wrap record, if the ring wraps first)
 /// for a record of `record_bytes`, if the ring has room now.
@@ -185,29 +181,7 @@ fn room_after(state: &State, bytes: u64, place: &Placement) -> u64 {
 
 #[cfg(test)]
 pub(super) fn state_with(lap: u64, head: Cursor, tail: Cursor) -> State {
-    State {
-        image_reserve_per_mille: 0,
-        lap_bytes: lap,
-        next_lap_bytes: lap,
-        head,
-        next_sequence: 1,
-        tail,
-        records: VecDeque::new(),
-        index: BTreeMap::new(),
-        recent: BTreeMap::new(),
-        durable_below: 1,
-        durable_waiters: Vec::new(),
-        syncing: false,
-        sync_waiters: Vec::new(),
-        space_waiters: Vec::new(),
-        leases: VecDeque::new(),
-        dirty_bytes: 0,
-        failed: None,
-        batches: batch::Batches::default(),
-        renewing: false,
-        checks: 0,
-        next_full_check: 0,
-    }
+    State::new(lap, head, tail, 0)
 }
 
 #[cfg(test)]
