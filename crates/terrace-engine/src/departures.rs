@@ -33,6 +33,21 @@ struct State {
     waiters: Vec<(u64, oneshot::Sender<()>)>,
 }
 
+impl State {
+    /// End the current epoch: writes entering from now on are counted
+    /// under the next. Gives what ends once every write of this epoch or an
+    /// earlier one has finished, if any is still running.
+    fn close_epoch(&mut self) -> Option<oneshot::Receiver<()>> {
+        let limit = self.epoch;
+        self.epoch += 1;
+        // Nothing to wait for unless a write of this epoch or before runs.
+        self.writers.range(..=limit).next()?;
+        let (sender, receiver) = oneshot::channel();
+        self.waiters.push((limit, sender));
+        Some(receiver)
+    }
+}
+
 /// Held by a write from its look at the disks until its writes are done.
 pub(crate) struct Writing<'a> {
     departures: &'a Departures,
@@ -63,15 +78,7 @@ impl Departures {
         let waiting = {
             let mut state = self.state();
             state.leaving.push(disk);
-            let limit = state.epoch;
-            state.epoch += 1;
-            if state.writers.range(..=limit).next().is_some() {
-                let (sender, receiver) = oneshot::channel();
-                state.waiters.push((limit, sender));
-                Some(receiver)
-            } else {
-                None
-            }
+            state.close_epoch()
         };
         if let Some(receiver) = waiting {
             let _ = receiver.await;
@@ -90,18 +97,7 @@ impl Departures {
     /// it out or failed there, has noted that by then (see
     /// `Space::note_failed_during`).
     pub(crate) async fn settle(&self) {
-        let waiting = {
-            let mut state = self.state();
-            let limit = state.epoch;
-            state.epoch += 1;
-            if state.writers.range(..=limit).next().is_some() {
-                let (sender, receiver) = oneshot::channel();
-                state.waiters.push((limit, sender));
-                Some(receiver)
-            } else {
-                None
-            }
-        };
+        let waiting = self.state().close_epoch();
         if let Some(receiver) = waiting {
             let _ = receiver.await;
         }
