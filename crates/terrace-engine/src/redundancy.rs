@@ -1,21 +1,19 @@
 //! Passes over a space that check or rewrite its redundancy: verify, the
 //! resync of a whole space or of a range, and the resync of mirror rows a
-//! crash left owed (on read, and the job runner's background pass).
+//! crash left owed (on read, and row by row for the job runner's
+//! background pass, `Pool::resync_after_crash`, which paces it).
 //!
 //! Each row is checked or mended by [`crate::resync`]; this module does
-//! what needs the space and the pool around it: the map, the row locks,
+//! what needs the space around it: the map, the row locks,
 //! the record of disks a repair leaves out, the crash-resync bookkeeping
 //! and the commit of failures.
 
-use futures::future::join_all;
 use terrace_layout::Layout;
 
 use crate::error::EngineError;
-use crate::pool::Pool;
 use crate::resync::{check_row, Pass, RedundancyReport, RowState};
 use crate::space::Space;
 use crate::verify::{Finding, Problem, FINDINGS_MAX};
-use terrace_meta::SpaceId;
 
 /// Rewrite redundancy from its source of truth on every row.
 pub async fn resync_space(space: &Space) -> Result<RedundancyReport, EngineError> {
@@ -144,66 +142,5 @@ fn finding(space: &Space, extent: u64, row: u64, problems: Vec<Problem>) -> Find
         extent,
         row,
         problems,
-    }
-}
-
-/// Rows the background pass resynchronises at once, so that the drives
-/// see a queue rather than one row's reads and writes at a time.
-const ROWS_AT_ONCE: usize = 8;
-
-impl Pool {
-    /// Resynchronise every mirror row left since an unclean shutdown (see
-    /// the module doc); the job runner runs it, and it returns at once when
-    /// nothing is left. An extent stays named in the write intent until
-    /// the runner's idle clearing has flushed it.
-    pub async fn resync_after_crash(&self) -> Result<(), EngineError> {
-        while let Some((id, extent, rows)) = self.shared.crash_resync.next() {
-            self.shared.check_open()?;
-            let Some(space) = self.spaces().into_iter().find(|space| space.id() == id) else {
-                // Deleted.
-                self.shared.crash_resync.forget(id);
-                continue;
-            };
-            let row_bytes = space.geometry().row_data_bytes();
-            for batch in rows.chunks(ROWS_AT_ONCE) {
-                // Paced by the pool's repair rate, in one budget with the
-                // jobs' moves; reads that meet owed rows are not.
-                let rate = self
-                    .shared
-                    .control
-                    .lock()
-                    .await
-                    .metadata
-                    .settings
-                    .repair_rate_bytes_per_second;
-                self.wait_turn(rate, batch.len() as u64 * row_bytes).await;
-                self.shared.check_open()?;
-                let resyncs = batch
-                    .iter()
-                    .map(|&row| resync_crashed_row(&space, u64::from(extent), row, false));
-                for resynced in join_all(resyncs).await {
-                    resynced?;
-                }
-            }
-            self.shared.persist_failures().await?;
-        }
-        Ok(())
-    }
-
-    /// Extents of `space` left to resynchronise since an unclean shutdown.
-    pub fn resync_extents_left(&self, space: SpaceId) -> u64 {
-        self.shared.crash_resync.extents_left(space)
-    }
-
-    /// Extents of every space left to resynchronise since an unclean
-    /// shutdown.
-    pub fn resync_extents_pending(&self) -> u64 {
-        self.shared.crash_resync.extents_pending()
-    }
-
-    /// Clear the write intent of extents idle for long enough, now, as the
-    /// job runner does every so often.
-    pub async fn clear_idle_intent(&self) -> Result<(), EngineError> {
-        self.shared.clear_idle_intent().await
     }
 }

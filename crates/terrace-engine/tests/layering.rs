@@ -40,7 +40,7 @@ const KNOWN_CYCLE_EDGES: &[(&str, &[&str])] = &[
     ("control", &["jobs", "space"]),
     ("jobs", &["cache", "control", "pool", "space"]),
     ("pool", &["admin", "control", "jobs", "redundancy", "space"]),
-    ("redundancy", &["pool", "space"]),
+    ("redundancy", &["space"]),
     ("space", &["control", "redundancy"]),
 ];
 
