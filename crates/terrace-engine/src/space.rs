@@ -127,6 +127,9 @@ pub struct Space {
     /// not go home at import (more of its disks were out than it
     /// tolerates). They go home when `pool clear` takes the disks back.
     held: std::sync::Mutex<Option<String>>,
+    /// Whether `held` says something: every request reads this, not the
+    /// mutex, which only a held space's refusals take.
+    is_held: AtomicBool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -156,6 +159,7 @@ impl Space {
             journal: RwLock::new(None),
             disjoint_writes: AtomicBool::new(false),
             held: std::sync::Mutex::new(None),
+            is_held: AtomicBool::new(false),
         }
     }
 
@@ -166,11 +170,16 @@ impl Space {
     }
 
     pub(crate) fn set_held(&self, why: Option<String>) {
-        *self.held.lock().unwrap_or_else(|e| e.into_inner()) = why;
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        self.is_held.store(why.is_some(), Ordering::Release);
+        *held = why;
     }
 
     /// Refuse a client's request while the space is held.
     fn check_held(&self, offset: u64, length: u64) -> Result<(), EngineError> {
+        if !self.is_held.load(Ordering::Acquire) {
+            return Ok(());
+        }
         match self.held() {
             None => Ok(()),
             Some(reason) => Err(EngineError::Unavailable {
