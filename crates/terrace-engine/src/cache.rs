@@ -17,13 +17,9 @@ use terrace_io::env::Env;
 use terrace_io::BytesMut;
 use terrace_layout::{Geometry, Layout};
 use terrace_meta::{
-    CacheRecord, DiskRecord, DiskState, FaultDomain, PoolMetadata, SpaceId, SpaceRecord, SpaceRole,
-    Usage,
+    CacheRecord, FaultDomain, PoolMetadata, SpaceId, SpaceRecord, SpaceRole, Usage,
 };
 
-use crate::admin::{
-    allocate_growth, build_space, plan_space, preallocate_log, shape, SpaceConfig, SpaceSize,
-};
 use crate::control::PoolShared;
 use crate::error::EngineError;
 use crate::journal::{
@@ -31,6 +27,10 @@ use crate::journal::{
     CACHE_MAX_BYTES, CACHE_SMALL_BYTES,
 };
 use crate::payload::Payload;
+use crate::placement::{
+    allocate_growth, build_space, is_journal_disk, journal_disks, plan_space, preallocate_log,
+    shape, targets, SpaceConfig, SpaceSize,
+};
 use crate::pool::Pool;
 use crate::space::Space;
 use crate::units::format_size;
@@ -45,14 +45,6 @@ pub fn log_copies(layout: Layout) -> u32 {
         Layout::Mirror { copies } => copies,
         Layout::Parity { redundancy } => redundancy + 1,
     }
-}
-
-pub(crate) fn is_journal_disk(disk: &DiskRecord) -> bool {
-    disk.state == DiskState::Active && disk.usage == Usage::Journal
-}
-
-pub(crate) fn journal_disks(metadata: &PoolMetadata) -> usize {
-    metadata.disks.iter().filter(|d| is_journal_disk(d)).count()
 }
 
 /// The cache size a new space gets in a pool with `metadata`: as asked, or
@@ -502,7 +494,7 @@ impl Pool {
                 log_disks_kind(on_journal),
             )
         })?;
-        let added_targets = crate::admin::targets(&self.shared, &next, &added)?;
+        let added_targets = targets(&self.shared, &next, &added)?;
         let record = &mut next.spaces[position];
         record.size_bytes = requested;
         record.extents.extend(added);

@@ -15,7 +15,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, Weak};
+use std::sync::{Arc, RwLock};
 
 use futures::future::join_all;
 use terrace_io::Env;
@@ -30,8 +30,7 @@ use crate::error::EngineError;
 use crate::events::{PoolEvent, PoolEvents};
 use crate::failures::{FailureRecords, MissedExtent};
 use crate::log_memory::LogMemory;
-use crate::slab_holds::{Reservation, SlabHolds};
-use crate::space::MapEpoch;
+use crate::slab_holds::{Epoch, Reservation, SlabHolds};
 
 pub(crate) struct Control {
     pub metadata: PoolMetadata,
@@ -65,7 +64,7 @@ pub struct PoolShared {
     pub(crate) disk_context: DiskContext,
     /// Where what happens in the pool is told (see [`crate::events`]).
     pub(crate) events: Arc<PoolEvents>,
-    pub(crate) job_runtime: crate::jobs::JobRuntime,
+    pub(crate) job_runtime: crate::job_runtime::JobRuntime,
     /// Write intent of spaces without a log (see [`PoolShared::begin_intent`]).
     intent: std::sync::Mutex<IntentState>,
     /// Mirror extents left to resynchronise since an unclean shutdown.
@@ -143,7 +142,7 @@ impl PoolShared {
     /// Keep `slabs` from allocations while `epoch` lives. Called under the
     /// control lock by whoever commits the slabs free, before it lets the
     /// lock go: an allocation planned in between would see them free.
-    pub(crate) fn retire(&self, slabs: impl IntoIterator<Item = SlabRef>, epoch: Weak<MapEpoch>) {
+    pub(crate) fn retire(&self, slabs: impl IntoIterator<Item = SlabRef>, epoch: Epoch) {
         self.slab_holds.retire(slabs, epoch);
     }
 
@@ -207,7 +206,7 @@ impl PoolShared {
             }),
             disks: RwLock::new(disks),
             closed: AtomicBool::new(false),
-            job_runtime: crate::jobs::JobRuntime::default(),
+            job_runtime: crate::job_runtime::JobRuntime::default(),
             slab_holds: Default::default(),
             departures: Default::default(),
             changes: Default::default(),

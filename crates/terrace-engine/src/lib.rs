@@ -27,12 +27,15 @@ mod disk;
 mod error;
 mod events;
 mod failures;
+mod job_runtime;
 mod jobs;
 pub mod journal;
 mod layouts;
 mod log_memory;
 mod membership;
+mod open;
 mod payload;
+mod placement;
 mod pool;
 mod rebuild;
 mod redundancy;
@@ -49,7 +52,7 @@ mod units;
 mod verify;
 mod zero;
 
-pub use admin::{default_fault_domain, SpaceConfig, SpaceCreated, SpaceSize};
+pub use admin::SpaceCreated;
 pub use clear::{DiskCleared, SpaceCatchUp};
 pub use crash_resync::ResyncProgress;
 pub use disk::Condition;
@@ -61,6 +64,7 @@ pub use layouts::mirror::{
 };
 pub use layouts::reason::count;
 pub use membership::LabelLeft;
+pub use placement::{default_fault_domain, SpaceConfig, SpaceSize};
 pub use pool::{
     validate_name, ImportOptions, NewDisk, Pool, PoolConfig, NAME_MAX_BYTES, SLAB_DEFAULT_BYTES,
     SLAB_MAX_BYTES, SLAB_MIN_BYTES,

@@ -1,7 +1,7 @@
-//! Passes over a space that check or rewrite its redundancy: verify, the
-//! resync of a whole space or of a range, and the resync of mirror rows a
-//! crash left owed (on read, and row by row for the job runner's
-//! background pass, `Pool::resync_after_crash`, which paces it).
+//! Passes over a space that check or rewrite its redundancy: verify, and
+//! the resync of a whole space or of a range. (The resync of one mirror
+//! row a crash left owed is the space's own, [`Space::resync_crashed_row`]:
+//! its reads need it.)
 //!
 //! Each row is checked or mended by [`crate::resync`]; this module does
 //! what needs the space around it: the map, the row locks,
@@ -95,43 +95,6 @@ async fn walk_rows(
     }
     space.pool.persist_failures().await?;
     Ok(report)
-}
-
-/// Resynchronise `row` of `extent` of a mirror after an unclean shutdown
-/// if it still wants it (see [`crate::crash_resync`]): under the row's
-/// lock, which the caller may hold already (`lock_held`: a sub-block
-/// write reading its edges, whose own record of missing disks covers the
-/// extent).
-pub(crate) async fn resync_crashed_row(
-    space: &Space,
-    extent: u64,
-    row: u64,
-    lock_held: bool,
-) -> Result<(), EngineError> {
-    if !space.pool.crash_resync.wanted(space.id, extent, row) {
-        return Ok(());
-    }
-    let row_bytes = space.geometry.row_data_bytes();
-    let (_writing, _guard) = if lock_held {
-        (None, None)
-    } else {
-        let offset = extent * space.geometry.extent_data_bytes() + row * row_bytes;
-        let writing = space.track_missing(&space.map(), offset, row_bytes).await?;
-        (Some(writing), Some(space.locks.lock((extent, row)).await))
-    };
-    // Another reader, the background pass or a move may have done it
-    // while this one waited for the lock.
-    if !space.pool.crash_resync.wanted(space.id, extent, row) {
-        return Ok(());
-    }
-    // The slots' places as they are under the lock.
-    let map = space.map();
-    if extent < map.extents.len() as u64 {
-        let span = space.geometry.whole_row(extent, row);
-        check_row(&space.row_io(&map, &span), Pass::Repair).await;
-    }
-    space.pool.crash_resync.done(space.id, extent, row);
-    Ok(())
 }
 
 fn finding(space: &Space, extent: u64, row: u64, problems: Vec<Problem>) -> Finding {

@@ -21,7 +21,7 @@ use std::sync::{Mutex, MutexGuard, Weak};
 use terrace_meta::SlabRef;
 
 /// Something whose life decides how long retired slabs are held.
-type Epoch = Weak<dyn Send + Sync>;
+pub(crate) type Epoch = Weak<dyn Send + Sync>;
 
 #[derive(Default)]
 pub(crate) struct SlabHolds {

@@ -47,6 +47,7 @@ use crate::error::EngineError;
 use crate::journal::Journal as JournalOf;
 use crate::layouts::{LayoutHost, Layouts, RowLayout};
 use crate::payload::Payload;
+use crate::resync::{check_row, Pass};
 pub(crate) use crate::row::{all_ok, join_buffer, split_buffer};
 use crate::row::{RowHost, RowIo};
 use crate::row_lock::RowLocks;
@@ -371,7 +372,10 @@ impl Space {
         let epoch = Arc::new(MapEpoch::default());
         let _ = map.epoch.next.set(epoch.clone());
         let slabs = dropped.iter().map(|location| self.slab_of(location));
-        self.pool.retire(slabs, Arc::downgrade(&map.epoch));
+        self.pool.retire(
+            slabs,
+            Arc::downgrade(&map.epoch) as crate::slab_holds::Epoch,
+        );
         *map = Arc::new(SpaceMap {
             size_bytes,
             extents,
@@ -1080,6 +1084,45 @@ fn locations(extents: &[Arc<[Target]>]) -> impl Iterator<Item = Location> + '_ {
         .flat_map(|target| target.locations.iter().cloned())
 }
 
+impl Space {
+    /// Resynchronise `row` of `extent` of a mirror after an unclean shutdown
+    /// if it still wants it (see [`crate::crash_resync`]): under the row's
+    /// lock, which the caller may hold already (`lock_held`: a sub-block
+    /// write reading its edges, whose own record of missing disks covers the
+    /// extent).
+    pub(crate) async fn resync_crashed_row(
+        &self,
+        extent: u64,
+        row: u64,
+        lock_held: bool,
+    ) -> Result<(), EngineError> {
+        if !self.pool.crash_resync.wanted(self.id, extent, row) {
+            return Ok(());
+        }
+        let row_bytes = self.geometry.row_data_bytes();
+        let (_writing, _guard) = if lock_held {
+            (None, None)
+        } else {
+            let offset = extent * self.geometry.extent_data_bytes() + row * row_bytes;
+            let writing = self.track_missing(&self.map(), offset, row_bytes).await?;
+            (Some(writing), Some(self.locks.lock((extent, row)).await))
+        };
+        // Another reader, the background pass or a move may have done it
+        // while this one waited for the lock.
+        if !self.pool.crash_resync.wanted(self.id, extent, row) {
+            return Ok(());
+        }
+        // The slots' places as they are under the lock.
+        let map = self.map();
+        if extent < map.extents.len() as u64 {
+            let span = self.geometry.whole_row(extent, row);
+            check_row(&self.row_io(&map, &span), Pass::Repair).await;
+        }
+        self.pool.crash_resync.done(self.id, extent, row);
+        Ok(())
+    }
+}
+
 /// Read one row span with its layout's handler.
 async fn read_span(
     io: &RowIo<'_, Space>,
@@ -1090,13 +1133,7 @@ async fn read_span(
     let space = io.host;
     if space.pool.crash_resync.wanted(space.id, io.extent, io.row) {
         // Boxed: rare, and every read's future would carry its state.
-        Box::pin(crate::redundancy::resync_crashed_row(
-            space,
-            io.extent,
-            io.row,
-            io.lock_held,
-        ))
-        .await?;
+        Box::pin(space.resync_crashed_row(io.extent, io.row, io.lock_held)).await?;
     }
     let (part, result) = space.layout.read(io, span, part).await;
     result.map(|()| part)

@@ -5,109 +5,30 @@
 //! `use crate::{x, y}` group, and `super::` paths that climb out of a
 //! submodule), leaving out each file's `#[cfg(test)] mod tests` and what
 //! follows it, then finds the strongly connected components of that graph
-//! (Tarjan). A component of more than one module is a cycle.
-//!
-//! The engine still has one cycle, [`KNOWN_CYCLE`], with the edges inside it
-//! listed in [`KNOWN_CYCLE_EDGES`]. The test allows it only to shrink: it
-//! fails on a cycle with a module outside [`KNOWN_CYCLE`], and on an edge
-//! inside a cycle that [`KNOWN_CYCLE_EDGES`] does not list. When a change
-//! breaks part of the cycle, remove what it broke from both lists. The goal
-//! is two empty lists.
+//! (Tarjan). A component of more than one module is a cycle; the test fails
+//! on any, naming its modules and the imports between them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// The modules of the engine's one remaining import cycle. The goal is an
-/// empty list.
-const KNOWN_CYCLE: &[&str] = &[
-    "admin",
-    "cache",
-    "control",
-    "jobs",
-    "pool",
-    "redundancy",
-    "space",
-];
-
-/// The imports between modules of [`KNOWN_CYCLE`]: each module with those
-/// it refers to. The goal is an empty list.
-const KNOWN_CYCLE_EDGES: &[(&str, &[&str])] = &[
-    ("admin", &["cache", "control", "pool", "space"]),
-    (
-        "cache",
-        &["admin", "control", "pool", "redundancy", "space"],
-    ),
-    ("control", &["jobs", "space"]),
-    ("jobs", &["cache", "control", "pool", "space"]),
-    ("pool", &["admin", "control", "jobs", "redundancy", "space"]),
-    ("redundancy", &["space"]),
-    ("space", &["control", "redundancy"]),
-];
-
 type Graph = BTreeMap<String, BTreeSet<String>>;
 
 #[test]
-fn the_engine_modules_import_no_new_cycle() {
+fn the_engine_modules_import_no_cycle() {
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let graph = module_graph(&source);
     assert!(
         graph.contains_key("space") && graph.contains_key("pool"),
         "the graph was read: {graph:?}"
     );
-    let known: BTreeSet<&str> = KNOWN_CYCLE.iter().copied().collect();
-    let known_edges: BTreeSet<(&str, &str)> = KNOWN_CYCLE_EDGES
+    let found: Vec<String> = cycles(&graph)
         .iter()
-        .flat_map(|(from, tos)| tos.iter().map(move |to| (*from, *to)))
-        .collect();
-    let mut problems = Vec::new();
-    for cycle in cycles(&graph) {
-        let members: BTreeSet<&str> = cycle.iter().map(String::as_str).collect();
-        let outside: Vec<&str> = members.difference(&known).copied().collect();
-        let new_edges: Vec<String> = edges_within(&graph, &members)
-            .into_iter()
-            .filter(|(from, to)| !known_edges.contains(&(from.as_str(), to.as_str())))
-            .map(|(from, to)| format!("{from} -> {to}"))
-            .collect();
-        if outside.is_empty() && new_edges.is_empty() {
-            continue;
-        }
-        problems.push(format!(
-            "{}\n  modules not in KNOWN_CYCLE: {outside:?}\n  edges not in KNOWN_CYCLE_EDGES: {new_edges:?}",
-            describe(&graph, &cycle)
-        ));
-    }
-    assert!(
-        problems.is_empty(),
-        "the engine's import cycle grew (a module may only import modules below it):\n{}",
-        problems.join("\n")
-    );
-}
-
-/// What the lists still hold that the code no longer has, so that they
-/// shrink with the cycle rather than keep allowing it.
-#[test]
-fn the_known_cycle_lists_nothing_the_code_has_left() {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let graph = module_graph(&source);
-    let in_cycles: BTreeSet<String> = cycles(&graph).into_iter().flatten().collect();
-    let stale_modules: Vec<&str> = KNOWN_CYCLE
-        .iter()
-        .copied()
-        .filter(|module| !in_cycles.contains(*module))
-        .collect();
-    let stale_edges: Vec<String> = KNOWN_CYCLE_EDGES
-        .iter()
-        .flat_map(|(from, tos)| tos.iter().map(move |to| (*from, *to)))
-        .filter(|(from, to)| {
-            let present = graph.get(*from).is_some_and(|deps| deps.contains(*to));
-            !(present && in_cycles.contains(*from) && in_cycles.contains(*to))
-        })
-        .map(|(from, to)| format!("{from} -> {to}"))
+        .map(|cycle| describe(&graph, cycle))
         .collect();
     assert!(
-        stale_modules.is_empty() && stale_edges.is_empty(),
-        "the cycle shrank: remove these from KNOWN_CYCLE {stale_modules:?} \
-         and from KNOWN_CYCLE_EDGES {stale_edges:?}"
+        found.is_empty(),
+        "a module imports a module above it (each cycle with its edges):\n{}",
+        found.join("\n")
     );
 }
 
@@ -341,19 +262,6 @@ fn cycles(graph: &Graph) -> Vec<Vec<String>> {
         }
     }
     tarjan.found
-}
-
-/// The edges of `graph` between modules of `members`.
-fn edges_within(graph: &Graph, members: &BTreeSet<&str>) -> Vec<(String, String)> {
-    let mut edges = Vec::new();
-    for from in members {
-        for to in graph.get(*from).into_iter().flatten() {
-            if members.contains(to.as_str()) {
-                edges.push((from.to_string(), to.clone()));
-            }
-        }
-    }
-    edges
 }
 
 /// A cycle as `import_cycles.py` prints it: its modules, then each with the

@@ -311,7 +311,7 @@ fn recoverable(
 /// writes at the hard disks' speed). Slots on failed or missing disks are a
 /// repair's.
 fn log_moves(metadata: &PoolMetadata, reserved: &BTreeSet<SlabRef>) -> Vec<MoveRecord> {
-    let journal_disks = crate::cache::journal_disks(metadata);
+    let journal_disks = crate::placement::journal_disks(metadata);
     let mut level_pools = LevelPools::default();
     let mut moves = Vec::new();
     for space in &metadata.spaces {
@@ -332,7 +332,7 @@ fn log_moves(metadata: &PoolMetadata, reserved: &BTreeSet<SlabRef>) -> Vec<MoveR
             };
             slabs.iter().enumerate().all(|(slot, slab)| {
                 let disk = &metadata.disks[usize::from(slab.disk.0)];
-                if disk.state != DiskState::Active || crate::cache::is_journal_disk(disk) {
+                if disk.state != DiskState::Active || crate::placement::is_journal_disk(disk) {
                     return true;
                 }
                 let places = ExtentPlaces::new(metadata, space.id, extent as u32, slabs, &planned);
