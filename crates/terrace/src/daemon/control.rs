@@ -842,7 +842,7 @@ fn caches_fit_memory(
 
 /// Share of a full cache's size its index and ring bookkeeping take in
 /// memory, at most (measured about a tenth with 4 KiB writes; see
-/// ARCHITECTURE.md, "log memory").
+/// docs/design/journal.md, "Log memory").
 const CACHE_INDEX_SHARE: u64 = 10;
 
 /// Whether a cache of `bytes` beside caches of `others` bytes in all,
