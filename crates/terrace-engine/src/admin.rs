@@ -7,7 +7,6 @@
 
 use std::sync::Arc;
 
-use terrace_layout::Layout;
 use terrace_meta::{
     Allocator, ExtentRecord, FaultDomain, PoolMetadata, SlabRef, SpaceId, SpaceRole,
 };
@@ -178,7 +177,7 @@ impl Pool {
             return Ok(None);
         }
         let required = config.cache_bytes.is_some()
-            || (config.require_default_log && matches!(config.layout, Layout::Parity { .. }));
+            || (config.require_default_log && config.layout.row_wide_redundancy());
         let position = next.spaces.len() - 1;
         assert_eq!(
             next.spaces[position].id, owner,

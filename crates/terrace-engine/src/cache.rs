@@ -38,13 +38,11 @@ use crate::units::format_size;
 /// How long the destager sleeps when no cache needs it.
 const DESTAGE_IDLE_NS: u64 = 20_000_000;
 
-/// Copies of the log of a space with `layout`.
+/// Copies of the log of a space with `layout`: one more than the failures
+/// the space survives, so the log survives as many, and never fewer than
+/// two (a log of a simple space still outlives one disk).
 pub fn log_copies(layout: Layout) -> u32 {
-    match layout {
-        Layout::Simple => 2,
-        Layout::Mirror { copies } => copies,
-        Layout::Parity { redundancy } => redundancy + 1,
-    }
+    (layout.failures_tolerated() + 1).max(2)
 }
 
 /// The cache size a new space gets in a pool with `metadata`: as asked, or
@@ -79,7 +77,7 @@ pub fn log_choices(
 ) -> Result<Vec<(u64, LogDisks)>, EngineError> {
     let copies = log_copies(layout) as usize;
     let journals = journal_disks(metadata);
-    let parity = matches!(layout, Layout::Parity { .. });
+    let parity = layout.row_wide_redundancy();
     let full = |bytes: u64| LogDisks::Capacity {
         why: format!(
             "the journal disks have no room left for {}",
@@ -234,7 +232,7 @@ pub(crate) fn first_log_that_fits(
 impl Pool {
     pub(crate) fn attach_cache(&self, space: &Arc<Space>, log: Arc<Space>, cache: &CacheRecord) {
         log.set_disjoint_writes();
-        let parity = matches!(space.geometry().layout(), Layout::Parity { .. });
+        let parity = space.geometry().layout().row_wide_redundancy();
         let journal = Journal::new(
             space.id(),
             log.clone(),

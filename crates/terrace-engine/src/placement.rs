@@ -149,14 +149,13 @@ pub(crate) fn plan_space(
 ) -> Result<(SpaceRecord, Geometry), EngineError> {
     let layout = config.layout;
     let (disks, domains) = allocator.usable_disks_and_domains();
-    let usable = match layout {
-        Layout::Parity { .. } => disks.min(domains as u32),
-        Layout::Simple | Layout::Mirror { .. } => disks,
+    // Columns in one redundancy group each need a domain of their own.
+    let usable = if layout.row_wide_redundancy() {
+        disks.min(domains as u32)
+    } else {
+        disks
     };
-    let group = match layout {
-        Layout::Parity { .. } => layout.min_columns(),
-        Layout::Simple | Layout::Mirror { .. } => layout.copies(),
-    };
+    let group = layout.fault_domain_group();
     if level != FaultDomain::Disk && (domains as u32) < group {
         return Err(PlacementError::FaultDomains {
             level,

@@ -8,8 +8,6 @@
 //! the record of disks a repair leaves out, the crash-resync bookkeeping
 //! and the commit of failures.
 
-use terrace_layout::Layout;
-
 use crate::error::EngineError;
 use crate::resync::{check_row, Pass, RedundancyReport, RowState};
 use crate::space::Space;
@@ -54,7 +52,7 @@ async fn walk_rows(
     rows: impl Iterator<Item = (u64, u64)>,
 ) -> Result<RedundancyReport, EngineError> {
     let mut report = RedundancyReport::default();
-    if space.geometry.layout() == Layout::Simple {
+    if space.geometry.layout().failures_tolerated() == 0 {
         return Ok(report);
     }
     let map = space.map();

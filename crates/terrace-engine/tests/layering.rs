@@ -32,6 +32,69 @@ fn the_engine_modules_import_no_cycle() {
     );
 }
 
+/// The marker in docs/ARCHITECTURE.md after which its module levels stand.
+const LEVELS_MARKER: &str = "<!-- module levels: checked against the code by tests/layering.rs -->";
+
+#[test]
+fn the_module_levels_in_the_architecture_are_the_codes() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let graph = module_graph(&root.join("src"));
+    if !cycles(&graph).is_empty() {
+        return; // the test above names the cycle
+    }
+    let expected = render_levels(&levels(&graph));
+    let doc = std::fs::read_to_string(root.join("../../docs/ARCHITECTURE.md"))
+        .expect("read docs/ARCHITECTURE.md");
+    let written = doc
+        .split_once(LEVELS_MARKER)
+        .and_then(|(_, after)| after.split_once("```text\n"))
+        .and_then(|(_, block)| block.split_once("```"))
+        .map(|(block, _)| block.to_string());
+    assert_eq!(
+        written.as_deref(),
+        Some(expected.as_str()),
+        "docs/ARCHITECTURE.md's module levels (after {LEVELS_MARKER}) are not the code's; \
+         they are:\n```text\n{expected}```"
+    );
+}
+
+/// Each module's level: 0 for a module that imports no other, else one
+/// above the highest it imports. `graph` has no cycle.
+fn levels(graph: &Graph) -> BTreeMap<String, usize> {
+    fn level(graph: &Graph, module: &str, known: &mut BTreeMap<String, usize>) -> usize {
+        if let Some(&found) = known.get(module) {
+            return found;
+        }
+        let mine = graph[module]
+            .iter()
+            .map(|dep| level(graph, dep, known) + 1)
+            .max()
+            .unwrap_or(0);
+        known.insert(module.to_string(), mine);
+        mine
+    }
+    let mut known = BTreeMap::new();
+    for module in graph.keys() {
+        level(graph, module, &mut known);
+    }
+    known
+}
+
+/// The levels, highest first, one line each: the level, then its modules.
+fn render_levels(levels: &BTreeMap<String, usize>) -> String {
+    let top = levels.values().copied().max().unwrap_or(0);
+    let mut text = String::new();
+    for level in (0..=top).rev() {
+        let modules: Vec<&str> = levels
+            .iter()
+            .filter(|(_, l)| **l == level)
+            .map(|(m, _)| m.as_str())
+            .collect();
+        text.push_str(&format!("{level:>2}  {}\n", modules.join(", ")));
+    }
+    text
+}
+
 #[test]
 fn a_cycle_is_found_with_its_modules_and_edges() {
     let graph: Graph = [

@@ -109,6 +109,27 @@ impl Layout {
         }
     }
 
+    /// Whether a row's redundancy is computed from all its columns
+    /// (parity). A write of part of such a row rewrites redundancy that
+    /// covers data it did not write, so a power cut mid-write can tear the
+    /// row (the write hole) unless a log holds the write first; and its
+    /// columns form one redundancy group, so no two may share a fault
+    /// domain. Otherwise redundancy is per column (copies).
+    pub fn row_wide_redundancy(self) -> bool {
+        self.parity_columns() > 0
+    }
+
+    /// The fewest slots of an extent that must lie in distinct fault
+    /// domains: a row's columns where redundancy is row-wide, else one
+    /// column's copies.
+    pub fn fault_domain_group(self) -> u32 {
+        if self.row_wide_redundancy() {
+            self.min_columns()
+        } else {
+            self.copies()
+        }
+    }
+
     fn validate(self) -> Result<(), LayoutError> {
         match self {
             Layout::Simple => Ok(()),

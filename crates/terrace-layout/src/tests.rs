@@ -279,3 +279,18 @@ fn capacity_figures() {
         vec![vec![0, 1], vec![2, 3], vec![4, 5], vec![6, 7]]
     );
 }
+
+#[test]
+fn only_parity_has_row_wide_redundancy_and_spreads_its_columns_over_domains() {
+    let layouts = [
+        (Layout::Simple, false, 1),
+        (Layout::Mirror { copies: 2 }, false, 2),
+        (Layout::Mirror { copies: 3 }, false, 3),
+        (Layout::Parity { redundancy: 1 }, true, 3),
+        (Layout::Parity { redundancy: 2 }, true, 4),
+    ];
+    for (layout, row_wide, group) in layouts {
+        assert_eq!(layout.row_wide_redundancy(), row_wide, "{layout:?}");
+        assert_eq!(layout.fault_domain_group(), group, "{layout:?}");
+    }
+}

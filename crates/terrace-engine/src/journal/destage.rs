@@ -91,7 +91,10 @@ impl<H: HomeIo> Journal<H> {
         let failed = self.state().failed.is_some();
         let quiet = self.is_quiet();
         // Parity rows: merged updates, whole rows and row images.
-        let parity_row_bytes = matches!(home.geometry().layout(), Layout::Parity { .. })
+        let parity_row_bytes = home
+            .geometry()
+            .layout()
+            .row_wide_redundancy()
             .then(|| home.natural_write_bytes());
         let started_ns = home.env().now_ns();
         let (picked, work) = {
@@ -352,7 +355,7 @@ impl<H: HomeIo> Journal<H> {
         done: &BTreeSet<u64>,
     ) -> Result<(), EngineError> {
         if length == 0
-            || !matches!(home.geometry().layout(), Layout::Parity { .. })
+            || !home.geometry().layout().row_wide_redundancy()
             || self.state().failed.is_some()
         {
             return Ok(());

@@ -97,7 +97,7 @@ use futures::channel::oneshot;
 use futures::future::join_all;
 use futures::stream::{FuturesUnordered, StreamExt};
 use terrace_io::{aligned_buffer, aligned_concat, Bytes};
-use terrace_layout::{Layout, BLOCK_BYTES};
+use terrace_layout::BLOCK_BYTES;
 use terrace_meta::SpaceId;
 
 use crate::error::EngineError;
