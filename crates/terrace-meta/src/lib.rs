@@ -13,6 +13,7 @@ pub mod model;
 pub mod placement;
 pub mod quorum;
 pub mod store;
+pub mod sums;
 
 pub use codec::DecodeError;
 pub use codec_state::{DIRTY_EXTENT_BYTES, JOB_MIN_BYTES, MOVE_BYTES};

@@ -1,0 +1,237 @@
+//! Block checksums ("sums"): one 64-bit checksum for every 4 KiB block of
+//! a space's data, kept in pages apart from the data they cover.
+//!
+//! A block's sum is xxh3-64 of its bytes seeded with the block's index in
+//! the space ([`block_sum`]), so a block that holds another block's bytes
+//! (a write that landed at the wrong offset) does not pass, and 0 means
+//! "not known" (a block not written since its space had sums, or whose
+//! write a crash may have cut): such a block is not checked. A sum that
+//! comes out 0 is stored as 1.
+//!
+//! A page ([`SumsPage`], [`SUMS_PAGE_BYTES`]) holds the sums of
+//! [`SUMS_PER_PAGE`] consecutive blocks, with a header naming its space,
+//! its index and a generation that grows with every write of the page, and
+//! a CRC32C of the whole page: a page torn by a power cut, written to the
+//! wrong place or left over from a deleted space is refused, and of two
+//! copies the newer generation wins. Every byte is in docs/ON_DISK_FORMAT.md.
+
+use thiserror::Error;
+
+use crate::ids::SpaceId;
+
+/// A sums page's magic.
+pub const SUMS_MAGIC: [u8; 8] = *b"TRRCSUMS";
+/// A sums page's version: bumped on any incompatible change.
+pub const SUMS_VERSION: u32 = 1;
+/// Bytes of one sums page: one block.
+pub const SUMS_PAGE_BYTES: usize = 4096;
+/// Where the sums start in a page.
+const ENTRIES_AT: usize = 40;
+/// Where the page's CRC32C (of every byte before it) is.
+const CRC_AT: usize = SUMS_PAGE_BYTES - 4;
+/// Sums in one page.
+pub const SUMS_PER_PAGE: usize = (CRC_AT - ENTRIES_AT) / 8;
+/// A block's sum when it is not known.
+pub const UNKNOWN: u64 = 0;
+
+/// The sum of the 4 KiB block at index `block` of a space holding `data`.
+pub fn block_sum(data: &[u8], block: u64) -> u64 {
+    match xxhash_rust::xxh3::xxh3_64_with_seed(data, block) {
+        UNKNOWN => 1,
+        sum => sum,
+    }
+}
+
+/// One page of sums: those of blocks `index * SUMS_PER_PAGE ..` of space
+/// `space`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SumsPage {
+    pub space: SpaceId,
+    pub index: u64,
+    /// Grows by one with every write of the page (its copies compare by it).
+    pub generation: u64,
+    pub sums: Box<[u64; SUMS_PER_PAGE]>,
+}
+
+/// Why a page read from disk is not taken.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum SumsPageError {
+    /// Never written: no magic (a new or upgraded space's page).
+    #[error("never written")]
+    Blank,
+    #[error("its checksum does not match (torn or damaged)")]
+    Checksum,
+    #[error("version {0} is not known")]
+    Version(u32),
+    /// A whole page of another place: written to the wrong offset, or left
+    /// by a space that was deleted.
+    #[error("it is page {index} of space {space}")]
+    Misplaced { space: u64, index: u64 },
+}
+
+impl SumsPage {
+    /// A page that knows no sum.
+    pub fn unknown(space: SpaceId, index: u64) -> SumsPage {
+        SumsPage {
+            space,
+            index,
+            generation: 0,
+            sums: Box::new([UNKNOWN; SUMS_PER_PAGE]),
+        }
+    }
+
+    /// The page's bytes on disk.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut page = vec![0u8; SUMS_PAGE_BYTES];
+        page[..8].copy_from_slice(&SUMS_MAGIC);
+        page[8..12].copy_from_slice(&SUMS_VERSION.to_le_bytes());
+        page[16..24].copy_from_slice(&self.space.0.to_le_bytes());
+        page[24..32].copy_from_slice(&self.index.to_le_bytes());
+        page[32..40].copy_from_slice(&self.generation.to_le_bytes());
+        for (slot, sum) in self.sums.iter().enumerate() {
+            let at = ENTRIES_AT + slot * 8;
+            page[at..at + 8].copy_from_slice(&sum.to_le_bytes());
+        }
+        let crc = crc32c::crc32c(&page[..CRC_AT]);
+        page[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
+        page
+    }
+
+    /// Read page `index` of space `space` from `page`'s bytes.
+    pub fn decode(page: &[u8], space: SpaceId, index: u64) -> Result<SumsPage, SumsPageError> {
+        if page.len() < SUMS_PAGE_BYTES || page[..8] != SUMS_MAGIC {
+            return Err(SumsPageError::Blank);
+        }
+        let word = |at: usize| u64::from_le_bytes(page[at..at + 8].try_into().expect("8 bytes"));
+        let stored = u32::from_le_bytes(page[CRC_AT..CRC_AT + 4].try_into().expect("4 bytes"));
+        if crc32c::crc32c(&page[..CRC_AT]) != stored {
+            return Err(SumsPageError::Checksum);
+        }
+        let version = u32::from_le_bytes(page[8..12].try_into().expect("4 bytes"));
+        if version != SUMS_VERSION {
+            return Err(SumsPageError::Version(version));
+        }
+        let (found_space, found_index) = (word(16), word(24));
+        if found_space != space.0 || found_index != index {
+            return Err(SumsPageError::Misplaced {
+                space: found_space,
+                index: found_index,
+            });
+        }
+        let mut sums = Box::new([UNKNOWN; SUMS_PER_PAGE]);
+        for (slot, sum) in sums.iter_mut().enumerate() {
+            *sum = word(ENTRIES_AT + slot * 8);
+        }
+        Ok(SumsPage {
+            space,
+            index,
+            generation: word(32),
+            sums,
+        })
+    }
+
+    /// The newest of the copies of one page that decode, if any does.
+    pub fn newest(
+        copies: impl IntoIterator<Item = Result<SumsPage, SumsPageError>>,
+    ) -> Option<SumsPage> {
+        copies
+            .into_iter()
+            .filter_map(Result::ok)
+            .max_by_key(|page| page.generation)
+    }
+}
+
+/// The page holding the sum of block `block`, and the sum's place in it.
+pub fn page_of(block: u64) -> (u64, usize) {
+    (
+        block / SUMS_PER_PAGE as u64,
+        (block % SUMS_PER_PAGE as u64) as usize,
+    )
+}
+
+/// Pages of sums a space of `blocks` blocks needs.
+pub fn pages_for(blocks: u64) -> u64 {
+    blocks.div_ceil(SUMS_PER_PAGE as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page() -> SumsPage {
+        let mut page = SumsPage::unknown(SpaceId(7), 3);
+        page.generation = 9;
+        for (slot, sum) in page.sums.iter_mut().enumerate() {
+            *sum = block_sum(&[slot as u8; 4096], 3 * SUMS_PER_PAGE as u64 + slot as u64);
+        }
+        page
+    }
+
+    #[test]
+    fn a_page_reads_back_as_written_and_fills_one_block() {
+        let bytes = page().encode();
+        assert_eq!(bytes.len(), SUMS_PAGE_BYTES);
+        assert_eq!(SumsPage::decode(&bytes, SpaceId(7), 3), Ok(page()));
+        assert_eq!(SUMS_PER_PAGE, 506);
+    }
+
+    #[test]
+    fn a_blank_torn_or_misplaced_page_is_refused() {
+        let bytes = page().encode();
+        assert_eq!(
+            SumsPage::decode(&[0u8; SUMS_PAGE_BYTES], SpaceId(7), 3),
+            Err(SumsPageError::Blank)
+        );
+        for at in [8, 100, 4000, CRC_AT] {
+            let mut torn = bytes.clone();
+            torn[at] ^= 0x40;
+            assert_eq!(
+                SumsPage::decode(&torn, SpaceId(7), 3),
+                Err(SumsPageError::Checksum),
+                "a flipped bit at {at}"
+            );
+        }
+        assert_eq!(
+            SumsPage::decode(&bytes, SpaceId(7), 4),
+            Err(SumsPageError::Misplaced { space: 7, index: 3 })
+        );
+        assert_eq!(
+            SumsPage::decode(&bytes, SpaceId(8), 3),
+            Err(SumsPageError::Misplaced { space: 7, index: 3 })
+        );
+    }
+
+    #[test]
+    fn of_two_copies_the_newer_whole_one_wins() {
+        let older = page();
+        let mut newer = page();
+        newer.generation += 1;
+        newer.sums[0] = 42;
+        let mut torn = newer.encode();
+        torn[50] ^= 1;
+        let read = |bytes: &[u8]| SumsPage::decode(bytes, SpaceId(7), 3);
+        assert_eq!(
+            SumsPage::newest([read(&older.encode()), read(&newer.encode())]),
+            Some(newer.clone())
+        );
+        assert_eq!(
+            SumsPage::newest([read(&older.encode()), read(&torn)]),
+            Some(older)
+        );
+        assert_eq!(SumsPage::newest([read(&torn)]), None);
+    }
+
+    #[test]
+    fn a_block_at_another_index_or_with_other_bytes_has_another_sum() {
+        let data = [0xa5u8; 4096];
+        let mut other = data;
+        other[4095] ^= 1;
+        assert_ne!(block_sum(&data, 10), block_sum(&data, 11));
+        assert_ne!(block_sum(&data, 10), block_sum(&other, 10));
+        assert_ne!(block_sum(&data, 10), UNKNOWN);
+        assert_eq!(page_of(505), (0, 505));
+        assert_eq!(page_of(506), (1, 0));
+        assert_eq!(pages_for(0), 0);
+        assert_eq!(pages_for(507), 2);
+    }
+}
