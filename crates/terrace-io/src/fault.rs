@@ -12,6 +12,12 @@
 //! [`IoError::Injected`] when any of its bytes falls inside a failing range of
 //! its kind. Flushes fail only when the device is lost. Every injected failure
 //! is counted.
+//!
+//! Silent faults return no error at all, as a drive with a firmware bug or
+//! a lying controller does: a lost write is acknowledged and never made; a
+//! misdirected write lands at another offset of the same device (dropped
+//! if that is off the device). Each applies to the next writes, as many as
+//! asked, and is counted apart.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -25,6 +31,17 @@ use crate::{BlockDevice, BoxFuture, Bytes, BytesMut, IoError, IoResult, Operatio
 struct Rules {
     reads: Vec<Range<u64>>,
     writes: Vec<Range<u64>>,
+    /// Writes still to lose silently.
+    lose_writes: u64,
+    /// Writes still to misdirect, and by how many bytes.
+    misdirect_writes: u64,
+    misdirect_by: i64,
+}
+
+/// What a write that passes the error rules does.
+enum Landing {
+    Where(u64),
+    Nowhere,
 }
 
 #[derive(Default)]
@@ -34,6 +51,8 @@ struct Shared {
     injected_reads: AtomicU64,
     injected_writes: AtomicU64,
     lost_operations: AtomicU64,
+    lost_writes: AtomicU64,
+    misdirected_writes: AtomicU64,
 }
 
 /// How many operations a [`FaultDevice`] failed on purpose.
@@ -45,6 +64,10 @@ pub struct FaultCounters {
     pub writes: u64,
     /// Operations of any kind failed because the device was lost.
     pub lost: u64,
+    /// Writes acknowledged and never made.
+    pub lost_writes: u64,
+    /// Writes made at another offset than asked.
+    pub misdirected_writes: u64,
 }
 
 /// The steering handle of a [`FaultDevice`]; clones steer the same device.
@@ -66,6 +89,41 @@ impl FaultControls {
     /// Fail every write and write-zeroes that touches a byte of `range`.
     pub fn fail_writes(&self, range: Range<u64>) {
         self.rules().writes.push(range);
+    }
+
+    /// Acknowledge the next `count` writes without making them.
+    pub fn lose_writes(&self, count: u64) {
+        self.rules().lose_writes += count;
+    }
+
+    /// Make the next `count` writes `by` bytes away from where they were
+    /// asked (dropped where that is off the device).
+    pub fn misdirect_writes(&self, count: u64, by: i64) {
+        let mut rules = self.rules();
+        rules.misdirect_writes += count;
+        rules.misdirect_by = by;
+    }
+
+    /// Where a write of `length` bytes at `offset` that passed the error
+    /// rules lands on a device of `size` bytes (and count a silent fault).
+    fn landing(&self, offset: u64, length: u64, size: u64) -> Landing {
+        let mut rules = self.rules();
+        if rules.lose_writes > 0 {
+            rules.lose_writes -= 1;
+            self.shared.lost_writes.fetch_add(1, Ordering::SeqCst);
+            return Landing::Nowhere;
+        }
+        if rules.misdirect_writes > 0 {
+            rules.misdirect_writes -= 1;
+            self.shared
+                .misdirected_writes
+                .fetch_add(1, Ordering::SeqCst);
+            return match offset.checked_add_signed(rules.misdirect_by) {
+                Some(moved) if moved.saturating_add(length) <= size => Landing::Where(moved),
+                _ => Landing::Nowhere,
+            };
+        }
+        Landing::Where(offset)
     }
 
     /// From now on every operation fails with [`IoError::Lost`].
@@ -93,6 +151,8 @@ impl FaultControls {
             reads: self.shared.injected_reads.load(Ordering::SeqCst),
             writes: self.shared.injected_writes.load(Ordering::SeqCst),
             lost: self.shared.lost_operations.load(Ordering::SeqCst),
+            lost_writes: self.shared.lost_writes.load(Ordering::SeqCst),
+            misdirected_writes: self.shared.misdirected_writes.load(Ordering::SeqCst),
         }
     }
 
@@ -186,14 +246,26 @@ impl BlockDevice for FaultDevice {
     fn write(&self, offset: u64, data: Bytes, fua: bool) -> BoxFuture<IoResult<()>> {
         match self.verdict(Operation::Write, offset, data.len() as u64) {
             Some(error) => Box::pin(future::ready(Err(error))),
-            None => self.inner.write(offset, data, fua),
+            None => match self
+                .controls
+                .landing(offset, data.len() as u64, self.inner.size_bytes())
+            {
+                Landing::Where(at) => self.inner.write(at, data, fua),
+                Landing::Nowhere => Box::pin(future::ready(Ok(()))),
+            },
         }
     }
 
     fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BoxFuture<IoResult<()>> {
         match self.verdict(Operation::WriteZeroes, offset, length) {
             Some(error) => Box::pin(future::ready(Err(error))),
-            None => self.inner.write_zeroes(offset, length, fua),
+            None => match self
+                .controls
+                .landing(offset, length, self.inner.size_bytes())
+            {
+                Landing::Where(at) => self.inner.write_zeroes(at, length, fua),
+                Landing::Nowhere => Box::pin(future::ready(Ok(()))),
+            },
         }
     }
 
@@ -246,8 +318,7 @@ mod tests {
             controls.counters(),
             FaultCounters {
                 reads: 1,
-                writes: 0,
-                lost: 0
+                ..FaultCounters::default()
             }
         );
     }
@@ -316,7 +387,34 @@ mod tests {
             FaultCounters {
                 reads: 1,
                 writes: 1,
-                lost: 0
+                ..FaultCounters::default()
+            }
+        );
+    }
+
+    #[test]
+    fn lost_and_misdirected_writes_are_acknowledged_and_counted() {
+        let (memory, device, controls) = setup();
+        controls.lose_writes(1);
+        write(&device, 0, 1).unwrap();
+        assert_eq!(memory.read_sync(0, 4096), vec![0u8; 4096], "lost");
+        write(&device, 0, 2).unwrap();
+        assert_eq!(memory.read_sync(0, 4096), vec![2u8; 4096], "only one");
+        controls.misdirect_writes(2, 8192);
+        write(&device, 4096, 3).unwrap();
+        assert_eq!(memory.read_sync(4096, 4096), vec![0u8; 4096]);
+        assert_eq!(memory.read_sync(12288, 4096), vec![3u8; 4096], "8 KiB on");
+        // Off the device: dropped, still acknowledged.
+        write(&device, 60 * 1024, 4).unwrap();
+        assert_eq!(memory.read_sync(60 * 1024, 4096), vec![0u8; 4096]);
+        write(&device, 4096, 5).unwrap();
+        assert_eq!(memory.read_sync(4096, 4096), vec![5u8; 4096], "two only");
+        assert_eq!(
+            controls.counters(),
+            FaultCounters {
+                lost_writes: 1,
+                misdirected_writes: 2,
+                ..FaultCounters::default()
             }
         );
     }
