@@ -9,7 +9,8 @@
 # build), starts a daemon with a pool of 4 sparse 4 GiB files under
 # /var/tmp and a 2 GiB simple space, fills the space with 1 MiB writes,
 # then runs with fio's nbd engine each of PATTERNS (fio rw, block size,
-# outstanding I/Os; default "write 64k 8,write 64k 64,randwrite 4k 64",
+# outstanding I/Os per connection, and optionally the number of connections
+# (default 1); default "write 64k 8,write 64k 64,randwrite 4k 64",
 # e.g. "read 64k 8,read 64k 64" for reads; 1 s ramp, then the given
 # seconds each). Prints MB/s and the daemon's CPU seconds per GB moved
 # (its CPU time over the ramp and the run, over the bytes of the run
@@ -55,10 +56,10 @@ ab_round() {
     local round="$1" bin="$2" spec rw bs depth before after mbs
     local uri="nbd+unix:///s?socket=$work/nbd.sock" line="| $round | $bin"
     for spec in "${specs[@]}"; do
-        read -r rw bs depth <<<"$spec"
+        read -r rw bs depth jobs <<<"$spec"
         before=$(awk '{print $14 + $15}' "/proc/$daemon/stat")
         mbs=$(fio --name=ab --ioengine=nbd --uri="$uri" --rw="$rw" --bs="$bs" \
-            --iodepth="$depth" --size=2G --time_based --runtime="$seconds" --ramp_time=1 \
+            --iodepth="$depth" --numjobs="${jobs:-1}" --group_reporting --size=2G --time_based --runtime="$seconds" --ramp_time=1 \
             --output-format=json 2>/dev/null |
             python3 -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print("%.1f" % ((j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 1e6))')
         after=$(awk '{print $14 + $15}' "/proc/$daemon/stat")
