@@ -29,6 +29,7 @@ use crate::disk::{Condition, Disk, DiskContext};
 use crate::error::EngineError;
 use crate::events::{PoolEvent, PoolEvents};
 use crate::failures::{FailureRecords, MissedExtent};
+use crate::intent::{ExtentKey, WriteIntent};
 use crate::log_memory::LogMemory;
 use crate::slab_holds::{Epoch, Reservation, SlabHolds};
 
@@ -66,7 +67,7 @@ pub struct PoolShared {
     pub(crate) events: Arc<PoolEvents>,
     pub(crate) job_runtime: crate::job_runtime::JobRuntime,
     /// Write intent of spaces without a log (see [`PoolShared::begin_intent`]).
-    intent: std::sync::Mutex<IntentState>,
+    intent: WriteIntent,
     /// Mirror extents left to resynchronise since an unclean shutdown.
     pub(crate) crash_resync: crate::crash_resync::CrashResync,
     /// Memory the write-back logs of the pool's spaces hold their dirty
@@ -87,25 +88,12 @@ pub struct PoolShared {
     pub(crate) preparing: std::sync::Mutex<Option<(String, u64, Arc<AtomicU64>)>>,
 }
 
-/// How long an extent must go unwritten before its write intent is
-/// cleared: long enough that a busy extent costs no commits, short enough
-/// that a crash finds little to resynchronise.
-pub(crate) const INTENT_IDLE_NS: u64 = 5_000_000_000;
+pub(crate) use crate::intent::{INTENT_IDLE_NS, INTENT_WHOLE_SPACE};
 /// Extents the write intent names at most; beyond, a space is named whole
 /// ([`INTENT_WHOLE_SPACE`]), so the list stays small (and its record
 /// within an intent slot, beside the dirty records noted since the last
 /// commit).
 const INTENT_EXTENTS_MAX: usize = 1024;
-pub(crate) use terrace_meta::format::INTENT_WHOLE_SPACE;
-
-/// The run-time side of the write-intent list.
-#[derive(Default)]
-pub(crate) struct IntentState {
-    /// Extents the committed metadata names.
-    durable: std::collections::HashSet<(u64, u32)>,
-    /// Per extent: writes in flight, and when it was last written.
-    activity: std::collections::HashMap<(u64, u32), (u32, u64)>,
-}
 
 /// Writes in flight to some extents; dropping it ends them.
 pub(crate) struct IntentGuard<'a> {
@@ -117,13 +105,9 @@ pub(crate) struct IntentGuard<'a> {
 impl Drop for IntentGuard<'_> {
     fn drop(&mut self) {
         let now = self.shared.env.now_ns();
-        let mut state = self.shared.intent_state();
-        for extent in self.extents.clone() {
-            if let Some(entry) = state.activity.get_mut(&(self.space.0, extent)) {
-                entry.0 = entry.0.saturating_sub(1);
-                entry.1 = now;
-            }
-        }
+        self.shared
+            .intent
+            .end(self.space, self.extents.clone(), now);
     }
 }
 
@@ -189,14 +173,12 @@ impl PoolShared {
             failures: FailureRecords::new(disk_context.failures_observed.clone(), &metadata),
             events: disk_context.events.clone(),
             disk_context,
-            intent: std::sync::Mutex::new(IntentState {
-                durable: metadata
+            intent: WriteIntent::new(
+                metadata
                     .intent
                     .iter()
-                    .map(|(space, extent)| (space.0, *extent))
-                    .collect(),
-                activity: Default::default(),
-            }),
+                    .map(|&(space, extent)| ExtentKey::new(space, extent)),
+            ),
             crash_resync: Default::default(),
             control: futures::lock::Mutex::new(Control {
                 intent_sequence,
@@ -254,10 +236,6 @@ impl PoolShared {
         Ok(())
     }
 
-    fn intent_state(&self) -> std::sync::MutexGuard<'_, IntentState> {
-        self.intent.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Before writing `extents` of `space` (a redundant space without a
     /// write-back log): make sure the write intent names them durably,
     /// writing the intent slots if it does not yet, and count the write in
@@ -271,22 +249,7 @@ impl PoolShared {
         extents: std::ops::Range<u32>,
     ) -> Result<IntentGuard<'_>, EngineError> {
         let now = self.env.now_ns();
-        let missing: Vec<u32> = {
-            let mut state = self.intent_state();
-            for extent in extents.clone() {
-                let entry = state.activity.entry((space.0, extent)).or_insert((0, now));
-                entry.0 += 1;
-                entry.1 = now;
-            }
-            if state.durable.contains(&(space.0, INTENT_WHOLE_SPACE)) {
-                Vec::new()
-            } else {
-                extents
-                    .clone()
-                    .filter(|extent| !state.durable.contains(&(space.0, *extent)))
-                    .collect()
-            }
-        };
+        let missing = self.intent.begin(space, extents.clone(), now);
         let guard = IntentGuard {
             shared: self,
             space,
@@ -311,10 +274,7 @@ impl PoolShared {
         if list != control.metadata.intent {
             self.commit_intent(&mut control, list, &[]).await?;
         }
-        let mut state = self.intent_state();
-        state
-            .durable
-            .extend(named.iter().map(|extent| (space.0, *extent)));
+        self.intent.named(space, &named);
         Ok(guard)
     }
 
@@ -326,55 +286,17 @@ impl PoolShared {
             return Ok(());
         }
         let now = self.env.now_ns();
-        let idle: Vec<(u64, u32)> = {
-            let mut state = self.intent_state();
-            let idle: Vec<(u64, u32)> = state
-                .durable
-                .iter()
-                .copied()
-                .filter(|key| {
-                    // Named until resynchronised after a crash.
-                    if self.crash_resync.holds(*key) {
-                        return false;
-                    }
-                    let idle = |&(in_flight, last): &(u32, u64)| {
-                        in_flight == 0 && now.saturating_sub(last) >= INTENT_IDLE_NS
-                    };
-                    if key.1 == INTENT_WHOLE_SPACE {
-                        state
-                            .activity
-                            .iter()
-                            .filter(|(other, _)| other.0 == key.0)
-                            .all(|(_, entry)| idle(entry))
-                    } else {
-                        state.activity.get(key).is_none_or(idle)
-                    }
-                })
-                .collect();
-            for key in &idle {
-                state.durable.remove(key);
-                state.activity.remove(key);
-            }
-            idle
-        };
+        // Named until resynchronised after a crash.
+        let idle = self
+            .intent
+            .take_idle(now, |key| self.crash_resync.holds((key.space, key.extent)));
         if idle.is_empty() {
             return Ok(());
         }
         self.flush_disks().await?;
         let mut control = self.control.lock().await;
         let mut list = control.metadata.intent.clone();
-        {
-            let state = self.intent_state();
-            list.retain(|(space, extent)| {
-                let key = (space.0, *extent);
-                let busy = state.activity.iter().any(|(other, entry)| {
-                    entry.0 > 0
-                        && other.0 == key.0
-                        && (other.1 == key.1 || key.1 == INTENT_WHOLE_SPACE)
-                });
-                !idle.contains(&key) || state.durable.contains(&key) || busy
-            });
-        }
+        list.retain(|&(space, extent)| self.intent.keeps(ExtentKey::new(space, extent), &idle));
         if list != control.metadata.intent {
             self.commit_intent(&mut control, list, &[]).await?;
         }
@@ -395,10 +317,10 @@ impl PoolShared {
     /// intent slots and from the metadata.
     pub(crate) async fn forget_intent(&self, keep: Vec<(SpaceId, u32)>) -> Result<(), EngineError> {
         let mut control = self.control.lock().await;
-        self.intent_state().durable = keep
-            .iter()
-            .map(|(space, extent)| (space.0, *extent))
-            .collect();
+        self.intent.reset(
+            keep.iter()
+                .map(|&(space, extent)| ExtentKey::new(space, extent)),
+        );
         // The import's own commit named in the metadata what it read.
         let named = !control.metadata.intent.is_empty();
         self.commit_intent(&mut control, keep, &[]).await?;

@@ -27,6 +27,7 @@ mod disk;
 mod error;
 mod events;
 mod failures;
+mod intent;
 mod job_runtime;
 mod jobs;
 pub mod journal;
