@@ -15,11 +15,32 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use terrace_io::latch::LatchedDevice;
-use terrace_io::{BlockDevice, Bytes, BytesMut, Env, IoResult};
+use terrace_io::{BlockDevice, Bytes, BytesMut, Env, IoError, IoResult};
 use terrace_meta::{DiskIndex, Label};
 
 pub use crate::condition::Condition;
 use crate::events::{PoolEvent, PoolEvents};
+
+/// Why an I/O on one disk failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DiskError {
+    /// The disk is not in service (missing, failed, standby): nothing was
+    /// issued to its device. `reason` is the one recorded when it left.
+    #[error("disk {} is {condition:?}", .disk.0)]
+    NotInService {
+        disk: DiskIndex,
+        condition: Condition,
+        reason: String,
+    },
+    /// Its device failed the operation at `offset` (none for a flush; its
+    /// kind and errno are in `source`); the disk is latched failed.
+    #[error("{source}")]
+    Device {
+        offset: Option<u64>,
+        #[source]
+        source: IoError,
+    },
+}
 
 pub struct Disk {
     pub index: DiskIndex,
@@ -176,24 +197,27 @@ impl Disk {
     /// write was started before the disk was missing, so nothing recorded
     /// it as missed, and a disk that may lack it must never be taken back
     /// as merely missing and caught up on the recorded extents only.
-    fn on_error<T>(&self, result: IoResult<T>) -> Result<T, String> {
-        result.map_err(|error| {
-            let message = error.to_string();
+    fn on_error<T>(&self, offset: Option<u64>, result: IoResult<T>) -> Result<T, DiskError> {
+        result.map_err(|source| {
             if matches!(self.condition(), Condition::Online | Condition::Missing) {
-                self.set_condition(Condition::Failed, message.clone());
+                self.set_condition(Condition::Failed, source.to_string());
             }
-            message
+            DiskError::Device { offset, source }
         })
     }
 
-    fn online_device(&self) -> Result<Arc<LatchedDevice>, String> {
+    fn online_device(&self) -> Result<Arc<LatchedDevice>, DiskError> {
         match (self.device(), self.condition()) {
             (Some(device), Condition::Online) => Ok(device),
-            _ => Err(format!("disk {} is {:?}", self.index.0, self.condition())),
+            (_, condition) => Err(DiskError::NotInService {
+                disk: self.index,
+                condition,
+                reason: self.reason(),
+            }),
         }
     }
 
-    pub async fn read(&self, offset: u64, buf: BytesMut) -> (BytesMut, Result<(), String>) {
+    pub async fn read(&self, offset: u64, buf: BytesMut) -> (BytesMut, Result<(), DiskError>) {
         let device = match self.online_device() {
             Ok(device) => device,
             Err(error) => return (buf, Err(error)),
@@ -201,15 +225,15 @@ impl Disk {
         let started = self.env.now_ns();
         let (buf, result) = device.read(offset, buf).await;
         self.note_latency(started);
-        (buf, self.on_error(result))
+        (buf, self.on_error(Some(offset), result))
     }
 
-    pub async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), String> {
+    pub async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), DiskError> {
         let device = self.online_device()?;
         let started = self.env.now_ns();
         let result = device.write(offset, data, fua).await;
         self.note_latency(started);
-        self.on_error(result)
+        self.on_error(Some(offset), result)
     }
 
     fn note_latency(&self, started_ns: u64) {
@@ -230,14 +254,14 @@ impl Disk {
         self.latency_us.load(Ordering::Acquire)
     }
 
-    pub async fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> Result<(), String> {
+    pub async fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> Result<(), DiskError> {
         let device = self.online_device()?;
-        self.on_error(device.write_zeroes(offset, length, fua).await)
+        self.on_error(Some(offset), device.write_zeroes(offset, length, fua).await)
     }
 
-    pub async fn flush(&self) -> Result<(), String> {
+    pub async fn flush(&self) -> Result<(), DiskError> {
         let device = self.online_device()?;
-        self.on_error(device.flush().await)
+        self.on_error(None, device.flush().await)
     }
 }
 
@@ -248,7 +272,7 @@ mod tests {
     use futures::channel::oneshot;
     use futures::FutureExt;
     use terrace_io::memory::MemoryDevice;
-    use terrace_io::{BoxFuture, IoError};
+    use terrace_io::BoxFuture;
 
     use super::*;
 
@@ -283,10 +307,9 @@ mod tests {
         }
     }
 
-    /// A write started while the disk was online fails after the disk was
-    /// marked missing: the disk is failed, not missing.
-    #[test]
-    fn a_write_failing_after_the_disk_went_missing_fails_it() {
+    /// A disk over a [`HeldWrites`] device, and the sender that lets its
+    /// held write fail.
+    fn held_disk() -> (Disk, oneshot::Sender<()>) {
         let (send, receive) = oneshot::channel();
         let device = Arc::new(HeldWrites {
             inner: Arc::new(MemoryDevice::new("held", 1 << 20)),
@@ -303,12 +326,49 @@ mod tests {
             pool_name: "p".into(),
         };
         let context = DiskContext::new(Arc::new(terrace_io::env::SystemEnv::new()), "p");
-        let disk = Disk::present(DiskIndex(0), device, label, context);
+        (Disk::present(DiskIndex(0), device, label, context), send)
+    }
+
+    /// A write started while the disk was online fails after the disk was
+    /// marked missing: the disk is failed, not missing.
+    #[test]
+    fn a_write_failing_after_the_disk_went_missing_fails_it() {
+        let (disk, send) = held_disk();
         let mut write = disk.write(0, Bytes::from(vec![1u8; 4096]), false).boxed();
         assert!((&mut write).now_or_never().is_none(), "the write is held");
         disk.set_condition(Condition::Missing, "its file or device disappeared");
         send.send(()).unwrap();
         assert!(futures::executor::block_on(write).is_err());
         assert_eq!(disk.condition(), Condition::Failed);
+    }
+
+    /// A device's error comes back with the offset it struck and the
+    /// device's own error, worded as the device words it; the disk is then
+    /// out of service, and says so with the reason it recorded.
+    #[test]
+    fn disk_errors_keep_the_device_error_and_the_recorded_reason() {
+        let (disk, send) = held_disk();
+        send.send(()).unwrap();
+        let data = Bytes::from(vec![1u8; 4096]);
+        let error = futures::executor::block_on(disk.write(8192, data.clone(), false));
+        let Err(DiskError::Device { offset, source }) = &error else {
+            panic!("expected a device error, got {error:?}");
+        };
+        assert_eq!(*offset, Some(8192));
+        assert!(matches!(source, IoError::Lost { .. }));
+        let text = error.as_ref().unwrap_err().to_string();
+        assert_eq!(text, "held: device lost");
+        let error = futures::executor::block_on(disk.write(0, data, false));
+        let Err(DiskError::NotInService {
+            disk: index,
+            condition,
+            reason,
+        }) = &error
+        else {
+            panic!("expected the disk out of service, got {error:?}");
+        };
+        assert_eq!((*index, *condition), (DiskIndex(0), Condition::Failed));
+        assert_eq!(reason, "held: device lost");
+        assert_eq!(error.unwrap_err().to_string(), "disk 0 is Failed");
     }
 }

@@ -15,17 +15,31 @@ use std::sync::atomic::Ordering;
 
 use terrace_io::{aligned_buffer, BytesMut};
 
+use crate::disk::DiskError;
 use crate::error::EngineError;
-use crate::layouts::{LayoutHost, RowLayout};
+use crate::layouts::{LayoutHost, RowFailure, RowLayout};
 use crate::row::RowIo;
 use crate::target::Location;
+
+/// Why one row of a slab could not be filled.
+#[derive(Debug, thiserror::Error)]
+enum FillError {
+    /// Another valid location of the slot could not be read.
+    #[error(transparent)]
+    Source(DiskError),
+    /// The slot's content could not be had from the row's other slots.
+    #[error(transparent)]
+    Content(RowFailure),
+    #[error("the destination failed: {0}")]
+    Destination(#[source] DiskError),
+}
 
 /// The content of one row of `slot`, from anywhere but `destination`.
 async fn row_content<H: LayoutHost>(
     io: &RowIo<'_, H>,
     slot: u32,
     destination: &Location,
-) -> Result<BytesMut, String> {
+) -> Result<BytesMut, FillError> {
     let geometry = io.geometry();
     let width = geometry.interleave_bytes() as usize;
     let offset = geometry.slab_offset(io.row, 0);
@@ -39,9 +53,13 @@ async fn row_content<H: LayoutHost>(
             .disk
             .read(source.base + offset, aligned_buffer(width))
             .await;
-        return result.map(|()| buffer);
+        return result.map(|()| buffer).map_err(FillError::Source);
     }
-    io.host.layout().slot_content(io, slot).await
+    io.host
+        .layout()
+        .slot_content(io, slot)
+        .await
+        .map_err(FillError::Content)
 }
 
 /// Bring `rows` of `slot` of `extent` into `destination` and raise its
@@ -92,9 +110,7 @@ pub(crate) async fn fill_rows<H: LayoutHost>(
                 .disk
                 .write(offset, content.freeze(), false)
                 .await
-                .map_err(|reason| {
-                    io.unavailable(&span, format!("the destination failed: {reason}"))
-                })?;
+                .map_err(|error| io.unavailable(&span, FillError::Destination(error)))?;
             Ok::<u64, EngineError>(length)
         }
     });

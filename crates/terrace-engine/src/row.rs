@@ -5,11 +5,13 @@
 //! space above it (its geometry and name, its row locks, the slots as they
 //! are now, and where a write that missed a disk is reported). Nothing
 //! here names the space or the pool; the host is a type parameter, so each
-//! call is static.
+//! call is static. A slot's I/O fails with a [`RowError`]: the slot has no
+//! valid copy of the row, or its disk failed ([`DiskError`]).
 //!
 //! May depend on: `target`, `disk` (through it), `row_lock`, `error`,
 //! `terrace_layout`, `terrace_io`.
 
+use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -18,6 +20,7 @@ use terrace_io::{Bytes, BytesMut};
 use terrace_layout::{ColumnPiece, Geometry, RowSpan};
 use terrace_meta::DiskIndex;
 
+use crate::disk::DiskError;
 use crate::error::EngineError;
 use crate::row_lock::{RowGuard, RowLocks};
 use crate::target::{Location, Target};
@@ -40,6 +43,17 @@ pub(crate) trait RowHost {
 
     /// A write of `extent` failed on `disk`: the disk missed the extent.
     fn missed(&self, disk: DiskIndex, extent: u64);
+}
+
+/// Why I/O on one slot of a row failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RowError {
+    /// No location of the slot holds this row (its disks are out of
+    /// service, or a move has not reached the row).
+    #[error("slot {slot} holds no valid copy of row {row}")]
+    NoValidCopy { slot: u32, row: u64 },
+    #[error(transparent)]
+    Disk(#[from] DiskError),
 }
 
 pub(crate) struct RowIo<'a, H: RowHost> {
@@ -123,20 +137,16 @@ impl<'a, H: RowHost> RowIo<'a, H> {
         slot: u32,
         column_offset: u64,
         buf: BytesMut,
-    ) -> (BytesMut, Result<(), String>) {
+    ) -> (BytesMut, Result<(), RowError>) {
         let location =
             self.with_targets(|targets| targets[slot as usize].readable(self.row).cloned());
         let Some(location) = location else {
-            return (
-                buf,
-                Err(format!(
-                    "slot {slot} holds no valid copy of row {}",
-                    self.row
-                )),
-            );
+            let row = self.row;
+            return (buf, Err(RowError::NoValidCopy { slot, row }));
         };
         let offset = self.disk_offset(&location, column_offset);
-        location.disk.read(offset, buf).await
+        let (buf, result) = location.disk.read(offset, buf).await;
+        (buf, result.map_err(RowError::Disk))
     }
 
     /// Write to every valid location of the slot (as the space has them
@@ -148,7 +158,7 @@ impl<'a, H: RowHost> RowIo<'a, H> {
         column_offset: u64,
         data: Bytes,
         fua: bool,
-    ) -> Result<(), String> {
+    ) -> Result<(), RowError> {
         let (first, more) = self.with_targets(|targets| {
             let mut locations = targets[slot as usize].writable(self.row);
             let first = locations.next().cloned();
@@ -163,7 +173,7 @@ impl<'a, H: RowHost> RowIo<'a, H> {
             if result.is_err() {
                 self.missed(only);
             }
-            return result;
+            return result.map_err(RowError::Disk);
         }
         let locations: Vec<&Location> = first.iter().chain(&more).collect();
         let writes: Vec<_> = locations
@@ -182,10 +192,11 @@ impl<'a, H: RowHost> RowIo<'a, H> {
         if results.iter().any(Result::is_ok) {
             return Ok(());
         }
+        let row = self.row;
         Err(results
             .into_iter()
             .find_map(Result::err)
-            .unwrap_or_else(|| format!("slot {slot} holds no valid copy of row {}", self.row)))
+            .map_or(RowError::NoValidCopy { slot, row }, RowError::Disk))
     }
 
     /// A write to `location` failed: its disk missed this extent.
@@ -193,8 +204,9 @@ impl<'a, H: RowHost> RowIo<'a, H> {
         self.host.missed(location.disk.index, self.extent);
     }
 
-    /// The error for a span whose data cannot be served.
-    pub fn unavailable(&self, span: &RowSpan, reason: impl Into<String>) -> EngineError {
+    /// The error for a span whose data cannot be served, for `reason`: the
+    /// user-facing text is made here, once.
+    pub fn unavailable(&self, span: &RowSpan, reason: impl fmt::Display) -> EngineError {
         let geometry = self.geometry();
         EngineError::Unavailable {
             space: self.host.name().to_owned(),
@@ -202,14 +214,14 @@ impl<'a, H: RowHost> RowIo<'a, H> {
                 + span.row * geometry.row_data_bytes()
                 + span.row_offset,
             length: span.length,
-            reason: reason.into(),
+            reason: reason.to_string(),
         }
     }
 }
 
 /// Read every column piece of a span into its part of `buffer` with
 /// `read_piece`, all at once; the first error names the span.
-pub(crate) async fn read_pieces<'a, H: RowHost, F, R>(
+pub(crate) async fn read_pieces<'a, H: RowHost, F, R, E: fmt::Display>(
     io: &'a RowIo<'_, H>,
     span: &RowSpan,
     buffer: BytesMut,
@@ -217,7 +229,7 @@ pub(crate) async fn read_pieces<'a, H: RowHost, F, R>(
 ) -> (BytesMut, Result<(), EngineError>)
 where
     F: Fn(ColumnPiece, BytesMut) -> R,
-    R: Future<Output = (BytesMut, Result<(), String>)> + 'a,
+    R: Future<Output = (BytesMut, Result<(), E>)> + 'a,
 {
     let mut split = io.geometry().split_columns(*span);
     if let Some(piece) = split.next().filter(|piece| piece.length == span.length) {

@@ -30,10 +30,10 @@ use terrace_io::{aligned_buffer, BytesMut};
 use terrace_layout::{ColumnPiece, Geometry, RowSpan};
 
 use super::simple::{piece_range, zero_pieces};
-use super::{Compared, RowLayout, ZeroMode};
+use super::{Compared, RowFailure, RowLayout, ZeroMode};
 use crate::error::EngineError;
 use crate::payload::Payload;
-use crate::row::{read_pieces, RowHost, RowIo};
+use crate::row::{read_pieces, RowError, RowHost, RowIo};
 use crate::verify::{self, Problem, ProblemKind};
 
 /// The mirror layout: every column on `copies` slots.
@@ -67,7 +67,7 @@ impl RowLayout for Mirror {
         &self,
         io: &RowIo<'_, H>,
         slot: u32,
-    ) -> Result<BytesMut, String> {
+    ) -> Result<BytesMut, RowFailure> {
         let geometry = io.geometry();
         let width = geometry.interleave_bytes() as usize;
         let column = slot / self.copies;
@@ -80,7 +80,7 @@ impl RowLayout for Mirror {
                 }
             }
         }
-        Err("no other copy of this column is readable".into())
+        Err(RowFailure::NoOtherCopy)
     }
 
     /// Every copy of a column against the first readable one.
@@ -162,11 +162,11 @@ async fn read_piece<H: RowHost>(
     io: &RowIo<'_, H>,
     piece: ColumnPiece,
     mut buffer: BytesMut,
-) -> (BytesMut, Result<(), String>) {
+) -> (BytesMut, Result<(), RowFailure>) {
     let geometry = io.geometry();
     let copies = geometry.layout().copies();
     let first = first_copy(io, &piece, copies);
-    let mut last_error = String::from("no copy is online");
+    let mut last: Option<RowError> = None;
     for attempt in 0..copies {
         let slot = geometry.slot(piece.data_column, (first + attempt) % copies);
         if !io.online(slot) {
@@ -176,10 +176,10 @@ async fn read_piece<H: RowHost>(
         buffer = returned;
         match result {
             Ok(()) => return (buffer, Ok(())),
-            Err(error) => last_error = error,
+            Err(error) => last = Some(error),
         }
     }
-    (buffer, Err(format!("every copy is lost ({last_error})")))
+    (buffer, Err(RowFailure::EveryCopyLost { last }))
 }
 
 /// The copy a piece is read from first: its region's.
@@ -223,7 +223,7 @@ async fn write<H: RowHost>(
             .iter()
             .any(|(column, result)| *column == piece.data_column && result.is_ok());
         if !reached {
-            return Err(io.unavailable(span, "no copy of this column could be written"));
+            return Err(io.unavailable(span, RowFailure::NoCopyWritten));
         }
     }
     Ok(())

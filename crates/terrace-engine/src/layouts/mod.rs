@@ -17,6 +17,7 @@
 //! May depend on: `row`, `verify`, `payload`, `error` and what they depend
 //! on, `terrace_ec`, `terrace_layout`.
 
+pub(crate) mod failure;
 pub(crate) mod mirror;
 pub(crate) mod parity;
 pub(crate) mod reason;
@@ -32,6 +33,7 @@ use crate::payload::Payload;
 use crate::row::{RowHost, RowIo};
 use crate::verify::Problem;
 
+pub(crate) use failure::RowFailure;
 pub(crate) use mirror::Mirror;
 pub(crate) use parity::Parity;
 pub(crate) use simple::Simple;
@@ -86,7 +88,7 @@ pub(crate) trait RowLayout {
         &self,
         io: &RowIo<'_, H>,
         slot: u32,
-    ) -> impl Future<Output = Result<BytesMut, String>>;
+    ) -> impl Future<Output = Result<BytesMut, RowFailure>>;
 
     /// Compare the redundancy of the row of `io`, read whole into `slots`
     /// (`None` for a slot unreadable): what disagrees goes to `problems`,
@@ -175,7 +177,7 @@ impl RowLayout for Layouts {
         &self,
         io: &RowIo<'_, H>,
         slot: u32,
-    ) -> Result<BytesMut, String> {
+    ) -> Result<BytesMut, RowFailure> {
         match self {
             Layouts::Simple(layout) => layout.slot_content(io, slot).await,
             Layouts::Mirror(layout) => layout.slot_content(io, slot).await,

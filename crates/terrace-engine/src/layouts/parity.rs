@@ -46,7 +46,7 @@ use terrace_io::{aligned_buffer, Bytes, BytesMut};
 use terrace_layout::{ColumnPiece, Geometry, RowSpan};
 
 use super::simple::piece_range;
-use super::{Compared, RowLayout, ZeroMode};
+use super::{Compared, RowFailure, RowLayout, ZeroMode};
 use crate::error::EngineError;
 use crate::payload::Payload;
 use crate::row::{join_buffer, split_buffer, RowHost, RowIo};
@@ -83,7 +83,7 @@ impl RowLayout for Parity {
         &self,
         io: &RowIo<'_, H>,
         slot: u32,
-    ) -> Result<BytesMut, String> {
+    ) -> Result<BytesMut, RowFailure> {
         rebuild_slot(io, slot).await
     }
 
@@ -200,16 +200,15 @@ async fn read<H: RowHost>(
         let slot = columns.slot(io, piece.data_column as usize);
         async move {
             if io.online(slot) {
-                io.read(slot, piece.column_offset, part).await
+                let (part, result) = io.read(slot, piece.column_offset, part).await;
+                (part, result.is_ok())
             } else {
-                (part, Err(String::from("offline")))
+                (part, false)
             }
         }
     });
     let results = join_all(reads).await;
-    let failed: Vec<usize> = (0..results.len())
-        .filter(|&i| results[i].1.is_err())
-        .collect();
+    let failed: Vec<usize> = (0..results.len()).filter(|&i| !results[i].1).collect();
     let mut parts: Vec<BytesMut> = results.into_iter().map(|(part, _)| part).collect();
     let result = if failed.is_empty() {
         Ok(())
@@ -273,18 +272,17 @@ async fn read_band_rebuilt<H: RowHost>(
         };
         let mut views: Vec<&mut [u8]> = band.iter_mut().map(|b| &mut b[..]).collect();
         terrace_ec::reconstruct(&mut views, columns.redundancy, &lost)
-            .map_err(|error| io.unavailable(span, error.to_string()))?;
+            .map_err(|error| io.unavailable(span, RowFailure::Reconstruct(error)))?;
         return Ok(band);
     }
-    Err(io.unavailable(span, "disks kept failing while rebuilding"))
+    Err(io.unavailable(span, RowFailure::KeptFailingRebuilding))
 }
 
-fn too_many_lost(columns: &Columns, lost: &[usize]) -> String {
-    format!(
-        "{} columns of this row are lost; parity rebuilds at most {}",
-        lost.len(),
-        columns.redundancy
-    )
+fn too_many_lost(columns: &Columns, lost: &[usize]) -> RowFailure {
+    RowFailure::TooManyLost {
+        lost: lost.len(),
+        redundancy: columns.redundancy,
+    }
 }
 
 /// Read the band of each wanted logical column; `None` if any read failed.
@@ -405,7 +403,7 @@ async fn write<H: RowHost>(
             return Ok(());
         }
     }
-    Err(io.unavailable(span, "disks kept failing while writing"))
+    Err(io.unavailable(span, RowFailure::KeptFailingWriting))
 }
 
 async fn read_modify_write<H: RowHost>(
@@ -498,7 +496,7 @@ async fn reconstruct_write<H: RowHost>(
     if rebuild {
         let mut views: Vec<&mut [u8]> = band.iter_mut().map(|b| &mut b[..]).collect();
         terrace_ec::reconstruct(&mut views, columns.redundancy, lost)
-            .map_err(|error| io.unavailable(span, error.to_string()))?;
+            .map_err(|error| io.unavailable(span, RowFailure::Reconstruct(error)))?;
     }
     let mut parity = band.split_off(columns.data);
     for (column, old) in band.iter_mut().enumerate() {
@@ -550,12 +548,12 @@ async fn write_row<H: RowHost>(
 /// The whole row (one interleave) of `slot` as the other columns define it:
 /// rebuilt from every other readable column. Used to re-create a lost slab
 /// and to catch up a disk that missed writes; the caller holds the row lock.
-async fn rebuild_slot<H: RowHost>(io: &RowIo<'_, H>, slot: u32) -> Result<BytesMut, String> {
+async fn rebuild_slot<H: RowHost>(io: &RowIo<'_, H>, slot: u32) -> Result<BytesMut, RowFailure> {
     let columns = Columns::of(io);
     let width = io.geometry().interleave_bytes();
     let this = (0..columns.count())
         .find(|&index| columns.slot(io, index) == slot)
-        .ok_or_else(|| format!("slot {slot} is not in this row"))?;
+        .ok_or(RowFailure::NotInRow { slot })?;
     let mut lost = columns.lost(io);
     if !lost.contains(&this) {
         lost.push(this);
@@ -569,9 +567,8 @@ async fn rebuild_slot<H: RowHost>(io: &RowIo<'_, H>, slot: u32) -> Result<BytesM
         .collect();
     let mut band = read_band(io, &columns, 0, width, &wanted)
         .await
-        .ok_or_else(|| String::from("a surviving column failed while rebuilding"))?;
+        .ok_or(RowFailure::SurvivorFailed)?;
     let mut views: Vec<&mut [u8]> = band.iter_mut().map(|b| &mut b[..]).collect();
-    terrace_ec::reconstruct(&mut views, columns.redundancy, &lost)
-        .map_err(|error| error.to_string())?;
+    terrace_ec::reconstruct(&mut views, columns.redundancy, &lost)?;
     Ok(band.swap_remove(this))
 }

@@ -6,7 +6,7 @@ use futures::future::join_all;
 use terrace_io::BytesMut;
 use terrace_layout::{ColumnPiece, Geometry, RowSpan};
 
-use super::{Compared, RowLayout, ZeroMode};
+use super::{Compared, RowFailure, RowLayout, ZeroMode};
 use crate::error::EngineError;
 use crate::payload::Payload;
 use crate::row::{all_ok, read_pieces, RowHost, RowIo};
@@ -41,8 +41,8 @@ impl RowLayout for Simple {
         &self,
         _io: &RowIo<'_, H>,
         _slot: u32,
-    ) -> Result<BytesMut, String> {
-        Err("a simple layout keeps one copy; its data is lost".into())
+    ) -> Result<BytesMut, RowFailure> {
+        Err(RowFailure::OneCopy)
     }
 
     fn compare<H: RowHost>(
@@ -76,10 +76,7 @@ async fn read<H: RowHost>(
 ) -> (BytesMut, Result<(), EngineError>) {
     read_pieces(io, span, buffer, |piece, part| async move {
         let (part, result) = io.read(piece.data_column, piece.column_offset, part).await;
-        (
-            part,
-            result.map_err(|error| format!("simple layout has no redundancy: {error}")),
-        )
+        (part, result.map_err(RowFailure::NoRedundancy))
     })
     .await
 }
@@ -100,7 +97,7 @@ async fn write<H: RowHost>(
     });
     all_ok(writes)
         .await
-        .map_err(|error| io.unavailable(span, format!("simple layout has no redundancy: {error}")))
+        .map_err(|error| io.unavailable(span, RowFailure::NoRedundancy(error)))
 }
 
 /// The bytes of the request a piece covers.
@@ -132,7 +129,7 @@ pub(crate) async fn zero_pieces<H: RowHost>(
         });
         let reached = join_all(zeroes).await.iter().any(Result::is_ok);
         if !reached {
-            return Err(io.unavailable(span, "no copy of this column could be zeroed"));
+            return Err(io.unavailable(span, RowFailure::NoCopyZeroed));
         }
     }
     Ok(())
