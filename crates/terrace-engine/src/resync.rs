@@ -84,7 +84,11 @@ pub(crate) async fn check_row<H: LayoutHost>(io: &RowIo<'_, H>, pass: Pass) -> R
     let moving = second_copies(io, &slots).await;
     problems.extend(moving.iter().map(|(slot, _)| Problem {
         kind: ProblemKind::Moving { slot: *slot },
-        places: vec![verify::place(io, *slot)],
+        places: vec![verify::place(
+            io,
+            *slot,
+            io.host.layout().role(io.geometry(), io.row, *slot),
+        )],
     }));
     fixes.extend(moving);
     let state = match (fixes.is_empty(), skipped) {

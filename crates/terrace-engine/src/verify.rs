@@ -12,10 +12,14 @@
 //!   P and the others, makes Q agree too (a single damaged data column
 //!   always does; two damaged columns almost never do, and then every
 //!   slot of the row is named).
+//!
+//! What a slot holds in its row (its [`Role`]) is its layout's to say
+//! (`RowLayout::role`); the layouts name the places of what they find.
+//!
+//! May depend on: `row` and what it depends on, `terrace_ec`.
 
 use std::fmt;
 
-use terrace_layout::{Geometry, Layout};
 use terrace_meta::DiskIndex;
 
 use crate::row::{RowHost, RowIo};
@@ -120,32 +124,14 @@ pub struct Place {
     pub disk_offset: Option<u64>,
 }
 
-/// The role of `slot` in `row`.
-pub(crate) fn role(geometry: &Geometry, row: u64, slot: u32) -> Role {
-    match geometry.layout() {
-        Layout::Mirror { copies } => Role::Copy {
-            column: slot / copies,
-            copy: slot % copies,
-        },
-        Layout::Parity { redundancy } => (0..redundancy)
-            .find(|&index| geometry.parity_column(row, index) == slot)
-            .map(|index| Role::Parity { index })
-            .unwrap_or_else(|| Role::Data {
-                column: (0..geometry.data_columns())
-                    .find(|&column| geometry.physical_column(row, column) == slot)
-                    .unwrap_or(slot),
-            }),
-        Layout::Simple => Role::Data { column: slot },
-    }
-}
-
-/// Where `slot` of the row of `io` is read from now.
-pub(crate) fn place<H: RowHost>(io: &RowIo<'_, H>, slot: u32) -> Place {
+/// Where `slot` of the row of `io`, holding `role` there (its layout
+/// says which), is read from now.
+pub(crate) fn place<H: RowHost>(io: &RowIo<'_, H>, slot: u32, role: Role) -> Place {
     let geometry = io.geometry();
     let location = io.with_targets(|targets| targets[slot as usize].readable(io.row).cloned());
     Place {
         slot,
-        role: role(geometry, io.row, slot),
+        role,
         disk: location.as_ref().map(|location| location.disk.index),
         disk_offset: location.map(|location| location.base + geometry.slab_offset(io.row, 0)),
     }
@@ -153,9 +139,10 @@ pub(crate) fn place<H: RowHost>(io: &RowIo<'_, H>, slot: u32) -> Place {
 
 /// The disagreement of a parity row whose parity columns `wrong` (by
 /// index) differ from what its `data` encodes to; `stored` is each
-/// parity column as read.
+/// parity column as read, `role` the role of a slot in the row.
 pub(crate) fn parity_problem<H: RowHost>(
     io: &RowIo<'_, H>,
+    role: impl Fn(u32) -> Role,
     data: &[&[u8]],
     stored: &[Option<&[u8]>],
     wrong: &[bool],
@@ -186,7 +173,10 @@ pub(crate) fn parity_problem<H: RowHost>(
             q,
             damaged: damaged_slot.is_some(),
         },
-        places: slots.into_iter().map(|slot| place(io, slot)).collect(),
+        places: slots
+            .into_iter()
+            .map(|slot| place(io, slot, role(slot)))
+            .collect(),
     }
 }
 

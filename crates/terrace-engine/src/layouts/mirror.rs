@@ -34,7 +34,7 @@ use super::{Compared, RowFailure, RowLayout, ZeroMode};
 use crate::error::EngineError;
 use crate::payload::Payload;
 use crate::row::{read_pieces, RowError, RowHost, RowIo};
-use crate::verify::{self, Problem, ProblemKind};
+use crate::verify::{self, Problem, ProblemKind, Role};
 
 /// The mirror layout: every column on `copies` slots.
 #[derive(Clone, Copy)]
@@ -113,7 +113,10 @@ impl RowLayout for Mirror {
             if fixes.len() > before {
                 problems.push(Problem {
                     kind: ProblemKind::Copies { column },
-                    places: copy_slots.iter().map(|&s| verify::place(io, s)).collect(),
+                    places: copy_slots
+                        .iter()
+                        .map(|&s| verify::place(io, s, self.role(geometry, io.row, s)))
+                        .collect(),
                 });
             }
         }
@@ -131,6 +134,14 @@ impl RowLayout for Mirror {
 
     fn natural_write_bytes(&self, geometry: &Geometry) -> u64 {
         geometry.interleave_bytes()
+    }
+
+    /// The copies of a column are consecutive slots.
+    fn role(&self, _geometry: &Geometry, _row: u64, slot: u32) -> Role {
+        Role::Copy {
+            column: slot / self.copies,
+            copy: slot % self.copies,
+        }
     }
 
     fn resyncs_while_serving(&self) -> bool {

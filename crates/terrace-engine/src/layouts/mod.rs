@@ -4,9 +4,11 @@
 //! method of [`RowLayout`]: reading and writing a span of one row, the
 //! content of one slot's row as the others define it (rebuilds, moves and
 //! catch-ups), checking a row's redundancy (verify, resync), zeroing a
-//! partial row, and the write size that needs no read. Each layout implements it in its own file; [`Layouts`] wraps
-//! the three, is chosen once from the space's [`Layout`] when the space is
-//! built, and dispatches statically (a `match` per row span, no `dyn`).
+//! partial row, the write size that needs no read, and what a slot holds
+//! in a row (the role a verify's finding names). Each layout implements it
+//! in its own file; [`Layouts`] wraps the three, is chosen once from the
+//! space's [`Layout`] when the space is built, and dispatches statically
+//! (a `match` per row span, no `dyn`).
 //!
 //! ```text
 //!   Space ─ zero / rebuild / resync
@@ -31,7 +33,7 @@ use terrace_layout::{Geometry, Layout, RowSpan};
 use crate::error::EngineError;
 use crate::payload::Payload;
 use crate::row::{RowHost, RowIo};
-use crate::verify::Problem;
+use crate::verify::{Problem, Role};
 
 pub(crate) use failure::RowFailure;
 pub(crate) use mirror::Mirror;
@@ -112,6 +114,9 @@ pub(crate) trait RowLayout {
 
     /// The write size that avoids reading before writing.
     fn natural_write_bytes(&self, geometry: &Geometry) -> u64;
+
+    /// What `slot` holds in `row` (what a verify's finding names).
+    fn role(&self, geometry: &Geometry, row: u64, slot: u32) -> Role;
 
     /// Whether, after an unclean shutdown, the rows the write intent names
     /// are resynchronised while the space serves (each before it is read)
@@ -220,6 +225,14 @@ impl RowLayout for Layouts {
         }
     }
 
+    fn role(&self, geometry: &Geometry, row: u64, slot: u32) -> Role {
+        match self {
+            Layouts::Simple(layout) => layout.role(geometry, row, slot),
+            Layouts::Mirror(layout) => layout.role(geometry, row, slot),
+            Layouts::Parity(layout) => layout.role(geometry, row, slot),
+        }
+    }
+
     fn resyncs_while_serving(&self) -> bool {
         match self {
             Layouts::Simple(layout) => layout.resyncs_while_serving(),
@@ -233,4 +246,44 @@ impl RowLayout for Layouts {
 /// layout it was built with.
 pub(crate) trait LayoutHost: RowHost {
     fn layout(&self) -> &Layouts;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roles(layout: Layout, columns: u32, row: u64) -> Vec<Role> {
+        let geometry = Geometry::new(layout, columns, 64 << 10, 1 << 30).expect("a geometry");
+        let layouts = Layouts::of(layout);
+        (0..geometry.slots_per_extent())
+            .map(|slot| layouts.role(&geometry, row, slot))
+            .collect()
+    }
+
+    /// Each layout names what every slot of a row holds: simple slots are
+    /// their columns, mirror copies are consecutive, parity rotates.
+    #[test]
+    fn each_layout_names_the_role_of_every_slot() {
+        let data = |column| Role::Data { column };
+        assert_eq!(roles(Layout::Simple, 3, 5), [data(0), data(1), data(2)]);
+        let copy = |column, copy| Role::Copy { column, copy };
+        assert_eq!(
+            roles(Layout::Mirror { copies: 2 }, 2, 5),
+            [copy(0, 0), copy(0, 1), copy(1, 0), copy(1, 1)]
+        );
+        let layout = Layout::Parity { redundancy: 2 };
+        let geometry = Geometry::new(layout, 5, 64 << 10, 1 << 30).expect("a geometry");
+        for row in 0..5 {
+            let roles = roles(layout, 5, row);
+            for index in 0..2 {
+                let slot = geometry.parity_column(row, index);
+                assert_eq!(roles[slot as usize], Role::Parity { index });
+            }
+            for column in 0..3 {
+                let slot = geometry.physical_column(row, column);
+                assert_eq!(roles[slot as usize], data(column));
+            }
+        }
+        assert_ne!(roles(layout, 5, 0), roles(layout, 5, 1), "parity rotates");
+    }
 }

@@ -50,7 +50,7 @@ use super::{Compared, RowFailure, RowLayout, ZeroMode};
 use crate::error::EngineError;
 use crate::payload::Payload;
 use crate::row::{join_buffer, split_buffer, RowHost, RowIo};
-use crate::verify::{self, Problem};
+use crate::verify::{self, Problem, Role};
 
 /// The parity layout: data columns and `redundancy` parity columns (P, or
 /// P and Q) per row, rotating.
@@ -117,7 +117,8 @@ impl RowLayout for Parity {
             .map(|(stored, expected)| stored.is_some_and(|stored| stored != &expected[..]))
             .collect();
         if wrong.contains(&true) {
-            problems.push(verify::parity_problem(io, &data, &stored, &wrong));
+            let role = |slot| self.role(geometry, io.row, slot);
+            problems.push(verify::parity_problem(io, role, &data, &stored, &wrong));
         }
         for (index, expected) in parity.into_iter().enumerate() {
             if wrong[index] {
@@ -148,6 +149,18 @@ impl RowLayout for Parity {
 
     fn natural_write_bytes(&self, geometry: &Geometry) -> u64 {
         geometry.row_data_bytes()
+    }
+
+    /// Parity and data columns rotate from row to row.
+    fn role(&self, geometry: &Geometry, row: u64, slot: u32) -> Role {
+        (0..self.redundancy)
+            .find(|&index| geometry.parity_column(row, index) == slot)
+            .map(|index| Role::Parity { index })
+            .unwrap_or_else(|| Role::Data {
+                column: (0..geometry.data_columns())
+                    .find(|&column| geometry.physical_column(row, column) == slot)
+                    .unwrap_or(slot),
+            })
     }
 }
 

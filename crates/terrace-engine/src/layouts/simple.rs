@@ -11,7 +11,7 @@ use crate::error::EngineError;
 use crate::payload::Payload;
 use crate::row::{all_ok, read_pieces, RowHost, RowIo};
 use crate::target::Location;
-use crate::verify::Problem;
+use crate::verify::{Problem, Role};
 
 /// The simple layout.
 #[derive(Clone, Copy)]
@@ -66,6 +66,11 @@ impl RowLayout for Simple {
 
     fn natural_write_bytes(&self, geometry: &Geometry) -> u64 {
         geometry.interleave_bytes()
+    }
+
+    /// Each slot is its data column.
+    fn role(&self, _geometry: &Geometry, _row: u64, slot: u32) -> Role {
+        Role::Data { column: slot }
     }
 }
 
