@@ -38,7 +38,7 @@ use terrace_io::BlockDevice;
 use terrace_meta::{store, DiskIndex, DiskState, JobKind, PoolMetadata, SpaceId};
 
 use crate::disk::Condition;
-use crate::error::EngineError;
+use crate::error::{ClearRefusal, EngineError};
 use crate::jobs::{cancelled_by_return, repair_kept_for};
 use crate::pool::Pool;
 
@@ -249,14 +249,15 @@ impl Pool {
                     return Ok(vec![index]);
                 }
                 let why = if disk.condition() == Condition::Online {
-                    "it is in service".to_string()
+                    ClearRefusal::InService
                 } else if disk.device().is_none() {
-                    format!(
-                        "it is not present ({}): plug it back in, or add it with `terrace disk add`",
-                        disk.reason()
-                    )
+                    ClearRefusal::NotPresent {
+                        reason: disk.reason(),
+                    }
                 } else {
-                    format!("it is {:?}", record.state).to_lowercase()
+                    ClearRefusal::State {
+                        state: record.state,
+                    }
                 };
                 Err(EngineError::NotCleared {
                     disk: index.0,

@@ -4,7 +4,7 @@
 use crate::units::format_size;
 use terrace_io::IoError;
 use terrace_layout::LayoutError;
-use terrace_meta::{DecodeError, LabelError, PlacementError, SlotError};
+use terrace_meta::{DecodeError, DiskState, LabelError, PlacementError, SlotError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -164,8 +164,21 @@ pub enum EngineError {
     NotCleared {
         disk: u16,
         pool: String,
-        why: String,
+        why: ClearRefusal,
     },
     #[error("{0}")]
     Io(#[from] IoError),
+}
+
+/// Why a disk named to be cleared is not one to clear.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClearRefusal {
+    #[error("it is in service")]
+    InService,
+    /// Its device is absent; `reason`, why it left.
+    #[error("it is not present ({reason}): plug it back in")]
+    NotPresent { reason: String },
+    /// Its record is in `state`, which clearing does not take back.
+    #[error("it is {}", format!("{state:?}").to_lowercase())]
+    State { state: DiskState },
 }

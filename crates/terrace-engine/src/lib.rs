@@ -57,7 +57,7 @@ pub use admin::SpaceCreated;
 pub use clear::{DiskCleared, SpaceCatchUp};
 pub use crash_resync::ResyncProgress;
 pub use disk::Condition;
-pub use error::EngineError;
+pub use error::{ClearRefusal, EngineError};
 pub use events::{PoolEvent, EVENTS_QUEUED_MAX};
 pub use jobs::{JobAction, JobStatus, JOB_HISTORY_MAX};
 pub use layouts::mirror::{

@@ -12,8 +12,8 @@ use terrace_engine::io::delay::{DelayDevice, DelayPolicy};
 use terrace_engine::layout::Layout;
 use terrace_engine::meta::{DiskIndex, DiskState, JobKind, JobState, SpaceRole, Usage};
 use terrace_engine::{
-    verify_space, EngineError, ImportOptions, JobAction, Pool, PoolConfig, Space, SpaceConfig,
-    SpaceHealth, SpaceSize,
+    verify_space, ClearRefusal, EngineError, ImportOptions, JobAction, Pool, PoolConfig, Space,
+    SpaceConfig, SpaceHealth, SpaceSize,
 };
 
 const DISK_BYTES: u64 = 4 << 20;
@@ -1727,6 +1727,11 @@ fn a_double_failure_that_passes_is_cleared_and_every_byte_reads_back() {
         for job in &repairs {
             assert_eq!((job.state, job.moves_total), (JobState::Done, 0), "{job:?}");
             assert!(job.reason.starts_with("nothing to repair"), "{job:?}");
+            assert!(job.waits_for_lost_disks(), "{job:?}");
+            assert!(
+                !job.reason.contains("terrace"),
+                "the engine names no command"
+            );
         }
         disks.faults[1].restore();
         disks.faults[2].restore();
@@ -1757,6 +1762,38 @@ fn a_double_failure_that_passes_is_cleared_and_every_byte_reads_back() {
 
 /// A disk that still fails stays failed, and says so; a disk in service is
 /// not one to clear; once the fault passes, it is taken back.
+/// A disk whose device is not there is not one to clear: the refusal
+/// says so with the reason it left, in the engine's words (which command
+/// would help is the CLI's to say).
+#[test]
+fn a_disk_not_present_is_not_cleared_and_the_refusal_keeps_its_reason() {
+    block_on(async {
+        let disks = Disks::new(3, DISK_BYTES);
+        let pool = create_pool(&disks).await;
+        wait_for_missing_disks(&pool).await;
+        pool.close().await.unwrap();
+        let present = vec![disks.devices[0].clone(), disks.devices[2].clone()];
+        let pool = Pool::import(env(), present, ImportOptions::default())
+            .await
+            .unwrap();
+        let refused = pool.clear(Some(DiskIndex(1))).await.unwrap_err();
+        let EngineError::NotCleared {
+            why: ClearRefusal::NotPresent { reason },
+            ..
+        } = &refused
+        else {
+            panic!("expected the disk not present: {refused}");
+        };
+        assert!(!reason.is_empty());
+        let text = refused.to_string();
+        assert!(text.ends_with("): plug it back in"), "{text}");
+        assert!(
+            !text.contains("terrace"),
+            "the engine names no command: {text}"
+        );
+    })
+}
+
 #[test]
 fn a_disk_that_still_fails_is_not_taken_back() {
     block_on(async {
@@ -1772,7 +1809,16 @@ fn a_disk_that_still_fails_is_not_taken_back() {
         assert_eq!(cleared[0].job, None);
         assert_eq!(pool.metadata().await.disks[1].state, DiskState::Failed);
         let busy = pool.clear(Some(DiskIndex(0))).await.unwrap_err();
-        assert!(matches!(busy, EngineError::NotCleared { .. }), "{busy}");
+        assert!(
+            matches!(
+                busy,
+                EngineError::NotCleared {
+                    why: ClearRefusal::InService,
+                    ..
+                }
+            ),
+            "{busy}"
+        );
         disks.faults[1].restore();
         let cleared = pool.clear(Some(DiskIndex(1))).await.unwrap();
         assert_eq!(cleared[0].refused, None, "{cleared:?}");

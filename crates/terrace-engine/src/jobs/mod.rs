@@ -73,10 +73,7 @@ fn nothing_to_do(metadata: &PoolMetadata, kind: JobKind) -> String {
         })
     };
     match kind {
-        JobKind::Repair { disk } if holds(disk) => format!(
-            "nothing to repair: every extent with a slab on disk {} has lost more disks than its              layout tolerates, so none can be re-created; they read again once the disks are              back (`terrace pool clear`)",
-            disk.0
-        ),
+        JobKind::Repair { disk } if holds(disk) => plan::nothing_recoverable(disk),
         JobKind::Repair { disk } => format!("nothing to repair: disk {} holds no data", disk.0),
         JobKind::Resync { disk } => format!(
             "nothing to catch up on: nothing was written while disk {} was out",

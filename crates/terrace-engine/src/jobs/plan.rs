@@ -430,3 +430,23 @@ pub(crate) fn retarget(
         extent: u64::from(step.extent),
     })
 }
+
+/// Why a repair of `disk`, which holds data, plans no move: every extent
+/// with a slab on it has lost more disks than its layout tolerates.
+pub(super) fn nothing_recoverable(disk: DiskIndex) -> String {
+    format!(
+        "nothing to repair: every extent with a slab on disk {} has lost more disks than its \
+         layout tolerates, so none can be re-created; they read again once the disks are back",
+        disk.0
+    )
+}
+
+impl super::JobStatus {
+    /// Whether this is a repair that re-created nothing because every
+    /// extent it was for had lost more disks than its layout tolerates:
+    /// they read again once those disks are taken back
+    /// ([`Pool::clear`](crate::Pool::clear)).
+    pub fn waits_for_lost_disks(&self) -> bool {
+        matches!(self.kind, JobKind::Repair { disk } if self.reason == nothing_recoverable(disk))
+    }
+}

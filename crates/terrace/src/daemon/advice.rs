@@ -1,11 +1,14 @@
-//! What the CLI adds to an engine error: the engine says what is wrong, in
-//! its own terms; which flag or command would help is the CLI's to say, so
-//! it is said here, once, for every answer that carries the error.
+//! What the CLI adds to an engine error, or to a job's reason: the engine
+//! says what is wrong, in its own terms; which flag or command would help
+//! is the CLI's to say, so it is said here, once, for every answer that
+//! carries the error or the job.
 
 use std::any::Any;
 use std::fmt::Display;
 
-use terrace_engine::EngineError;
+use terrace_engine::{ClearRefusal, EngineError, JobStatus};
+
+use crate::api::non_empty;
 
 /// `message` as the user reads it: an engine error with the advice that
 /// goes with it, anything else as it is.
@@ -29,12 +32,30 @@ fn advice(error: &EngineError) -> Option<&'static str> {
         EngineError::MetadataRoom { .. } => {
             Some("; use larger slabs, or a pool created with a larger --metadata-slot")
         }
+        EngineError::NotCleared {
+            why: ClearRefusal::NotPresent { .. },
+            ..
+        } => Some(", or add it with `terrace disk add`"),
         _ => None,
     }
 }
 
+/// `job`'s reason as the user reads it (none if it has none): a repair
+/// waiting for the disks its extents lost names the command that takes
+/// them back.
+pub(super) fn job_reason(job: &JobStatus) -> Option<String> {
+    let reason = non_empty(&job.reason)?;
+    Some(if job.waits_for_lost_disks() {
+        format!("{reason} (`terrace pool clear`)")
+    } else {
+        reason
+    })
+}
+
 #[cfg(test)]
 mod tests {
+    use terrace_engine::meta::{DiskIndex, JobKind, JobState};
+
     use super::*;
 
     #[test]
@@ -66,5 +87,58 @@ mod tests {
         .to_string()
         .contains("--"));
         assert_eq!(advised(&"no such pool"), "no such pool");
+    }
+
+    /// A disk not present names the command that adds it; one in service
+    /// names none.
+    #[test]
+    fn a_disk_not_present_to_clear_is_told_how_to_add_it() {
+        let refused = |why| EngineError::NotCleared {
+            disk: 1,
+            pool: "tank".into(),
+            why,
+        };
+        let absent = refused(ClearRefusal::NotPresent {
+            reason: "not found at import".into(),
+        });
+        assert_eq!(
+            advised(&absent),
+            "disk 1 of pool tank is not one to clear: it is not present (not found at \
+             import): plug it back in, or add it with `terrace disk add`"
+        );
+        assert_eq!(
+            advised(&refused(ClearRefusal::InService)),
+            "disk 1 of pool tank is not one to clear: it is in service"
+        );
+    }
+
+    /// A repair that re-created nothing because its extents lost too many
+    /// disks names the command that takes them back; other reasons stay.
+    #[test]
+    fn a_repair_waiting_for_lost_disks_is_told_how_to_take_them_back() {
+        let job = |disk, reason: &str| JobStatus {
+            id: 1,
+            kind: JobKind::Repair {
+                disk: DiskIndex(disk),
+            },
+            state: JobState::Done,
+            reason: reason.into(),
+            bytes_total: 0,
+            bytes_done: 0,
+            moves_total: 0,
+            moves_done: 0,
+            rate_bytes_per_second: 0,
+            eta_seconds: None,
+        };
+        let waiting = "nothing to repair: every extent with a slab on disk 2 has lost more \
+                       disks than its layout tolerates, so none can be re-created; they read \
+                       again once the disks are back";
+        assert_eq!(
+            job_reason(&job(2, waiting)).as_deref(),
+            Some(format!("{waiting} (`terrace pool clear`)").as_str())
+        );
+        let no_data = "nothing to repair: disk 2 holds no data";
+        assert_eq!(job_reason(&job(2, no_data)).as_deref(), Some(no_data));
+        assert_eq!(job_reason(&job(2, "")), None);
     }
 }

@@ -360,7 +360,7 @@ pub fn job_view(pool: &str, job: &JobStatus, disks: &[DiskView]) -> JobView {
         kind: kind.into(),
         description,
         state: format!("{:?}", job.state).to_lowercase(),
-        reason: non_empty(&job.reason),
+        reason: super::advice::job_reason(job),
         bytes_total: job.bytes_total,
         bytes_done: job.bytes_done,
         // A job with nothing to move is done at once: 100 %; one that
