@@ -769,3 +769,24 @@ fn a_disk_under_another_path_is_the_same_disk() {
         &[&alpha_dotted, "already disk 0 of pool alpha"],
     );
 }
+
+/// `pool clear` of a disk missing since the pool was imported says it is
+/// not present, why, and how to add it back.
+#[test]
+fn clearing_a_disk_not_present_says_how_to_add_it() {
+    let mut daemon = Daemon::start();
+    let disks = daemon.disk_files("gone", 3, 256 * MIB);
+    daemon.create_pool("tank", &disks, "8M");
+    daemon.stop();
+    std::fs::rename(&disks[1], disks[1].with_extension("away")).expect("move a disk away");
+    daemon.restart();
+    let refused = daemon.cli(&["pool", "clear", "tank", "1"]);
+    assert_eq!(refused.code(), Some(2), "{}", refused.describe());
+    let message = &refused.stderr;
+    assert!(
+        message.contains("disk 1 of pool tank is not one to clear: it is not present (")
+            && message.contains("): plug it back in, or add it with `terrace disk add`"),
+        "{}",
+        refused.describe()
+    );
+}
