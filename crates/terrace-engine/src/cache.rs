@@ -34,6 +34,7 @@ use crate::placement::{
 use crate::pool::Pool;
 use crate::space::Space;
 use crate::units::format_size;
+use crate::volume::Volume;
 
 /// How long the destager sleeps when no cache needs it.
 const DESTAGE_IDLE_NS: u64 = 20_000_000;
@@ -595,32 +596,36 @@ impl HomeIo for Space {
         self.pool.events.emit(event);
     }
 
+    fn log_failed(&self) {
+        self.volume().set_logged(false);
+    }
+
     fn id(&self) -> SpaceId {
-        Space::id(self)
+        Volume::id(self)
     }
 
     fn name(&self) -> &str {
-        Space::name(self)
+        Volume::name(self)
     }
 
     fn size_bytes(&self) -> u64 {
-        Space::size_bytes(self)
+        Volume::size_bytes(self)
     }
 
     fn geometry(&self) -> &Geometry {
-        Space::geometry(self)
+        Volume::geometry(self)
     }
 
     fn natural_write_bytes(&self) -> u64 {
-        Space::natural_write_bytes(self)
+        Volume::natural_write_bytes(self)
     }
 
     fn healthy_for(&self, offset: u64, length: u64) -> bool {
-        Space::healthy_for(self, offset, length)
+        Volume::healthy_for(self, offset, length)
     }
 
     fn cheap_fua(&self) -> bool {
-        Space::cheap_fua(self)
+        Volume::cheap_fua(self)
     }
 
     fn read(&self, offset: u64, length: u64) -> BoxFuture<'_, Result<BytesMut, EngineError>> {
@@ -633,15 +638,15 @@ impl HomeIo for Space {
         data: impl Into<Payload> + Send,
         fua: bool,
     ) -> Result<(), EngineError> {
-        Space::write_home(self, offset, data, fua).await
+        Volume::write_home(self, offset, data, fua).await
     }
 
     async fn write_home_merged(&self, pieces: &[(u64, Payload)]) -> Result<(), EngineError> {
-        Space::write_home_merged(self, pieces).await
+        Volume::write_home_merged(self, pieces).await
     }
 
     async fn flush_own_disks(&self) -> Result<(), EngineError> {
-        Space::flush_own_disks(self).await
+        Volume::flush_own_disks(self).await
     }
 
     async fn flush_pool_disks(&self) -> Result<(), EngineError> {

@@ -51,6 +51,7 @@ mod status;
 mod target;
 mod units;
 mod verify;
+mod volume;
 mod zero;
 
 pub use admin::SpaceCreated;
@@ -81,6 +82,7 @@ pub use status::{
 };
 pub use units::format_size;
 pub use verify::{Finding, Place, Problem, ProblemKind, Role, FINDINGS_MAX};
+pub use volume::Volume;
 
 pub use terrace_io as io;
 pub use terrace_layout as layout;

@@ -448,7 +448,7 @@ async fn open(
                 let notes: Vec<MissedExtent> = cut
                     .iter()
                     .flat_map(|&extent| {
-                        crate::space::out_of_service(&map.extents[extent as usize], &[])
+                        crate::volume::out_of_service(&map.extents[extent as usize], &[])
                             .into_iter()
                             .map(move |disk| MissedExtent::new(disk, id, extent))
                     })

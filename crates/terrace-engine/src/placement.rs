@@ -26,8 +26,9 @@ use terrace_meta::{
 use crate::control::PoolShared;
 use crate::error::EngineError;
 use crate::layouts::reason::{columns_reason, count};
-use crate::space::{Space, SpaceMap, Target};
+use crate::space::Space;
 use crate::units::format_size;
+use crate::volume::{SpaceMap, Target};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SpaceSize {

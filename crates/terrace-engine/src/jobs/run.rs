@@ -325,7 +325,7 @@ impl Pool {
                 return;
             }
             let filled = crate::rebuild::fill_rows(
-                &*space,
+                &**space.volume(),
                 u64::from(step.extent),
                 u32::from(step.slot),
                 &destination,

@@ -230,7 +230,7 @@ impl<H: HomeIo> Journal<H> {
     /// Wait until record `sequence` (written) and all before it are
     /// durable; if the log fails first, write its data home instead.
     pub(super) async fn make_durable(&self, home: &H, sequence: u64) -> Result<(), EngineError> {
-        if self.sync_through(sequence).await.is_err() {
+        if self.sync_through(home, sequence).await.is_err() {
             // The log failed: this record's data is committed in the
             // index; write it home with the rest.
             let _guard = self.destaging.lock().await;
@@ -242,7 +242,7 @@ impl<H: HomeIo> Journal<H> {
     /// Group commit: return once record `sequence` and every earlier one
     /// are durable. One writer at a time flushes the log's disks for every
     /// record written so far; the others wait for it and check again.
-    pub(super) async fn sync_through(&self, sequence: u64) -> Result<(), EngineError> {
+    pub(super) async fn sync_through(&self, home: &H, sequence: u64) -> Result<(), EngineError> {
         enum Role {
             Done,
             Lead(u64),
@@ -286,7 +286,7 @@ impl<H: HomeIo> Journal<H> {
                 Role::Lead(end) => {
                     let result = self.log.flush_own_disks().await;
                     if let Err(error) = &result {
-                        self.log_failed_locked(&[], &[], error.to_string());
+                        self.log_failed_locked(home, &[], &[], error.to_string());
                     }
                     let mut state = self.state();
                     state.syncing = false;

@@ -296,7 +296,12 @@ impl<H: HomeIo> Journal<H> {
             Err(error) => {
                 // The reserved record can never be written: the log cannot
                 // go on past it, so the space goes write-through.
-                self.log_failed_locked(&sequences, &[], format!("row image unreadable: {error}"));
+                self.log_failed_locked(
+                    home,
+                    &sequences,
+                    &[],
+                    format!("row image unreadable: {error}"),
+                );
                 return Err(error);
             }
         };
@@ -323,7 +328,7 @@ impl<H: HomeIo> Journal<H> {
         writes.push(self.log.write_home(at.offset, payload.freeze(), true));
         let results = join_all(writes).await;
         if let Some(error) = results.into_iter().find_map(Result::err) {
-            self.log_failed_locked(&sequences, &[], error.to_string());
+            self.log_failed_locked(home, &sequences, &[], error.to_string());
         } else {
             let mut state = self.state();
             for record in state.records.iter_mut() {

@@ -20,7 +20,7 @@ impl<H: HomeIo> Journal<H> {
         blocks: &[u64],
         reason: String,
     ) {
-        self.log_failed_locked(sequences, blocks, reason);
+        self.log_failed_locked(home, sequences, blocks, reason);
         let _guard = self.destaging.lock().await;
         let _ = self.destage_all_locked(home).await;
     }
@@ -83,11 +83,19 @@ impl<H: HomeIo> Journal<H> {
     }
 
     /// Mark the log failed (write-through from now on) and release what
-    /// waits on it; the caller writes the dirty data home.
-    pub(super) fn log_failed_locked(&self, sequences: &[u64], blocks: &[u64], reason: String) {
+    /// waits on it; the caller writes the dirty data home. The home learns
+    /// it first: its writes from then on are its own to account for.
+    pub(super) fn log_failed_locked(
+        &self,
+        home: &H,
+        sequences: &[u64],
+        blocks: &[u64],
+        reason: String,
+    ) {
         {
             let mut state = self.state();
             if state.failed.is_none() {
+                home.log_failed();
                 let failed = format!("write-through: the log failed ({reason})");
                 let event = crate::PoolEvent::WriteThrough {
                     space: self.home,

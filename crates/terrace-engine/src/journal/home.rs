@@ -67,6 +67,10 @@ pub trait HomeIo: Send + Sync + 'static {
     fn log_memory_give_back(&self, bytes: u64);
     /// Tell the pool's subscribers of `event` (a log failing over).
     fn emit(&self, event: crate::PoolEvent);
+    /// The journal in front turned write-through: no working log accounts
+    /// for this volume's writes from now on, which go straight to its
+    /// disks. Called before the first of them.
+    fn log_failed(&self);
 }
 
 /// Where the journal commits its ring's tail: the pool's metadata, reached

@@ -1,0 +1,967 @@
+//! A volume: the block layer under a space, and the whole of a log.
+//!
+//! A volume holds a space's map (its extents and their epochs), its row
+//! locks and its layout, and turns a byte range into rows and their I/O:
+//! the tolerance, missing-disk and write-intent steps around a write, the
+//! split into rows, the partial-block merge, zeroing, and flushing its
+//! disks. It knows nothing of clients or of a journal: a data space
+//! (`space.rs`) puts validation, its held state and its write-back journal
+//! in front of a volume; a log is a volume alone, holding the ring of
+//! another space's journal.
+//!
+//! Depends on: `control` (the pool's shared state: commits, write intent,
+//! failures), `layouts`, `row`, `zero`, `resync`, `disk`, `target` and
+//! level-0 helpers; never on `space` or `journal`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock, RwLock};
+
+use futures::future::join_all;
+use terrace_io::{aligned_buffer, BlockDevice, Bytes, BytesMut};
+use terrace_layout::{Geometry, RowSpan, BLOCK_BYTES};
+use terrace_meta::{DiskIndex, SlabRef, SpaceId};
+
+use crate::disk::{Condition, Disk};
+
+use crate::control::PoolShared;
+use crate::departures::Writing;
+use crate::error::EngineError;
+use crate::layouts::{LayoutHost, Layouts, RowLayout};
+use crate::payload::Payload;
+use crate::resync::{check_row, Pass};
+use crate::row::{all_ok, join_buffer, split_buffer};
+use crate::row::{RowHost, RowIo};
+use crate::row_lock::RowLocks;
+use crate::target::Location;
+pub use crate::target::Target;
+use crate::zero;
+
+/// Largest request: 64 MiB bounds the memory one request pins (NBD clients
+/// send at most 32 MiB).
+pub const REQUEST_MAX_BYTES: u64 = 64 << 20;
+
+/// The mapping of a space: size and the targets of every extent.
+pub struct SpaceMap {
+    pub size_bytes: u64,
+    pub extents: Vec<Arc<[Target]>>,
+    /// Lives as long as this map or an older one of the space does.
+    epoch: Arc<MapEpoch>,
+}
+
+impl SpaceMap {
+    pub(crate) fn new(size_bytes: u64, extents: Vec<Arc<[Target]>>) -> SpaceMap {
+        SpaceMap {
+            size_bytes,
+            extents,
+            epoch: Arc::default(),
+        }
+    }
+}
+
+/// How long a slab a space's map stops naming may still be in use.
+///
+/// A request holds the map it took when it began until its I/O is done,
+/// and looks at newer maps only while holding it (`RowIo::with_targets`).
+/// So a slab the map stopped naming (a move ended or was cancelled, a log
+/// shrank, the space was deleted) may still be read or written by requests
+/// that hold that map or an older one, after the metadata has freed it: a
+/// slab handed to another space then would take a late write of this one,
+/// or hand its data to a late read. Each map holds its epoch and each
+/// epoch the next map's, so an epoch lives while any map up to its own
+/// does; the pool takes no slab retired under an epoch until the epoch is
+/// gone ([`PoolShared::retire`]).
+#[derive(Default)]
+pub(crate) struct MapEpoch {
+    next: OnceLock<Arc<MapEpoch>>,
+}
+
+impl Drop for MapEpoch {
+    /// Iteratively: a request that held an old map while thousands of
+    /// moves settled ends a chain as long, too deep to drop recursively.
+    fn drop(&mut self) {
+        let mut next = self.next.take();
+        while let Some(epoch) = next {
+            next = Arc::into_inner(epoch).and_then(|mut epoch| epoch.next.take());
+        }
+    }
+}
+
+/// The block layer of a space or a log: its map, row locks and layout.
+pub struct Volume {
+    pub(crate) pool: Arc<PoolShared>,
+    pub(crate) id: SpaceId,
+    /// For messages: the space's name, or the log's.
+    pub(crate) name: String,
+    pub(crate) geometry: Geometry,
+    /// Its layout's implementation, chosen once from the geometry's.
+    layout: Layouts,
+    map: RwLock<Arc<SpaceMap>>,
+    pub(crate) locks: RowLocks,
+    deleted: AtomicBool,
+    /// A working write-back log in front accounts for this volume's
+    /// writes: set when a journal is attached, cleared before the journal
+    /// sends its first write straight home (write-through).
+    logged: AtomicBool,
+    /// Writers never overlap (a log): they share row locks.
+    disjoint_writes: AtomicBool,
+}
+
+/// What a request wants of a volume: to read, or to write (refused on a
+/// read-only pool).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Access {
+    Read,
+    Write,
+}
+
+impl Volume {
+    pub(crate) fn new(
+        pool: Arc<PoolShared>,
+        id: SpaceId,
+        name: String,
+        geometry: Geometry,
+        map: SpaceMap,
+    ) -> Volume {
+        Volume {
+            pool,
+            id,
+            name,
+            geometry,
+            layout: Layouts::of(geometry.layout()),
+            map: RwLock::new(Arc::new(map)),
+            locks: RowLocks::default(),
+            deleted: AtomicBool::new(false),
+            logged: AtomicBool::new(false),
+            disjoint_writes: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether writes record their extents in the pool's write intent: a
+    /// redundant volume without a working write-back log in front (a log
+    /// accounts for its space's writes itself, and logs recover from their
+    /// records). A space whose log failed writes straight to the disks,
+    /// and the log names none of those writes: should its disks be back by
+    /// the next import, only the write intent says what to resync.
+    pub(crate) fn uses_intent(&self) -> bool {
+        self.geometry.layout().failures_tolerated() > 0
+            && !self.logged.load(Ordering::Acquire)
+            && !self.disjoint_writes()
+    }
+
+    /// Say whether a working write-back log in front accounts for this
+    /// volume's writes (see [`Volume::uses_intent`]).
+    pub(crate) fn set_logged(&self, logged: bool) {
+        self.logged.store(logged, Ordering::Release);
+    }
+
+    /// The write intent of `[offset, offset + length)`, if this space keeps
+    /// one: held until the write is done.
+    async fn intent(
+        &self,
+        offset: u64,
+        length: u64,
+    ) -> Result<Option<crate::control::IntentGuard<'_>>, EngineError> {
+        if length == 0 || !self.uses_intent() {
+            return Ok(None);
+        }
+        let extent_bytes = self.geometry.extent_data_bytes();
+        let first = (offset / extent_bytes) as u32;
+        let last = ((offset + length - 1) / extent_bytes) as u32;
+        self.pool
+            .begin_intent(self.id, first..last + 1)
+            .await
+            .map(Some)
+    }
+
+    pub(crate) fn disjoint_writes(&self) -> bool {
+        self.disjoint_writes.load(Ordering::Relaxed)
+    }
+
+    /// Declare that writers of this space never overlap (a log space).
+    pub(crate) fn set_disjoint_writes(&self) {
+        self.disjoint_writes.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether every slot of every extent under the range is complete (no
+    /// lost column to reconstruct).
+    pub(crate) fn healthy_for(&self, offset: u64, length: u64) -> bool {
+        if length == 0 {
+            return true;
+        }
+        let map = self.map();
+        let extent_bytes = self.geometry.extent_data_bytes();
+        (offset / extent_bytes..=(offset + length - 1) / extent_bytes).all(|extent| {
+            map.extents
+                .get(extent as usize)
+                .is_some_and(|targets| targets.iter().all(Target::complete))
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn id(&self) -> SpaceId {
+        self.id
+    }
+
+    pub fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.map().size_bytes
+    }
+
+    /// Whether writes are refused (the pool is read-only).
+    pub fn is_read_only(&self) -> bool {
+        self.pool.read_only.is_some()
+    }
+
+    /// The write size that avoids read-modify-write: a full row for parity,
+    /// one interleave otherwise.
+    pub fn natural_write_bytes(&self) -> u64 {
+        self.layout.natural_write_bytes(&self.geometry)
+    }
+
+    pub(crate) fn map(&self) -> Arc<SpaceMap> {
+        self.map.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Append extents and grow (their slabs are zeroed and committed).
+    pub(crate) fn grow(&self, size_bytes: u64, extents: Vec<Arc<[Target]>>) {
+        let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+        let mut grown: Vec<Arc<[Target]>> = map.extents.clone();
+        grown.extend(extents);
+        assert!(size_bytes >= map.size_bytes);
+        assert_eq!(grown.len() as u64, self.geometry.extents_for(size_bytes));
+        self.replace_map(&mut map, size_bytes, grown, Vec::new());
+    }
+
+    /// Drop the extents past `size_bytes` (a log giving back slabs its ring
+    /// no longer reaches).
+    pub(crate) fn shrink(&self, size_bytes: u64) {
+        let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+        let keep = self.geometry.extents_for(size_bytes) as usize;
+        assert!(size_bytes <= map.size_bytes && keep <= map.extents.len());
+        let dropped = locations(&map.extents[keep..]).collect();
+        let kept = map.extents[..keep].to_vec();
+        self.replace_map(&mut map, size_bytes, kept, dropped);
+    }
+
+    /// The slots of `extent` as the map has them now (none if the extent
+    /// is gone from it). See `RowIo::with_targets` for why requests look
+    /// again under a row lock.
+    pub(crate) fn current_extent(&self, extent: u64) -> Option<Arc<[Target]>> {
+        let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+        map.extents.get(extent as usize).cloned()
+    }
+
+    /// Change where the slots of one extent live (moves starting or ending).
+    pub(crate) fn update_extent(&self, extent: u64, change: impl FnOnce(&mut Vec<Target>)) {
+        let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+        if extent >= map.extents.len() as u64 {
+            return; // the space was deleted: its map is empty
+        }
+        let mut extents = map.extents.clone();
+        let mut targets: Vec<Target> = extents[extent as usize].to_vec();
+        change(&mut targets);
+        let now: Vec<&Location> = targets.iter().flat_map(|t| t.locations.iter()).collect();
+        let dropped = locations(&extents[extent as usize..=extent as usize])
+            .filter(|old| !now.iter().any(|new| new.same_place(old)))
+            .collect();
+        extents[extent as usize] = targets.into();
+        let size_bytes = map.size_bytes;
+        self.replace_map(&mut map, size_bytes, extents, dropped);
+    }
+
+    /// Refuse requests from now on. The map loses its extents (its size
+    /// stays, for the sums of work already under way), so that the slabs,
+    /// free in the metadata once the deletion is committed, wait only for
+    /// the requests under way, not for the last holder of this space (a
+    /// client connection that stays open). A request that finds the map
+    /// without extents finds the space deleted (see [`Volume::check`]).
+    pub(crate) fn mark_deleted(&self) {
+        self.deleted.store(true, Ordering::Release);
+        let mut map = self.map.write().unwrap_or_else(|e| e.into_inner());
+        let dropped = locations(&map.extents).collect();
+        let size_bytes = map.size_bytes;
+        self.replace_map(&mut map, size_bytes, Vec::new(), dropped);
+    }
+
+    /// Install a new map in place of `map`, the slabs of `dropped` (which
+    /// the new map no longer names) retired until every request that may
+    /// hold `map` or an older one is done (see [`MapEpoch`]).
+    fn replace_map(
+        &self,
+        map: &mut Arc<SpaceMap>,
+        size_bytes: u64,
+        extents: Vec<Arc<[Target]>>,
+        dropped: Vec<Location>,
+    ) {
+        let epoch = Arc::new(MapEpoch::default());
+        let _ = map.epoch.next.set(epoch.clone());
+        let slabs = dropped.iter().map(|location| self.slab_of(location));
+        self.pool.retire(
+            slabs,
+            Arc::downgrade(&map.epoch) as crate::slab_holds::Epoch,
+        );
+        *map = Arc::new(SpaceMap {
+            size_bytes,
+            extents,
+            epoch,
+        });
+    }
+
+    /// The slab a location of this space lies in.
+    fn slab_of(&self, location: &Location) -> SlabRef {
+        SlabRef {
+            disk: location.disk.index,
+            slab: self.pool.slab_at(location.base, self.geometry.slab_bytes()),
+        }
+    }
+
+    pub(crate) fn check(
+        &self,
+        offset: u64,
+        length: u64,
+        access: Access,
+    ) -> Result<Arc<SpaceMap>, EngineError> {
+        if length > REQUEST_MAX_BYTES {
+            return Err(EngineError::TooLarge {
+                space: self.name.clone(),
+                length,
+                limit: REQUEST_MAX_BYTES,
+            });
+        }
+        self.check_range(offset, length, access)
+    }
+
+    /// [`Volume::check`] without the size limit: open, writable for a
+    /// write, and within the space.
+    pub(crate) fn check_range(
+        &self,
+        offset: u64,
+        length: u64,
+        access: Access,
+    ) -> Result<Arc<SpaceMap>, EngineError> {
+        // The map before the flag: a deletion sets the flag before it
+        // takes the extents out of the map, so a request either holds the
+        // map with them (and their slabs wait for it) or is refused here.
+        let map = self.map();
+        if self.deleted.load(Ordering::Acquire) {
+            return Err(EngineError::NoSuchSpace {
+                name: self.name.clone(),
+            });
+        }
+        self.pool.check_open()?;
+        if access == Access::Write {
+            self.pool.check_writable()?;
+        }
+        if offset
+            .checked_add(length)
+            .is_none_or(|end| end > map.size_bytes)
+        {
+            return Err(EngineError::OutOfRange {
+                space: self.name.clone(),
+                offset,
+                length,
+                size_bytes: map.size_bytes,
+            });
+        }
+        Ok(map)
+    }
+
+    pub(crate) fn row_io<'a>(&'a self, map: &'a SpaceMap, span: &RowSpan) -> RowIo<'a, Volume> {
+        RowIo::new(self, &map.extents[span.extent as usize], span)
+    }
+
+    /// Read whole blocks into one aligned buffer, each row span into its part.
+    pub(crate) async fn read_blocks(
+        &self,
+        map: &SpaceMap,
+        offset: u64,
+        length: u64,
+    ) -> Result<BytesMut, EngineError> {
+        let buffer = aligned_buffer(length as usize);
+        let mut spans = self.geometry.split_rows(offset, length);
+        if let Some(span) = spans.next().filter(|span| span.length == length) {
+            // One row: no parts to cut and join.
+            let result = read_span(&self.row_io(map, &span), &span, buffer).await;
+            self.pool.persist_failures().await?;
+            return result;
+        }
+        let spans: Vec<RowSpan> = self.geometry.split_rows(offset, length).collect();
+        let parts = split_buffer(buffer, spans.iter().map(|s| s.length));
+        let reads = spans.iter().zip(parts).map(|(span, part)| async move {
+            read_span(&self.row_io(map, span), span, part).await
+        });
+        let results = join_all(reads).await;
+        self.pool.persist_failures().await?;
+        let parts = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+        Ok(join_buffer(parts))
+    }
+
+    /// Write straight to the disks, past any write-back cache (the cache's
+    /// own destaging and bypass, and spaces without one).
+    pub(crate) async fn write_home(
+        &self,
+        offset: u64,
+        data: impl Into<Payload>,
+        fua: bool,
+    ) -> Result<(), EngineError> {
+        let data = data.into();
+        let map = self.check(offset, data.len() as u64, Access::Write)?;
+        let result = self.write_checked(&map, offset, &data, fua).await;
+        self.pool.persist_failures().await?;
+        result
+    }
+
+    /// Write block-aligned `pieces` (sorted, apart, all within one row)
+    /// straight to the disks as one update of the row: under the row lock,
+    /// read the row from the first piece to the end of the last, lay the
+    /// pieces over it and write that range once. Destaging uses it where a
+    /// row holds many dirty pieces: on parity, one update instead of a
+    /// read-modify-write of data and parity for each piece.
+    pub(crate) async fn write_home_merged(
+        &self,
+        pieces: &[(u64, Payload)],
+    ) -> Result<(), EngineError> {
+        let (Some((start, _)), Some((last, data))) = (pieces.first(), pieces.last()) else {
+            return Ok(());
+        };
+        let (start, end) = (*start, last + data.len() as u64);
+        let map = self.check(start, end - start, Access::Write)?;
+        let result = self.merge_checked(&map, start, end, pieces).await;
+        self.pool.persist_failures().await?;
+        result
+    }
+
+    async fn merge_checked(
+        &self,
+        map: &SpaceMap,
+        start: u64,
+        end: u64,
+        pieces: &[(u64, Payload)],
+    ) -> Result<(), EngineError> {
+        let mut spans = self.geometry.split_rows(start, end - start);
+        let (Some(span), None) = (spans.next(), spans.next()) else {
+            // Not within one row: piece by piece.
+            for (offset, data) in pieces {
+                self.write_checked(map, *offset, data, false).await?;
+            }
+            return Ok(());
+        };
+        let _writing = self.track_missing(map, start, end - start).await?;
+        let _intent = self.intent(start, end - start).await?;
+        let _guard = self.locks.lock((span.extent, span.row)).await;
+        let io = RowIo {
+            lock_held: true,
+            ..self.row_io(map, &span)
+        };
+        let mut merged = read_span(&io, &span, aligned_buffer((end - start) as usize)).await?;
+        for (offset, data) in pieces {
+            let at = (offset - start) as usize;
+            data.copy_to(&mut merged[at..at + data.len()]);
+        }
+        let result = write_span(&io, &span, &Payload::from(merged.freeze()), false).await;
+        self.note_failed_during(map, start, end - start);
+        result
+    }
+
+    /// Before writing extents with a missing disk, record them dirty for
+    /// it; a disk leaving, or present but out of service, counts as
+    /// missing. The guard returned is held
+    /// until the write is done: a disk is marked missing only once every
+    /// write that looked at it before it was leaving has finished (see
+    /// [`crate::departures`]).
+    pub(crate) async fn track_missing(
+        &self,
+        map: &SpaceMap,
+        offset: u64,
+        length: u64,
+    ) -> Result<Writing<'_>, EngineError> {
+        let (writing, leaving) = self.pool.departures.enter();
+        if length == 0 {
+            return Ok(writing);
+        }
+        let extent_bytes = self.geometry.extent_data_bytes();
+        for extent in offset / extent_bytes..=(offset + length - 1) / extent_bytes {
+            let missing = out_of_service(&map.extents[extent as usize], &leaving);
+            if !missing.is_empty() {
+                // Boxed: a commit's state would otherwise enlarge every write.
+                Box::pin(self.pool.note_dirty(self.id, extent as u32, &missing)).await?;
+            }
+        }
+        Ok(writing)
+    }
+
+    /// Refuse a write to an extent with more of its disks out of service
+    /// (missing, standby, failed) than its layout tolerates, before
+    /// anything is recorded or written. The write could not complete; and
+    /// had its extent been recorded missed for the disks away, there would
+    /// be nothing to catch them up from when they return, so the extent
+    /// would stay lost although they hold it whole (two of three disks of a
+    /// single-parity pool unplugged for a moment, one write meanwhile).
+    fn refuse_beyond_tolerance(
+        &self,
+        map: &SpaceMap,
+        offset: u64,
+        length: u64,
+    ) -> Result<(), EngineError> {
+        if length == 0 {
+            return Ok(());
+        }
+        let extent_bytes = self.geometry.extent_data_bytes();
+        for extent in offset / extent_bytes..=(offset + length - 1) / extent_bytes {
+            let targets = &map.extents[extent as usize];
+            if let Some(why) = beyond_tolerance(&self.geometry, targets) {
+                return Err(EngineError::Unavailable {
+                    space: self.name.clone(),
+                    offset,
+                    length,
+                    reason: format!("extent {extent}: {why}; nothing was written"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    async fn write_checked(
+        &self,
+        map: &SpaceMap,
+        offset: u64,
+        data: &Payload,
+        fua: bool,
+    ) -> Result<(), EngineError> {
+        self.refuse_beyond_tolerance(map, offset, data.len() as u64)?;
+        let _writing = self.track_missing(map, offset, data.len() as u64).await?;
+        let _intent = self.intent(offset, data.len() as u64).await?;
+        let rows = self.geometry.split_rows(offset, data.len() as u64);
+        let result = all_ok(rows.map(|span| self.write_row(map, span, data, fua))).await;
+        self.note_failed_during(map, offset, data.len() as u64);
+        result
+    }
+
+    /// After a write: the disks of its extents that are failed now may
+    /// have failed after it looked at them (it recorded nothing missed for
+    /// them then) and before it reached them (it left them out, or its
+    /// write failed there). Noted missed, to be recorded with the failure
+    /// before the write completes (see `PoolShared::note_failed_write`);
+    /// those failed before it looked are known already and cost nothing.
+    fn note_failed_during(&self, map: &SpaceMap, offset: u64, length: u64) {
+        if length == 0 {
+            return;
+        }
+        let extent_bytes = self.geometry.extent_data_bytes();
+        for extent in offset / extent_bytes..=(offset + length - 1) / extent_bytes {
+            for target in map.extents[extent as usize].iter() {
+                let disk = &target.home().disk;
+                if disk.condition() == Condition::Failed {
+                    self.pool
+                        .note_failed_write(disk.index, self.id, extent as u32);
+                }
+            }
+        }
+    }
+
+    /// Write one row span. A span that starts or ends inside a block reads
+    /// the edge blocks and writes them back whole, holding the row lock
+    /// across both so no other writer of the row slips in between.
+    async fn write_row(
+        &self,
+        map: &SpaceMap,
+        span: RowSpan,
+        data: &Payload,
+        fua: bool,
+    ) -> Result<(), EngineError> {
+        let (start, end) = (span.row_offset, span.row_offset + span.length);
+        if start.is_multiple_of(BLOCK_BYTES) && end.is_multiple_of(BLOCK_BYTES) {
+            return write_span(&self.row_io(map, &span), &span, data, fua).await;
+        }
+        let _guard = self.locks.lock((span.extent, span.row)).await;
+        let io = RowIo {
+            lock_held: true,
+            ..self.row_io(map, &span)
+        };
+        let aligned_start = start / BLOCK_BYTES * BLOCK_BYTES;
+        let aligned_end = end.next_multiple_of(BLOCK_BYTES);
+        let mut merged = aligned_buffer((aligned_end - aligned_start) as usize);
+        let block = |row_offset| RowSpan {
+            row_offset,
+            length: BLOCK_BYTES,
+            request_offset: 0,
+            ..span
+        };
+        if start != aligned_start {
+            let head = read_span(
+                &io,
+                &block(aligned_start),
+                aligned_buffer(BLOCK_BYTES as usize),
+            )
+            .await?;
+            merged[..BLOCK_BYTES as usize].copy_from_slice(&head);
+        }
+        let tail_start = aligned_end - BLOCK_BYTES;
+        if end != aligned_end && (tail_start != aligned_start || start == aligned_start) {
+            let tail = read_span(
+                &io,
+                &block(tail_start),
+                aligned_buffer(BLOCK_BYTES as usize),
+            )
+            .await?;
+            merged[(tail_start - aligned_start) as usize..].copy_from_slice(&tail);
+        }
+        let source =
+            data.slice(span.request_offset as usize..(span.request_offset + span.length) as usize);
+        merged[(start - aligned_start) as usize..(end - aligned_start) as usize]
+            .copy_from_slice(&source);
+        let expanded = RowSpan {
+            row_offset: aligned_start,
+            length: aligned_end - aligned_start,
+            request_offset: 0,
+            ..span
+        };
+        write_span(&io, &expanded, &Payload::from(merged.freeze()), fua).await
+    }
+
+    /// Whole blocks go to the zeroing path; partial edge blocks are written
+    /// with zeroes (write-zeroes) or left alone (trim).
+    pub(crate) async fn zero_checked(
+        &self,
+        map: &SpaceMap,
+        offset: u64,
+        length: u64,
+        mode: zero::Mode,
+    ) -> Result<(), EngineError> {
+        if let Err(error) = self.refuse_beyond_tolerance(map, offset, length) {
+            // A trim is advisory: left undone.
+            return match mode {
+                zero::Mode::Trim => Ok(()),
+                _ => Err(error),
+            };
+        }
+        let _writing = self.track_missing(map, offset, length).await?;
+        let _intent = self.intent(offset, length).await?;
+        let end = offset + length;
+        let body_start = offset.next_multiple_of(BLOCK_BYTES).min(end);
+        let body_end = (end / BLOCK_BYTES * BLOCK_BYTES).max(body_start);
+        let mut edges = Vec::new();
+        if let zero::Mode::Zeroes { fua } = mode {
+            for (start, stop) in [(offset, body_start), (body_end, end)] {
+                if stop > start {
+                    let zeroes = Payload::from(Bytes::from(vec![0u8; (stop - start) as usize]));
+                    edges.push(async move { self.write_checked(map, start, &zeroes, fua).await });
+                }
+            }
+        }
+        let body = async {
+            if body_end > body_start {
+                zero::zero_range(self, &map.extents, body_start, body_end - body_start, mode).await
+            } else {
+                Ok(())
+            }
+        };
+        let (edges, body) = futures::join!(join_all(edges), body);
+        self.note_failed_during(map, offset, length);
+        edges.into_iter().chain(std::iter::once(body)).collect()
+    }
+
+    /// The disks the space's extents lie on, each once.
+    fn own_disks(&self) -> Vec<Arc<Disk>> {
+        let map = self.map();
+        let mut seen = std::collections::BTreeSet::new();
+        let mut disks = Vec::new();
+        for targets in &map.extents {
+            for location in targets.iter().flat_map(|t| t.locations.iter()) {
+                if seen.insert(location.disk.index) {
+                    disks.push(location.disk.clone());
+                }
+            }
+        }
+        disks
+    }
+
+    /// Whether every online disk of the space says FUA costs it nothing
+    /// (see `BlockDevice::cheap_fua`). Asked per log record: it walks the
+    /// map in place (a disk met twice answers twice) and allocates nothing.
+    pub(crate) fn cheap_fua(&self) -> bool {
+        self.map()
+            .extents
+            .iter()
+            .flat_map(|targets| targets.iter().flat_map(|t| t.locations.iter()))
+            .map(|location| &location.disk)
+            .filter(|disk| disk.is_online())
+            .all(|disk| disk.device().is_some_and(|device| device.cheap_fua()))
+    }
+
+    /// Whether the space's data sits on spinning drives: some disk holding
+    /// its slabs says it spins (see `BlockDevice::rotational`). Its NBD
+    /// export tells clients so, which pick their I/O scheduling and file
+    /// system layout by it.
+    pub fn rotational(&self) -> bool {
+        self.map()
+            .extents
+            .iter()
+            .flat_map(|targets| targets.iter().flat_map(|t| t.locations.iter()))
+            .filter_map(|location| location.disk.device())
+            .any(|device| device.rotational() == Some(true))
+    }
+
+    /// Flush only the disks this space's slabs are on (a log's group
+    /// commit: the pool's other disks have nothing of it to flush).
+    pub(crate) async fn flush_own_disks(&self) -> Result<(), EngineError> {
+        let disks = self.own_disks();
+        join_all(disks.iter().filter(|d| d.is_online()).map(|d| d.flush())).await;
+        self.pool.persist_failures().await?;
+        self.readable_everywhere()
+    }
+
+    /// Fail unless every extent still has its data (tolerance not exceeded).
+    pub(crate) fn readable_everywhere(&self) -> Result<(), EngineError> {
+        let map = self.map();
+        for (index, targets) in map.extents.iter().enumerate() {
+            if self
+                .geometry
+                .remaining_tolerance(|slot| !targets[slot as usize].complete())
+                .is_none()
+            {
+                return Err(EngineError::Unavailable {
+                    space: self.name.clone(),
+                    offset: index as u64 * self.geometry.extent_data_bytes(),
+                    length: self.geometry.extent_data_bytes(),
+                    reason: "more disks of this extent are lost than the layout tolerates".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl RowHost for Volume {
+    fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn locks(&self) -> &RowLocks {
+        &self.locks
+    }
+
+    fn disjoint_writes(&self) -> bool {
+        Volume::disjoint_writes(self)
+    }
+
+    fn current_extent(&self, extent: u64) -> Option<Arc<[Target]>> {
+        Volume::current_extent(self, extent)
+    }
+
+    fn missed(&self, disk: DiskIndex, extent: u64) {
+        self.pool.note_failed_write(disk, self.id, extent as u32);
+    }
+}
+
+impl LayoutHost for Volume {
+    fn layout(&self) -> &Layouts {
+        &self.layout
+    }
+}
+
+/// `[offset, offset + length)` cut into the pieces a trim or write-zeroes
+/// is done in: at most [`REQUEST_MAX_BYTES`] each (a piece that falls back
+/// to writing zeroes, through a log or on a degraded row, holds that much
+/// in memory), cut at multiples of a whole number of rows, so that a
+/// request of whole rows stays whole rows in every piece (parity zeroes
+/// whole rows without reading them).
+pub(crate) fn zero_pieces(
+    geometry: &Geometry,
+    offset: u64,
+    length: u64,
+) -> impl Iterator<Item = (u64, u64)> {
+    let row_bytes = geometry.row_data_bytes();
+    let piece_bytes = match REQUEST_MAX_BYTES / row_bytes {
+        0 => REQUEST_MAX_BYTES,
+        rows => rows * row_bytes,
+    };
+    let end = offset + length;
+    let mut start = offset;
+    std::iter::from_fn(move || {
+        if start >= end {
+            return None;
+        }
+        let stop = ((start / piece_bytes + 1) * piece_bytes).min(end);
+        let piece = (start, stop - start);
+        start = stop;
+        Some(piece)
+    })
+}
+
+/// The disks holding slots of an extent (`targets`) that a write to it
+/// misses and must record dirty for: missing, failed (a failure may be
+/// passing, and `Pool::clear` takes the disk back), present but out of
+/// service (Standby: a disk returning at an import is welcomed back only
+/// after recovery wrote), or `leaving`.
+pub(crate) fn out_of_service(targets: &[Target], leaving: &[DiskIndex]) -> Vec<DiskIndex> {
+    targets
+        .iter()
+        .map(|target| &target.home().disk)
+        .filter(|disk| match disk.condition() {
+            Condition::Missing | Condition::Standby | Condition::Failed => true,
+            Condition::Online => leaving.contains(&disk.index),
+        })
+        .map(|disk| disk.index)
+        .collect()
+}
+
+/// Why an extent whose slots are `targets` cannot take writes, if it
+/// cannot: more of its slots' disks out of service than its layout
+/// tolerates (a mirror column with no copy, more parity columns than its
+/// redundancy, any column of a simple extent).
+fn beyond_tolerance(geometry: &Geometry, targets: &[Target]) -> Option<String> {
+    let away = |slot: u32| targets[slot as usize].home().disk.condition() != Condition::Online;
+    if geometry.remaining_tolerance(away).is_some() {
+        return None;
+    }
+    let gone = (0..geometry.slots_per_extent())
+        .filter(|&slot| away(slot))
+        .count();
+    Some(format!(
+        "{gone} of its {} slots' disks are out of service, more than its layout tolerates",
+        geometry.slots_per_extent()
+    ))
+}
+
+/// Every location of every slot of `extents`.
+fn locations(extents: &[Arc<[Target]>]) -> impl Iterator<Item = Location> + '_ {
+    extents
+        .iter()
+        .flat_map(|targets| targets.iter())
+        .flat_map(|target| target.locations.iter().cloned())
+}
+
+impl Volume {
+    /// Resynchronise `row` of `extent` of a mirror after an unclean shutdown
+    /// if it still wants it (see [`crate::crash_resync`]): under the row's
+    /// lock, which the caller may hold already (`lock_held`: a sub-block
+    /// write reading its edges, whose own record of missing disks covers the
+    /// extent).
+    pub(crate) async fn resync_crashed_row(
+        &self,
+        extent: u64,
+        row: u64,
+        lock_held: bool,
+    ) -> Result<(), EngineError> {
+        if !self.pool.crash_resync.wanted(self.id, extent, row) {
+            return Ok(());
+        }
+        let row_bytes = self.geometry.row_data_bytes();
+        let (_writing, _guard) = if lock_held {
+            (None, None)
+        } else {
+            let offset = extent * self.geometry.extent_data_bytes() + row * row_bytes;
+            let writing = self.track_missing(&self.map(), offset, row_bytes).await?;
+            (Some(writing), Some(self.locks.lock((extent, row)).await))
+        };
+        // Another reader, the background pass or a move may have done it
+        // while this one waited for the lock.
+        if !self.pool.crash_resync.wanted(self.id, extent, row) {
+            return Ok(());
+        }
+        // The slots' places as they are under the lock.
+        let map = self.map();
+        if extent < map.extents.len() as u64 {
+            let span = self.geometry.whole_row(extent, row);
+            check_row(&self.row_io(&map, &span), Pass::Repair).await;
+        }
+        self.pool.crash_resync.done(self.id, extent, row);
+        Ok(())
+    }
+}
+
+/// Read one row span with its layout's handler.
+async fn read_span(
+    io: &RowIo<'_, Volume>,
+    span: &RowSpan,
+    part: BytesMut,
+) -> Result<BytesMut, EngineError> {
+    // Since a crash, a (mirror) row is read only once its copies agree.
+    let space = io.host;
+    if space.pool.crash_resync.wanted(space.id, io.extent, io.row) {
+        // Boxed: rare, and every read's future would carry its state.
+        Box::pin(space.resync_crashed_row(io.extent, io.row, io.lock_held)).await?;
+    }
+    let (part, result) = space.layout.read(io, span, part).await;
+    result.map(|()| part)
+}
+
+/// Write one block-aligned row span with its layout's handler.
+async fn write_span(
+    io: &RowIo<'_, Volume>,
+    span: &RowSpan,
+    data: &Payload,
+    fua: bool,
+) -> Result<(), EngineError> {
+    io.host.layout.write(io, span, data, fua).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use terrace_layout::Layout;
+
+    /// Trims and zeroing of any length go in pieces within the request
+    /// limit, cut on whole rows, that cover the range exactly once.
+    #[test]
+    fn zeroing_pieces_are_bounded_row_aligned_and_cover_the_range() {
+        let parity = Geometry::new(Layout::Parity { redundancy: 1 }, 8, 256 << 10, 256 << 20)
+            .expect("geometry");
+        let row = parity.row_data_bytes();
+        let wide = Geometry::new(Layout::Simple, 8, 16 << 20, 256 << 20).expect("geometry");
+        for (geometry, offset, length) in [
+            (&parity, 0, 512 << 20),
+            (&parity, 3 * row, 1000 * row),
+            (&parity, 4095, (3 << 30) + 17),
+            (&parity, 0, 0),
+            (&wide, 5, 1 << 30),
+        ] {
+            let pieces: Vec<(u64, u64)> = zero_pieces(geometry, offset, length).collect();
+            let mut next = offset;
+            for &(start, piece) in &pieces {
+                assert_eq!(start, next, "pieces follow each other");
+                assert!(piece > 0 && piece <= REQUEST_MAX_BYTES, "{piece}");
+                next = start + piece;
+            }
+            assert_eq!(next, offset + length, "pieces cover the range");
+            let row = geometry.row_data_bytes();
+            if row <= REQUEST_MAX_BYTES && offset % row == 0 && length % row == 0 {
+                assert!(pieces
+                    .iter()
+                    .all(|&(start, piece)| start % row == 0 && piece % row == 0));
+            }
+        }
+        assert!(zero_pieces(&parity, 0, 512 << 20).count() > 1 && row < REQUEST_MAX_BYTES);
+    }
+
+    /// An epoch lives while any epoch before it does, and a chain far
+    /// longer than a thread's stack could drop recursively goes in a loop.
+    #[test]
+    fn an_epoch_outlives_the_older_ones_and_a_long_chain_drops() {
+        let first = Arc::new(MapEpoch::default());
+        let mut last = first.clone();
+        let mut second = None;
+        for _ in 0..1_000_000 {
+            let next = Arc::new(MapEpoch::default());
+            let _ = last.next.set(next.clone());
+            second.get_or_insert_with(|| Arc::downgrade(&next));
+            last = next;
+        }
+        let (second, newest) = (second.unwrap(), Arc::downgrade(&last));
+        drop(last);
+        assert!(second.strong_count() > 0 && newest.strong_count() > 0);
+        drop(first);
+        assert_eq!((second.strong_count(), newest.strong_count()), (0, 0));
+    }
+}
