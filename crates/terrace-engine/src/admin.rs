@@ -171,7 +171,7 @@ impl Pool {
         config: &SpaceConfig,
         next: &mut PoolMetadata,
         owner: SpaceId,
-    ) -> Result<Option<(Space, terrace_meta::CacheRecord)>, EngineError> {
+    ) -> Result<Option<(crate::volume::Volume, terrace_meta::CacheRecord)>, EngineError> {
         let choices = crate::cache::log_choices(config.cache_bytes, config.layout, next)?;
         if choices.is_empty() {
             return Ok(None);

@@ -28,7 +28,7 @@ use crate::journal::{
 };
 use crate::payload::Payload;
 use crate::placement::{
-    allocate_growth, build_space, is_journal_disk, journal_disks, plan_space, preallocate_log,
+    allocate_growth, build_volume, is_journal_disk, journal_disks, plan_space, preallocate_log,
     shape, targets, SpaceConfig, SpaceSize,
 };
 use crate::pool::Pool;
@@ -140,7 +140,7 @@ pub(crate) fn plan_log(
     owner: SpaceId,
     bytes: u64,
     disks: &LogDisks,
-) -> Result<(Space, CacheRecord), EngineError> {
+) -> Result<(Volume, CacheRecord), EngineError> {
     let owner_record = next
         .spaces
         .iter()
@@ -198,7 +198,7 @@ pub(crate) fn plan_log(
     if let Some(owner) = next.spaces.iter_mut().find(|s| s.id == owner) {
         owner.cache = Some(cache);
     }
-    let log = build_space(shared, next, &record)?;
+    let log = build_volume(shared, next, &record)?;
     Ok((log, cache))
 }
 
@@ -210,7 +210,7 @@ pub(crate) fn first_log_that_fits(
     metadata: &PoolMetadata,
     owner: SpaceId,
     choices: &[(u64, LogDisks)],
-) -> Result<(PoolMetadata, (Space, CacheRecord)), EngineError> {
+) -> Result<(PoolMetadata, (Volume, CacheRecord)), EngineError> {
     let mut refusal = None;
     for (bytes, disks) in choices {
         let mut next = metadata.clone();
@@ -231,7 +231,7 @@ pub(crate) fn first_log_that_fits(
 }
 
 impl Pool {
-    pub(crate) fn attach_cache(&self, space: &Arc<Space>, log: Arc<Space>, cache: &CacheRecord) {
+    pub(crate) fn attach_cache(&self, space: &Arc<Space>, log: Arc<Volume>, cache: &CacheRecord) {
         log.set_disjoint_writes();
         let parity = space.geometry().layout().row_wide_redundancy();
         let journal = Journal::new(
@@ -248,7 +248,7 @@ impl Pool {
 
     /// Make a log space known to the pool (jobs find it to repair or move
     /// it) before it serves a cache.
-    pub(crate) fn register_log(&self, log: &Arc<Space>) {
+    pub(crate) fn register_log(&self, log: &Arc<Volume>) {
         self.logs
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -307,7 +307,7 @@ impl Pool {
                 return Ok(false);
             }
         }
-        journal::replay(&*space, &*log, &recovered.blocks).await?;
+        journal::replay(space.volume().as_ref(), &*log, &recovered.blocks).await?;
         // Rows the log touched may have been cut mid-update (a destage or a
         // direct write): make their redundancy agree with their data. The
         // replay itself may have read-modify-written torn parity.
@@ -445,7 +445,12 @@ impl Pool {
     }
 
     /// Add extents to a log space (on the same class of disks).
-    async fn grow_log(&self, log: &Arc<Space>, owner: &str, bytes: u64) -> Result<(), EngineError> {
+    async fn grow_log(
+        &self,
+        log: &Arc<Volume>,
+        owner: &str,
+        bytes: u64,
+    ) -> Result<(), EngineError> {
         let mut control = self.shared.control.lock().await;
         let mut next = control.metadata.clone();
         let position = next
@@ -590,14 +595,15 @@ impl Checkpoints for PoolShared {
     }
 }
 
-/// A space is what a journal fronts, and what holds a journal's ring.
-impl HomeIo for Space {
+/// A volume is what a journal fronts (a space's), and what holds a
+/// journal's ring (a log).
+impl HomeIo for Volume {
     fn emit(&self, event: crate::PoolEvent) {
         self.pool.events.emit(event);
     }
 
     fn log_failed(&self) {
-        self.volume().set_logged(false);
+        self.set_logged(false);
     }
 
     fn id(&self) -> SpaceId {
@@ -629,7 +635,7 @@ impl HomeIo for Space {
     }
 
     fn read(&self, offset: u64, length: u64) -> BoxFuture<'_, Result<BytesMut, EngineError>> {
-        Box::pin(Space::read(self, offset, length))
+        Box::pin(Volume::read(self, offset, length))
     }
 
     async fn write_home(

@@ -367,22 +367,26 @@ async fn open(
         pool.shared.commit(&mut control, next).await?;
     }
     for record in &metadata.spaces {
-        let space = Arc::new(crate::placement::build_space(
+        let volume = Arc::new(crate::placement::build_volume(
             &pool.shared,
             &metadata,
             record,
         )?);
         match record.role {
-            terrace_meta::SpaceRole::Data => pool
-                .spaces
-                .write()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(record.name.clone(), space),
-            terrace_meta::SpaceRole::Log { .. } => pool
-                .logs
-                .write()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(record.id, space),
+            terrace_meta::SpaceRole::Data => {
+                let mut space = crate::space::Space::around(volume);
+                space.export = record.export.clone();
+                pool.spaces
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(record.name.clone(), Arc::new(space));
+            }
+            terrace_meta::SpaceRole::Log { .. } => {
+                pool.logs
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(record.id, volume);
+            }
         };
     }
     // Jobs' moves before anything reads or writes the disks: a slot that

@@ -28,7 +28,7 @@ use crate::error::EngineError;
 use crate::layouts::reason::{columns_reason, count};
 use crate::space::Space;
 use crate::units::format_size;
-use crate::volume::{SpaceMap, Target};
+use crate::volume::{SpaceMap, Target, Volume};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SpaceSize {
@@ -388,26 +388,37 @@ fn place(
     }
 }
 
-/// The run-time space for a metadata record.
+/// The run-time space for a data space's metadata record: its volume
+/// with the client's side in front.
 pub(crate) fn build_space(
     shared: &Arc<PoolShared>,
     metadata: &PoolMetadata,
     record: &SpaceRecord,
 ) -> Result<Space, EngineError> {
+    let mut space = Space::around(Arc::new(build_volume(shared, metadata, record)?));
+    space.export = record.export.clone();
+    Ok(space)
+}
+
+/// The run-time volume for a metadata record: all of a log, the block
+/// layer of a data space.
+pub(crate) fn build_volume(
+    shared: &Arc<PoolShared>,
+    metadata: &PoolMetadata,
+    record: &SpaceRecord,
+) -> Result<Volume, EngineError> {
     let geometry = record.geometry(metadata.slab_bytes)?;
     let map = SpaceMap::new(
         record.size_bytes,
         targets(shared, metadata, &record.extents)?,
     );
-    let mut space = Space::new(
+    Ok(Volume::new(
         shared.clone(),
         record.id,
         record.name.clone(),
         geometry,
         map,
-    );
-    space.export = record.export.clone();
-    Ok(space)
+    ))
 }
 
 /// Where each slot of each extent lives.
@@ -469,7 +480,7 @@ impl Drop for Preparing<'_> {
 /// stays sparse) and make it durable: slabs may hold a deleted space's
 /// bytes, and parity must match the (zero) data from the first read.
 pub(crate) async fn zero_slabs(
-    space: &Space,
+    space: &Volume,
     extents: &[Arc<[Target]>],
     slab_bytes: u64,
 ) -> Result<(), EngineError> {
@@ -511,7 +522,7 @@ pub(crate) async fn zero_slabs(
 /// The ring must not use these extents until this returns.
 ///
 /// `pool status` shows its progress, named after the space `owner`.
-pub(crate) async fn preallocate_log(log: &Space, owner: &str, first: usize, slab_bytes: u64) {
+pub(crate) async fn preallocate_log(log: &Volume, owner: &str, first: usize, slab_bytes: u64) {
     /// One buffer of zeroes shared by every write: large enough that a
     /// slab takes few writes, small enough to hold once.
     const CHUNK_BYTES: u64 = 1 << 20;

@@ -23,6 +23,7 @@ use crate::control::PoolShared;
 use crate::disk::{Disk, DiskContext};
 use crate::error::EngineError;
 use crate::space::Space;
+use crate::volume::Volume;
 
 /// Default slab: 256 MiB, as the allocation unit of Storage Spaces.
 pub const SLAB_DEFAULT_BYTES: u64 = 256 << 20;
@@ -92,8 +93,8 @@ pub struct ImportOptions {
 pub struct Pool {
     pub(crate) shared: Arc<PoolShared>,
     pub(crate) spaces: RwLock<BTreeMap<String, Arc<Space>>>,
-    /// Hidden log spaces of write-back caches, by id.
-    pub(crate) logs: RwLock<BTreeMap<terrace_meta::SpaceId, Arc<Space>>>,
+    /// The hidden logs of write-back caches (volumes), by id.
+    pub(crate) logs: RwLock<BTreeMap<terrace_meta::SpaceId, Arc<Volume>>>,
 }
 
 /// The one rule for the names of pools and spaces (and so of NBD exports):
@@ -289,9 +290,14 @@ impl Pool {
             .cloned()
     }
 
-    /// Every space, hidden log spaces included (jobs repair them too).
-    pub(crate) fn all_spaces(&self) -> Vec<Arc<Space>> {
-        let mut all = self.spaces();
+    /// The volume of every space, hidden logs included (jobs repair them
+    /// too).
+    pub(crate) fn all_spaces(&self) -> Vec<Arc<Volume>> {
+        let mut all: Vec<Arc<Volume>> = self
+            .spaces()
+            .iter()
+            .map(|space| space.volume().clone())
+            .collect();
         all.extend(
             self.logs
                 .read()

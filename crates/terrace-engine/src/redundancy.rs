@@ -1,32 +1,32 @@
-//! Passes over a space that check or rewrite its redundancy: verify, and
-//! the resync of a whole space or of a range. (The resync of one mirror
-//! row a crash left owed is the space's own, [`Space::resync_crashed_row`]:
-//! its reads need it.)
+//! Passes over a volume (a space's or a log) that check or rewrite its
+//! redundancy: verify, and the resync of a whole volume or of a range.
+//! (The resync of one mirror row a crash left owed is the volume's own,
+//! [`Volume::resync_crashed_row`]: its reads need it.)
 //!
 //! Each row is checked or mended by [`crate::resync`]; this module does
-//! what needs the space around it: the map, the row locks,
+//! what needs the volume around it: the map, the row locks,
 //! the record of disks a repair leaves out, the crash-resync bookkeeping
 //! and the commit of failures.
 
 use crate::error::EngineError;
 use crate::resync::{check_row, Pass, RedundancyReport, RowState};
-use crate::space::Space;
 use crate::verify::{Finding, Problem, FINDINGS_MAX};
+use crate::volume::Volume;
 
 /// Rewrite redundancy from its source of truth on every row.
-pub async fn resync_space(space: &Space) -> Result<RedundancyReport, EngineError> {
+pub async fn resync_space(space: &Volume) -> Result<RedundancyReport, EngineError> {
     walk(space, Pass::Repair).await
 }
 
 /// Check, without writing, that every mirror copy and parity agrees.
-pub async fn verify_space(space: &Space) -> Result<RedundancyReport, EngineError> {
+pub async fn verify_space(space: &Volume) -> Result<RedundancyReport, EngineError> {
     walk(space, Pass::Verify).await
 }
 
 /// Rewrite redundancy of the rows under `[offset, offset + length)` only
 /// (after a crash, the ranges a write-back log says were being written).
 pub(crate) async fn resync_range(
-    space: &Space,
+    space: &Volume,
     offset: u64,
     length: u64,
 ) -> Result<RedundancyReport, EngineError> {
@@ -39,7 +39,7 @@ pub(crate) async fn resync_range(
     walk_rows(space, Pass::Repair, rows).await
 }
 
-async fn walk(space: &Space, pass: Pass) -> Result<RedundancyReport, EngineError> {
+async fn walk(space: &Volume, pass: Pass) -> Result<RedundancyReport, EngineError> {
     let extents = space.map().extents.len() as u64;
     let per_extent = space.geometry.rows_per_extent();
     let rows = (0..extents).flat_map(|extent| (0..per_extent).map(move |row| (extent, row)));
@@ -47,7 +47,7 @@ async fn walk(space: &Space, pass: Pass) -> Result<RedundancyReport, EngineError
 }
 
 async fn walk_rows(
-    space: &Space,
+    space: &Volume,
     pass: Pass,
     rows: impl Iterator<Item = (u64, u64)>,
 ) -> Result<RedundancyReport, EngineError> {
@@ -95,7 +95,7 @@ async fn walk_rows(
     Ok(report)
 }
 
-fn finding(space: &Space, extent: u64, row: u64, problems: Vec<Problem>) -> Finding {
+fn finding(space: &Volume, extent: u64, row: u64, problems: Vec<Problem>) -> Finding {
     let length = space.geometry.row_data_bytes();
     Finding {
         offset: extent * space.geometry.extent_data_bytes() + row * length,

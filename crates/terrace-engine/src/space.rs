@@ -1,5 +1,11 @@
 //! A space: the virtual disk clients read and write.
 //!
+//! A space is a [`Volume`] (`volume.rs`: the map, row locks, layout and the
+//! split into rows) with what is a client's in front of it: the checks of
+//! a request, the held state, and the write-back journal (`journal`) that
+//! routes a write to the log or straight to the volume. Depends on
+//! `volume`, `journal`, `zero` and `error`.
+//!
 //! # Ordering and durability contract
 //!
 //! * Offsets and lengths have byte granularity; a read or write is at most
@@ -29,6 +35,8 @@
 //!   nothing ever returns wrong data. A write that saw a disk fail completes
 //!   only after the failure is recorded in a metadata commit, so a disk that
 //!   missed a write is never trusted again after a restart.
+//!
+//! The volume's own methods are reached through `Deref`.
 
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,18 +44,16 @@ use std::sync::{Arc, RwLock};
 
 use bytes::Buf;
 use terrace_io::{aligned_buffer, Bytes, BytesMut};
-use terrace_layout::{Geometry, BLOCK_BYTES};
-use terrace_meta::SpaceId;
+use terrace_layout::BLOCK_BYTES;
 
-use crate::control::PoolShared;
 use crate::error::EngineError;
 use crate::journal::Journal as JournalOf;
 pub use crate::volume::REQUEST_MAX_BYTES;
-use crate::volume::{zero_pieces, Access, SpaceMap, Volume};
+use crate::volume::{zero_pieces, Access, Volume};
 use crate::zero;
 
-/// The journal in front of a space, its ring in another space.
-type Journal = JournalOf<Space>;
+/// The journal in front of a space's volume, its ring in a log volume.
+type Journal = JournalOf<Volume>;
 
 /// A space as its clients see it: a [`Volume`] with, in front, request
 /// validation, its held state and its write-back journal.
@@ -69,16 +75,6 @@ pub struct Space {
 }
 
 impl Space {
-    pub(crate) fn new(
-        pool: Arc<PoolShared>,
-        id: SpaceId,
-        name: String,
-        geometry: Geometry,
-        map: SpaceMap,
-    ) -> Space {
-        Space::around(Arc::new(Volume::new(pool, id, name, geometry, map)))
-    }
-
     /// The space serving `volume`.
     pub(crate) fn around(volume: Arc<Volume>) -> Space {
         Space {
@@ -188,7 +184,7 @@ impl Space {
         let start = offset / BLOCK_BYTES * BLOCK_BYTES;
         let end = (offset + length).next_multiple_of(BLOCK_BYTES);
         if start == offset && end == offset + length {
-            return journal.write(self, offset, data, fua).await;
+            return journal.write(&self.volume, offset, data, fua).await;
         }
         // A partial block: read (through the log), merge and log whole
         // blocks, with the edge blocks locked against each other.
@@ -211,7 +207,9 @@ impl Space {
         }
         merged[(offset - start) as usize..(offset - start + length) as usize]
             .copy_from_slice(&data);
-        journal.write(self, start, merged.freeze(), fua).await
+        journal
+            .write(&self.volume, start, merged.freeze(), fua)
+            .await
     }
 
     /// Make `[offset, offset + length)` read as zeroes.
@@ -247,7 +245,11 @@ impl Space {
             }
         }
         let intent = match &journal {
-            Some(journal) => journal.begin_direct(self, offset, length, 0).await?,
+            Some(journal) => {
+                journal
+                    .begin_direct(&self.volume, offset, length, 0)
+                    .await?
+            }
             None => None,
         };
         let result = self
@@ -259,7 +261,7 @@ impl Space {
         self.pool.persist_failures().await?;
         result?;
         match journal {
-            Some(journal) => journal.after_direct(self, offset, length).await,
+            Some(journal) => journal.after_direct(&self.volume, offset, length).await,
             None => Ok(()),
         }
     }
@@ -287,7 +289,11 @@ impl Space {
             }
         }
         let intent = match &journal {
-            Some(journal) => journal.begin_direct(self, offset, length, 0).await?,
+            Some(journal) => {
+                journal
+                    .begin_direct(&self.volume, offset, length, 0)
+                    .await?
+            }
             None => None,
         };
         let result = self
@@ -299,7 +305,7 @@ impl Space {
         self.pool.persist_failures().await?;
         result?;
         match journal {
-            Some(journal) => journal.after_direct(self, offset, length).await,
+            Some(journal) => journal.after_direct(&self.volume, offset, length).await,
             None => Ok(()),
         }
     }
@@ -311,7 +317,7 @@ impl Space {
         if let Some(journal) = self.journal() {
             // Logged writes are durable already, unless the log failed and
             // they wait in memory to go home.
-            journal.settle(self).await?;
+            journal.settle(&self.volume).await?;
         }
         self.pool.flush_disks().await?;
         self.readable_everywhere()

@@ -22,6 +22,7 @@ use crate::disk::Condition;
 pub use crate::jobs::Unrepaired;
 use crate::pool::Pool;
 use crate::space::Space;
+use crate::volume::Volume;
 
 /// A disk is flagged slow when its average service time is this many times
 /// the median of its online peers: far beyond normal spread between drives
@@ -192,8 +193,8 @@ pub struct Preparation {
     pub done_bytes: u64,
 }
 
-impl Space {
-    /// Health of this space from the current condition of its disks (jobs
+impl Volume {
+    /// Health of this space (or log) from the current condition of its disks (jobs
     /// aside; see [`Pool::status`]).
     pub fn health(&self) -> SpaceHealth {
         let map = self.map();
@@ -415,7 +416,7 @@ impl Pool {
         }
         let spaces = self.spaces();
         // Each log under the name of the space it serves.
-        let logs: Vec<(String, Arc<Space>)> = self
+        let logs: Vec<(String, Arc<Volume>)> = self
             .logs
             .read()
             .unwrap_or_else(|e| e.into_inner())

@@ -16,6 +16,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 
+use bytes::Buf;
 use futures::future::join_all;
 use terrace_io::{aligned_buffer, BlockDevice, Bytes, BytesMut};
 use terrace_layout::{Geometry, RowSpan, BLOCK_BYTES};
@@ -374,6 +375,18 @@ impl Volume {
 
     pub(crate) fn row_io<'a>(&'a self, map: &'a SpaceMap, span: &RowSpan) -> RowIo<'a, Volume> {
         RowIo::new(self, &map.extents[span.extent as usize], span)
+    }
+
+    /// Read `length` bytes at `offset` (any byte granularity) from the
+    /// disks: what a journal in front holds is not looked at.
+    pub(crate) async fn read(&self, offset: u64, length: u64) -> Result<BytesMut, EngineError> {
+        let map = self.check(offset, length, Access::Read)?;
+        let start = offset / BLOCK_BYTES * BLOCK_BYTES;
+        let end = (offset + length).next_multiple_of(BLOCK_BYTES);
+        let mut buffer = self.read_blocks(&map, start, end - start).await?;
+        buffer.advance((offset - start) as usize);
+        buffer.truncate(length as usize);
+        Ok(buffer)
     }
 
     /// Read whole blocks into one aligned buffer, each row span into its part.

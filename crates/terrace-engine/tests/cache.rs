@@ -729,7 +729,7 @@ fn a_shrunk_cache_gives_back_its_log_slabs() {
         config.cache_bytes = Some(64 << 20);
         let space = pool.create_space(config).await.unwrap().space;
         let journal = space.journal().expect("a cache");
-        let log_bytes = |journal: &terrace_engine::journal::Journal<terrace_engine::Space>| {
+        let log_bytes = |journal: &terrace_engine::journal::Journal<terrace_engine::Volume>| {
             journal.log().size_bytes()
         };
         assert!(log_bytes(&journal) >= 64 << 20);

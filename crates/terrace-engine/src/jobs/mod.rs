@@ -468,7 +468,7 @@ impl Pool {
         found
     }
 
-    fn space_by_id(&self, id: SpaceId) -> Option<Arc<crate::space::Space>> {
+    fn space_by_id(&self, id: SpaceId) -> Option<Arc<crate::volume::Volume>> {
         self.all_spaces().into_iter().find(|space| space.id() == id)
     }
 }

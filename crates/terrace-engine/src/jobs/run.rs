@@ -325,7 +325,7 @@ impl Pool {
                 return;
             }
             let filled = crate::rebuild::fill_rows(
-                &**space.volume(),
+                &*space,
                 u64::from(step.extent),
                 u32::from(step.slot),
                 &destination,
@@ -498,7 +498,7 @@ fn label_problem(expected: Option<&terrace_meta::Label>, block: &[u8]) -> Option
 
 /// The location a move is filling: the one whose watermark is `mark`.
 fn find_destination(
-    space: &crate::space::Space,
+    space: &crate::volume::Volume,
     extent: u32,
     slot: u16,
     mark: &Arc<std::sync::atomic::AtomicU64>,

@@ -291,7 +291,7 @@ impl<H: HomeIo> Journal<H> {
             let _ = waiter.await;
         }
         let sequences: Vec<u64> = wrap.map(|(_, s)| s).into_iter().chain([sequence]).collect();
-        let image = match home.read(start, length).await {
+        let image = match self.read_through(home, start, length).await {
             Ok(image) => image,
             Err(error) => {
                 // The reserved record can never be written: the log cannot

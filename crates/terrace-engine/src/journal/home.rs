@@ -37,9 +37,9 @@ pub trait HomeIo: Send + Sync + 'static {
     /// a power-loss-protected one).
     fn cheap_fua(&self) -> bool;
 
-    /// Read a range, through any journal in front. Boxed: a space's read
-    /// goes through its journal, which may read its log, a space too, so
-    /// the future's type would contain itself. One box per read request
+    /// Read a range from the volume's disks (what a journal in front holds
+    /// is the journal's to lay over it). Boxed: a journal's read may read
+    /// its log, a volume too, so the future's type would contain itself. One box per read request
     /// (a log read-back is one request per run of blocks), none per block.
     fn read(&self, offset: u64, length: u64) -> BoxFuture<'_, Result<BytesMut, EngineError>>;
     /// Write straight to the disks, past any journal in front.

@@ -96,7 +96,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use futures::channel::oneshot;
 use futures::future::join_all;
 use futures::stream::{FuturesUnordered, StreamExt};
-use terrace_io::{aligned_buffer, aligned_concat, Bytes};
+use terrace_io::{aligned_buffer, aligned_concat, Bytes, BytesMut};
 use terrace_layout::BLOCK_BYTES;
 use terrace_meta::SpaceId;
 
@@ -575,6 +575,21 @@ impl<H: HomeIo> Journal<H> {
     /// the log in flight.
     fn overlaps_index(state: &State, first: u64, end: u64) -> bool {
         state.index.range(first..end).next().is_some()
+    }
+
+    /// Read block-aligned `[offset, offset + length)` of `home` as a client
+    /// would: its disks with what the log holds laid over them (snapshotted
+    /// first: a block destaged in between is on the disks by then).
+    async fn read_through(
+        &self,
+        home: &H,
+        offset: u64,
+        length: u64,
+    ) -> Result<BytesMut, EngineError> {
+        let logged = self.snapshot(offset, length).await?;
+        let mut buffer = home.read(offset, length).await?;
+        Self::apply(&logged, offset, &mut buffer);
+        Ok(buffer)
     }
 
     /// Write block-aligned `data` at `offset` of `home`.
