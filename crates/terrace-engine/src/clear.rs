@@ -8,10 +8,10 @@
 //!
 //! ```text
 //!   disk fails ──► every write that leaves it out records its extents
-//!        │         missed for it first (Space::track_missing), and a
+//!        │         missed for it first (Volume::track_missing), and a
 //!        │         write that failed on it, or looked at it in service
 //!        │         and then left it out, records them with the failure,
-//!        │         before it completes (Space::note_failed_during)
+//!        │         before it completes (Volume::note_failed_during)
 //!        ▼
 //!   pool clear ──► the disk's label read again (same pool, same disk, not
 //!                  an older copy) and written back (it takes writes); it

@@ -1,7 +1,7 @@
 //! Disks taken out of service while writes run.
 //!
 //! A write records its extents dirty for each missing disk it leaves out
-//! (`Space::track_missing`) before it writes, so that a disk that comes
+//! (`Volume::track_missing`) before it writes, so that a disk that comes
 //! back catches up on them. It looks at the disks once, before its writes
 //! are issued. A disk marked missing after that look, but before the write
 //! reached it, would be left out unrecorded and come back stale. So a disk
@@ -95,7 +95,7 @@ impl Departures {
     /// Wait until every write that looked at the disks before now has
     /// finished: one that saw a disk in service before it failed, and left
     /// it out or failed there, has noted that by then (see
-    /// `Space::note_failed_during`).
+    /// `Volume::note_failed_during`).
     pub(crate) async fn settle(&self) {
         let waiting = self.state().close_epoch();
         if let Some(receiver) = waiting {

@@ -454,7 +454,7 @@ impl Pool {
     }
 }
 
-/// Put `name` on the list [`Space::impact_of`]'s answer says: it would
+/// Put `name` on the list [`Volume::impact_of`]'s answer says: it would
 /// lose data (`lost`), or keep it with no redundancy left (`bare`).
 fn file_impact(impact: Option<bool>, name: &str, lost: &mut Vec<String>, bare: &mut Vec<String>) {
     match impact {
