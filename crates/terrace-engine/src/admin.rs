@@ -21,6 +21,10 @@ use crate::pool::{validate_name, Pool};
 use crate::space::Space;
 use crate::units::format_size;
 
+/// What a refusal calls the largest space that fits (the CLI names the
+/// option that asks for it beside it).
+pub const LARGEST_FIT: &str = "the largest that fits";
+
 /// What `create_space` did, for the user.
 #[derive(Clone)]
 pub struct SpaceCreated {
@@ -118,8 +122,9 @@ impl Pool {
     }
 
     /// A space of a given size that does not fit: its refusal also says the
-    /// largest size that would, and over how many columns (what `--max`
-    /// gives, its log included), so that the user need not search for it.
+    /// largest size that would, and over how many columns (what a space of
+    /// [`SpaceSize::Max`] gets, its log included), so that the user need
+    /// not search for it.
     fn with_largest_fit(
         &self,
         refusal: EngineError,
@@ -147,7 +152,7 @@ impl Pool {
             });
         let fit = match fit {
             Ok(record) => format!(
-                "at most {} with {} (--max)",
+                "at most {} with {} ({LARGEST_FIT})",
                 format_size(record.size_bytes),
                 count(record.columns, "column")
             ),

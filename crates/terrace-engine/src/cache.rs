@@ -301,7 +301,7 @@ impl Pool {
                 space.set_held(Some(format!(
                     "its write-back log holds writes that cannot go home while more of its \
                      disks are out than it tolerates; once they work again, \
-                     `terrace pool clear {}` takes them back",
+                     clearing pool {}'s disks takes them back",
                     self.shared.name
                 )));
                 return Ok(false);

@@ -54,7 +54,7 @@ mod verify;
 mod volume;
 mod zero;
 
-pub use admin::SpaceCreated;
+pub use admin::{SpaceCreated, LARGEST_FIT};
 pub use clear::{DiskCleared, SpaceCatchUp};
 pub use crash_resync::ResyncProgress;
 pub use disk::Condition;
@@ -66,6 +66,7 @@ pub use layouts::mirror::{
 };
 pub use layouts::reason::count;
 pub use membership::LabelLeft;
+pub use open::CLEARED_BACK;
 pub use placement::{default_fault_domain, SpaceConfig, SpaceSize};
 pub use pool::{
     validate_name, ImportOptions, NewDisk, Pool, PoolConfig, NAME_MAX_BYTES, SLAB_DEFAULT_BYTES,

@@ -38,6 +38,10 @@ use crate::pool::{
 };
 
 /// Default slab: 256 MiB, as the allocation unit of Storage Spaces.
+/// What a failed disk's reason says when the disk is present again (the CLI
+/// names the command beside it).
+pub const CLEARED_BACK: &str = "once it works again, a clear of the pool takes it back";
+
 impl Pool {
     /// Create a pool on blank disks. Nothing is written unless every disk
     /// passes its checks.
@@ -312,14 +316,7 @@ async fn open(
                 return Arc::new(Disk::absent(index, why.clone(), context));
             }
             let catching_up = catching_up.contains(&index);
-            Arc::new(runtime_disk(
-                index,
-                record,
-                found,
-                catching_up,
-                context,
-                &metadata.name,
-            ))
+            Arc::new(runtime_disk(index, record, found, catching_up, context))
         })
         .collect();
     let was_clean = metadata.clean;
@@ -536,7 +533,6 @@ fn runtime_disk(
     found: Option<(Arc<dyn BlockDevice>, Label)>,
     catching_up: bool,
     failures: DiskContext,
-    pool_name: &str,
 ) -> Disk {
     match (record.state, found) {
         (DiskState::Active, Some((device, label))) => Disk::present(index, device, label, failures),
@@ -550,11 +546,7 @@ fn runtime_disk(
             let (condition, reason) = if state == DiskState::Failed {
                 (
                     Condition::Failed,
-                    format!(
-                        "{}; present: once it works again, `terrace pool clear {pool_name}` \
-                         takes it back",
-                        record.state_reason
-                    ),
+                    format!("{}; present: {CLEARED_BACK}", record.state_reason),
                 )
             } else {
                 (

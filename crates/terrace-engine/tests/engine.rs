@@ -407,7 +407,7 @@ fn space_creation_errors_name_the_problem_and_change_nothing() {
         assert_eq!(
             error.to_string(),
             "not enough free capacity for space big: 1G does not fit: at most 6M with 3 \
-             columns (--max); 1G as a simple space over 1 column needs 16384 slabs of 64K (1G raw), 1 per 64K of data on distinct disks; \
+             columns (the largest that fits); 1G as a simple space over 1 column needs 16384 slabs of 64K (1G raw), 1 per 64K of data on distinct disks; \
              the disks it may use have 96 free slabs (6M) on 3 disks"
         );
         let mut bad_interleave = SpaceConfig::new("i", Layout::Simple, SpaceSize::Bytes(1 << 20));

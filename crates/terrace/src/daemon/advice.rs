@@ -6,7 +6,7 @@
 use std::any::Any;
 use std::fmt::Display;
 
-use terrace_engine::{ClearRefusal, EngineError, JobStatus};
+use terrace_engine::{ClearRefusal, EngineError, JobStatus, CLEARED_BACK, LARGEST_FIT};
 
 use crate::api::non_empty;
 
@@ -15,12 +15,32 @@ use crate::api::non_empty;
 pub(super) fn advised(message: &(impl Display + Any)) -> String {
     let any: &dyn Any = message;
     match any.downcast_ref::<EngineError>() {
-        Some(error) => match advice(error) {
-            Some(advice) => format!("{error}{advice}"),
-            None => error.to_string(),
-        },
+        Some(error) => {
+            // The largest space that fits is what `--max` asks for.
+            let text = match error {
+                EngineError::NoCapacity { .. } => error
+                    .to_string()
+                    .replace(&format!("({LARGEST_FIT})"), "(--max)"),
+                _ => error.to_string(),
+            };
+            match advice(error) {
+                Some(advice) => format!("{text}{advice}"),
+                None => text,
+            }
+        }
         None => message.to_string(),
     }
+}
+
+/// A disk's reason as the user reads it (none if it has none): a failed
+/// disk that is present again names the command that takes it back.
+pub(super) fn disk_reason(reason: &str, pool: &str) -> Option<String> {
+    let reason = non_empty(reason)?;
+    Some(if reason.ends_with(CLEARED_BACK) {
+        format!("{reason} (`terrace pool clear {pool}`)")
+    } else {
+        reason
+    })
 }
 
 fn advice(error: &EngineError) -> Option<&'static str> {
@@ -57,6 +77,29 @@ mod tests {
     use terrace_engine::meta::{DiskIndex, JobKind, JobState};
 
     use super::*;
+
+    #[test]
+    fn the_largest_fit_names_its_option_and_a_failed_disk_back_its_command() {
+        let error = EngineError::NoCapacity {
+            space: "big".into(),
+            detail: format!("1G does not fit: at most 6M with 3 columns ({LARGEST_FIT}); more"),
+        };
+        assert_eq!(
+            advised(&error),
+            "not enough free capacity for space big: 1G does not fit: at most 6M with 3 \
+             columns (--max); more"
+        );
+        let reason = format!("an I/O error; present: {CLEARED_BACK}");
+        assert_eq!(
+            disk_reason(&reason, "tank"),
+            Some(format!("{reason} (`terrace pool clear tank`)"))
+        );
+        assert_eq!(
+            disk_reason("not found", "tank").as_deref(),
+            Some("not found")
+        );
+        assert_eq!(disk_reason("", "tank"), None);
+    }
 
     #[test]
     fn engine_errors_get_the_flag_that_helps_and_other_messages_stay() {

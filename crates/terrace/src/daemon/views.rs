@@ -240,7 +240,7 @@ pub fn pool_view(
             id: disk.id.clone(),
             device: disk.device.clone(),
             state: disk_state_name(disk).into(),
-            reason: non_empty(&disk.reason),
+            reason: super::advice::disk_reason(&disk.reason, &status.name),
             media: media_name(disk.media).into(),
             usage: disk.usage.name().into(),
             size_bytes: disk.size_bytes,
