@@ -28,8 +28,8 @@ use crate::journal::{
 };
 use crate::payload::Payload;
 use crate::placement::{
-    allocate_growth, build_volume, is_journal_disk, journal_disks, plan_space, preallocate_log,
-    shape, targets, SpaceConfig, SpaceSize,
+    allocate_growth, build_volume, journal_disks, plan_space, preallocate_log, shape, targets,
+    SpaceConfig, SpaceSize,
 };
 use crate::pool::Pool;
 use crate::space::Space;
@@ -158,7 +158,7 @@ pub(crate) fn plan_log(
     };
     let on_journal = *disks == LogDisks::Journal;
     let allocator = if on_journal {
-        shared.allocator(next, FaultDomain::Disk, |_, disk| is_journal_disk(disk))
+        shared.allocator(next, FaultDomain::Disk, |_, disk| disk.serves_logs())
     } else {
         shared.allocator(next, FaultDomain::Disk, |_, disk| disk.takes_capacity())
     };
@@ -470,7 +470,7 @@ impl Pool {
         });
         let mut allocator = if on_journal {
             self.shared
-                .allocator(&next, FaultDomain::Disk, |_, disk| is_journal_disk(disk))
+                .allocator(&next, FaultDomain::Disk, |_, disk| disk.serves_logs())
         } else {
             self.shared
                 .allocator(&next, FaultDomain::Disk, |_, disk| disk.takes_capacity())

@@ -19,8 +19,8 @@ use futures::future::join_all;
 use terrace_io::BlockDevice;
 use terrace_layout::{choose_columns, ColumnChoice, Geometry, Layout, INTERLEAVE_DEFAULT_BYTES};
 use terrace_meta::{
-    Allocator, DiskRecord, DiskState, ExtentRecord, FaultDomain, PlacementError, PoolMetadata,
-    Provisioning, SlabRef, SpaceId, SpaceRecord, SpaceRole, Usage,
+    Allocator, DiskRecord, ExtentRecord, FaultDomain, PlacementError, PoolMetadata, Provisioning,
+    SlabRef, SpaceId, SpaceRecord, SpaceRole,
 };
 
 use crate::control::PoolShared;
@@ -130,14 +130,9 @@ pub fn default_fault_domain(metadata: &PoolMetadata) -> FaultDomain {
     FaultDomain::Disk
 }
 
-/// Whether `disk` serves logs (an active journal disk).
-pub(crate) fn is_journal_disk(disk: &DiskRecord) -> bool {
-    disk.state == DiskState::Active && disk.usage == Usage::Journal
-}
-
 /// How many disks serve logs.
 pub(crate) fn journal_disks(metadata: &PoolMetadata) -> usize {
-    metadata.disks.iter().filter(|d| is_journal_disk(d)).count()
+    metadata.disks.iter().filter(|d| d.serves_logs()).count()
 }
 
 /// Choose columns and place every extent; nothing is written.

@@ -301,9 +301,7 @@ impl Pool {
             read_only: self.read_only_reason().map(str::to_string),
             capacity_bytes: slabs_bytes(&|disk| disk.takes_capacity()),
             allocated_bytes: (used.len() as u64 - used_on_journal) * metadata.slab_bytes,
-            journal_bytes: slabs_bytes(&|disk| {
-                disk.state == DiskState::Active && disk.usage == Usage::Journal
-            }),
+            journal_bytes: slabs_bytes(&|disk| disk.serves_logs()),
             journal_allocated_bytes: used_on_journal * metadata.slab_bytes,
             impact: self.impacts(&metadata),
             disks,

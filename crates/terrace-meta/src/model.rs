@@ -113,6 +113,11 @@ impl DiskRecord {
     pub fn takes_capacity(&self) -> bool {
         self.state == DiskState::Active && self.usage == Usage::Auto
     }
+
+    /// Whether this disk serves write-back logs (an active journal disk).
+    pub fn serves_logs(&self) -> bool {
+        self.state == DiskState::Active && self.usage == Usage::Journal
+    }
 }
 
 /// One extent: a slab per slot, or none yet (thin, unallocated).

@@ -332,7 +332,7 @@ fn log_moves(metadata: &PoolMetadata, reserved: &BTreeSet<SlabRef>) -> Vec<MoveR
             };
             slabs.iter().enumerate().all(|(slot, slab)| {
                 let disk = &metadata.disks[usize::from(slab.disk.0)];
-                if disk.state != DiskState::Active || crate::placement::is_journal_disk(disk) {
+                if disk.state != DiskState::Active || disk.serves_logs() {
                     return true;
                 }
                 let places = ExtentPlaces::new(metadata, space.id, extent as u32, slabs, &planned);
