@@ -486,7 +486,7 @@ impl Pool {
                 .find(|s| s.id == owner)
                 .and_then(|s| s.cache.as_ref())
                 .map(|cache| cache.bytes),
-            SpaceRole::Data => None,
+            SpaceRole::Data | SpaceRole::Sums { .. } => None,
         };
         let from_bytes = set_bytes.unwrap_or(have * geometry.extent_data_bytes());
         let added = allocate_growth(&mut allocator, &geometry, have, requested, owner, || {

@@ -94,6 +94,7 @@ impl Pool {
             shared,
             spaces: RwLock::new(BTreeMap::new()),
             logs: RwLock::new(BTreeMap::new()),
+            sums: RwLock::new(BTreeMap::new()),
         })
     }
 
@@ -356,6 +357,7 @@ async fn open(
         shared,
         spaces: RwLock::new(BTreeMap::new()),
         logs: RwLock::new(BTreeMap::new()),
+        sums: RwLock::new(BTreeMap::new()),
     };
     if pool.shared.read_only.is_none() {
         let mut control = pool.shared.control.lock().await;
@@ -377,6 +379,13 @@ async fn open(
                     .write()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(record.name.clone(), Arc::new(space));
+            }
+            // Attached to its space below, once every space is built.
+            terrace_meta::SpaceRole::Sums { .. } => {
+                pool.sums
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(record.id, volume);
             }
             terrace_meta::SpaceRole::Log { .. } => {
                 pool.logs

@@ -339,6 +339,7 @@ fn record(config: &SpaceConfig, metadata: &PoolMetadata, planned: Planned) -> Sp
         columns_reason: planned.reason,
         role: SpaceRole::Data,
         cache: None,
+        sums: None,
         extents: planned
             .extents
             .into_iter()
@@ -595,6 +596,7 @@ mod tests {
             columns_reason: String::new(),
             role,
             cache: None,
+            sums: None,
             extents: Vec::new(),
         }
     }

@@ -95,6 +95,8 @@ pub struct Pool {
     pub(crate) spaces: RwLock<BTreeMap<String, Arc<Space>>>,
     /// The hidden logs of write-back caches (volumes), by id.
     pub(crate) logs: RwLock<BTreeMap<terrace_meta::SpaceId, Arc<Volume>>>,
+    /// The hidden volumes of spaces' block sums, by id.
+    pub(crate) sums: RwLock<BTreeMap<terrace_meta::SpaceId, Arc<Volume>>>,
 }
 
 /// The one rule for the names of pools and spaces (and so of NBD exports):
@@ -298,13 +300,15 @@ impl Pool {
             .iter()
             .map(|space| space.volume().clone())
             .collect();
-        all.extend(
-            self.logs
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .values()
-                .cloned(),
-        );
+        for hidden in [&self.logs, &self.sums] {
+            all.extend(
+                hidden
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .values()
+                    .cloned(),
+            );
+        }
         all
     }
 
@@ -366,6 +370,7 @@ impl Pool {
             .unwrap_or_else(|e| e.into_inner())
             .clear();
         self.logs.write().unwrap_or_else(|e| e.into_inner()).clear();
+        self.sums.write().unwrap_or_else(|e| e.into_inner()).clear();
     }
 
     async fn close_inner(&self) -> Result<(), EngineError> {

@@ -175,6 +175,7 @@ mod tests {
             columns_reason: String::new(),
             role: SpaceRole::Data,
             cache: None,
+            sums: None,
             extents,
         });
         check_room(&metadata, slot).unwrap();

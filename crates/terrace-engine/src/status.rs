@@ -422,7 +422,9 @@ impl Pool {
             .filter_map(|(id, log)| {
                 let owner = match metadata.space_by_id(*id)?.role {
                     terrace_meta::SpaceRole::Log { owner } => metadata.space_by_id(owner)?,
-                    terrace_meta::SpaceRole::Data => return None,
+                    terrace_meta::SpaceRole::Data | terrace_meta::SpaceRole::Sums { .. } => {
+                        return None
+                    }
                 };
                 Some((owner.name.clone(), log.clone()))
             })

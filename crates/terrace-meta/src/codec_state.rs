@@ -25,6 +25,7 @@ pub(crate) fn encode(
     jobs: &[JobRecord],
     dirty: &[DirtyRecord],
     intent: &[(SpaceId, u32)],
+    version: u32,
 ) {
     writer.u8(match settings.retire_missing {
         RetireMissing::Never => 0,
@@ -39,7 +40,7 @@ pub(crate) fn encode(
     writer.u64(next_job_id);
     writer.u32(jobs.len() as u32);
     for job in jobs {
-        encode_job(writer, job);
+        encode_job(writer, job, version);
     }
     writer.u16(dirty.len() as u16);
     for record in dirty {
@@ -55,9 +56,15 @@ pub(crate) fn encode(
         writer.u64(space.0);
         writer.u32(*extent);
     }
+    if version >= 5 {
+        writer.u32(settings.error_limit);
+        writer.u32(settings.error_window_secs);
+        writer.u64(settings.scrub_interval_secs);
+        writer.u64(settings.scrub_last_ns);
+    }
 }
 
-fn encode_job(writer: &mut Writer, job: &JobRecord) {
+fn encode_job(writer: &mut Writer, job: &JobRecord, version: u32) {
     writer.u64(job.id);
     let (code, first, second) = match job.kind {
         JobKind::Repair { disk } => (0, disk, disk),
@@ -65,6 +72,7 @@ fn encode_job(writer: &mut Writer, job: &JobRecord) {
         JobKind::Replace { old, new } => (2, old, new),
         JobKind::Resync { disk } => (3, disk, disk),
         JobKind::LogsToJournal => (4, DiskIndex(0), DiskIndex(0)),
+        JobKind::Scrub => (5, DiskIndex(0), DiskIndex(0)),
     };
     writer.u8(code);
     writer.u16(first.0);
@@ -93,6 +101,11 @@ fn encode_job(writer: &mut Writer, job: &JobRecord) {
     }
     writer.u32(job.folded_moves);
     writer.u32(job.folded_moves_done);
+    if version >= 5 {
+        writer.u64(job.cursor);
+        writer.u64(job.repaired);
+        writer.u64(job.unrepaired);
+    }
 }
 
 /// What the decoder checks references against.
@@ -137,10 +150,11 @@ pub(crate) fn decode(
             })
         }
     };
-    let settings = PoolSettings {
+    let mut settings = PoolSettings {
         retire_missing,
         repair_policy,
         repair_rate_bytes_per_second: reader.u64("repair rate")?,
+        ..PoolSettings::default()
     };
     let next_job_id = reader.u64("next job id")?;
     let job_count = reader.u32("job count")? as usize;
@@ -179,6 +193,13 @@ pub(crate) fn decode(
             ));
         }
     }
+    // Slot format 5 added the error and scrub settings after the intent.
+    if version >= 5 {
+        settings.error_limit = reader.u32("error limit")?;
+        settings.error_window_secs = reader.u32("error window")?;
+        settings.scrub_interval_secs = reader.u64("scrub interval")?;
+        settings.scrub_last_ns = reader.u64("last scrub")?;
+    }
     Ok((settings, next_job_id, jobs, dirty, intent))
 }
 
@@ -205,6 +226,7 @@ fn decode_kind(reader: &mut Reader, known: &Known) -> Result<JobKind, DecodeErro
         }),
         3 => Ok(JobKind::Resync { disk: first }),
         4 => Ok(JobKind::LogsToJournal),
+        5 => Ok(JobKind::Scrub),
         code => Err(DecodeError::BadCode {
             field: "job kind",
             code,
@@ -245,6 +267,9 @@ fn decode_job(
         moves: Vec::new(),
         folded_moves: 0,
         folded_moves_done: 0,
+        cursor: 0,
+        repaired: 0,
+        unrepaired: 0,
     };
     let count = reader.u32("move count")? as usize;
     let count = reader.count_of("moves", count, MOVE_BYTES)?;
@@ -267,6 +292,11 @@ fn decode_job(
                 total: job.folded_moves,
             });
         }
+    }
+    if version >= 5 {
+        job.cursor = reader.u64("job cursor")?;
+        job.repaired = reader.u64("job repaired")?;
+        job.unrepaired = reader.u64("job unrepaired")?;
     }
     Ok(job)
 }

@@ -162,6 +162,9 @@ pub struct SpaceRecord {
     pub role: SpaceRole,
     /// The write-back cache: its log space and its state.
     pub cache: Option<CacheRecord>,
+    /// The hidden space that holds this space's block sums (`None`: the
+    /// space has none yet, as in pools of slot format 4 or older).
+    pub sums: Option<SpaceId>,
     pub extents: Vec<ExtentRecord>,
 }
 
@@ -172,6 +175,21 @@ pub enum SpaceRole {
     Log {
         owner: SpaceId,
     },
+    /// The block sums of space `owner`: a hidden mirrored space of sums
+    /// pages (`terrace_meta::sums`).
+    Sums {
+        owner: SpaceId,
+    },
+}
+
+impl SpaceRole {
+    /// The space a hidden space serves (`None` for a data space).
+    pub fn owner(self) -> Option<SpaceId> {
+        match self {
+            SpaceRole::Data => None,
+            SpaceRole::Log { owner } | SpaceRole::Sums { owner } => Some(owner),
+        }
+    }
 }
 
 /// A space's write-back cache.
@@ -224,7 +242,23 @@ pub struct PoolSettings {
     pub repair_policy: RepairPolicy,
     /// Repair and move bandwidth limit; 0 = unlimited.
     pub repair_rate_bytes_per_second: u64,
+    /// A disk whose read and checksum errors reach this count within
+    /// `error_window_secs` is failed (0: never for errors counted).
+    pub error_limit: u32,
+    pub error_window_secs: u32,
+    /// How often a scrub starts by itself (0: never).
+    pub scrub_interval_secs: u64,
+    /// Not a setting: when the last scrub started (wall clock), from which
+    /// the next is scheduled.
+    pub scrub_last_ns: u64,
 }
+
+/// Errors a disk may return in the window before it is failed: ZFS's
+/// event daemon degrades a vdev after 10 checksum errors in 10 minutes.
+pub const ERROR_LIMIT_DEFAULT: u32 = 10;
+pub const ERROR_WINDOW_SECS_DEFAULT: u32 = 600;
+/// A scrub every four weeks, as distributions schedule ZFS's monthly.
+pub const SCRUB_INTERVAL_SECS_DEFAULT: u64 = 28 * 24 * 3600;
 
 impl Default for PoolSettings {
     fn default() -> PoolSettings {
@@ -232,6 +266,10 @@ impl Default for PoolSettings {
             retire_missing: RetireMissing::Auto,
             repair_policy: RepairPolicy::Parallel,
             repair_rate_bytes_per_second: 0,
+            error_limit: ERROR_LIMIT_DEFAULT,
+            error_window_secs: ERROR_WINDOW_SECS_DEFAULT,
+            scrub_interval_secs: SCRUB_INTERVAL_SECS_DEFAULT,
+            scrub_last_ns: 0,
         }
     }
 }
@@ -251,6 +289,9 @@ pub enum JobKind {
     /// placed or re-mirrored there before the pool had journal disks
     /// enough).
     LogsToJournal,
+    /// Read every allocated block of every space, check sums and
+    /// redundancy, repair what disagrees.
+    Scrub,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -291,6 +332,12 @@ pub struct JobRecord {
     pub moves: Vec<MoveRecord>,
     pub folded_moves: u32,
     pub folded_moves_done: u32,
+    /// Where a job that walks the pool (a scrub) has got to: its own
+    /// position, resumed from after a crash.
+    pub cursor: u64,
+    /// What a scrub found: blocks repaired, and blocks it could not repair.
+    pub repaired: u64,
+    pub unrepaired: u64,
 }
 
 impl JobRecord {

@@ -73,6 +73,7 @@ fn metadata_with_space(layout: Layout, columns: u32, extents: u64) -> PoolMetada
         columns_reason: "because".into(),
         role: SpaceRole::Data,
         cache: None,
+        sums: None,
         extents,
     });
     pool
@@ -126,6 +127,9 @@ fn metadata_round_trips() {
             }],
             folded_moves: 0,
             folded_moves_done: 0,
+            cursor: 0,
+            repaired: 0,
+            unrepaired: 0,
         });
         pool.jobs.push(JobRecord {
             id: 5,
@@ -139,6 +143,9 @@ fn metadata_round_trips() {
             moves: Vec::new(),
             folded_moves: 12,
             folded_moves_done: 11,
+            cursor: 0,
+            repaired: 0,
+            unrepaired: 0,
         });
         pool.dirty.push(DirtyRecord {
             disk: DiskIndex(1),
@@ -168,16 +175,25 @@ fn payload_golden_prefix() {
     expected.extend_from_slice(&[0; 16]); // disk id
     assert_eq!(&bytes[..expected.len()], &expected[..]);
     // zero spaces, then settings (auto, parallel, unlimited), next job id 1,
-    // zero jobs, zero dirty records, zero write-intent extents
+    // zero jobs, zero dirty records, zero write-intent extents, then the
+    // error limit and window, the scrub interval and the last scrub
     let mut tail = vec![0, 0, 0, 0, 2, 0];
     tail.extend_from_slice(&0u64.to_le_bytes());
     tail.extend_from_slice(&1u64.to_le_bytes());
     tail.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
     tail.extend_from_slice(&[0, 0, 0, 0]);
+    tail.extend_from_slice(&10u32.to_le_bytes());
+    tail.extend_from_slice(&600u32.to_le_bytes());
+    tail.extend_from_slice(&(28u64 * 24 * 3600).to_le_bytes());
+    tail.extend_from_slice(&0u64.to_le_bytes());
     assert_eq!(&bytes[bytes.len() - tail.len()..], &tail[..]);
+    // Format 4 ends after the write intent, and reads as the defaults.
+    let four = codec::encode_version(&pool, 4);
+    assert_eq!(four[..], bytes[..bytes.len() - 24]);
+    assert_eq!(codec::decode_version(&four, 4).unwrap(), pool);
     // Metadata written before the write-intent list existed ends after the
     // dirty records, and reads as an empty list.
-    let older = codec::decode(&bytes[..bytes.len() - 4]).unwrap();
+    let older = codec::decode_version(&four[..four.len() - 4], 4).unwrap();
     assert_eq!(older, pool);
     let mut with_intent = pool.clone();
     with_intent.intent = vec![(SpaceId(3), 7), (SpaceId(3), 9)];
@@ -269,10 +285,13 @@ fn slots_of_format_one_still_read() {
         moves: Vec::new(),
         folded_moves: 0,
         folded_moves_done: 0,
+        cursor: 0,
+        repaired: 0,
+        unrepaired: 0,
     });
     pool.disks[0].state = DiskState::Missing;
     pool.disks[0].missing_since = 0;
-    let current = codec::encode(&pool);
+    let current = codec::encode_version(&pool, 4);
     // Format 1 had no disk's missing-since generation (8 bytes at the end
     // of the one disk's record, whose length two disks tell) and no folded
     // counts (8 bytes in front of the dirty and intent counts, the job
@@ -281,7 +300,7 @@ fn slots_of_format_one_still_read() {
     let mut two = pool.clone();
     two.disks.push(two.disks[0].clone());
     two.disks[1].id = DiskId([9; 16]);
-    let disk_end = disk_start + codec::encode(&two).len() - current.len();
+    let disk_end = disk_start + codec::encode_version(&two, 4).len() - current.len();
     let end = current.len();
     let mut old = current[..disk_end - 8].to_vec();
     old.extend_from_slice(&current[disk_end..end - 16]);
@@ -330,7 +349,7 @@ fn export_names_round_trip_and_format_three_has_none() {
     assert_eq!(codec::decode(&codec::encode(&log)).unwrap(), log);
 
     // The export name is 2 + 8 bytes right after the space's name.
-    let current = codec::encode(&pool);
+    let current = codec::encode_version(&pool, 4);
     let name_end = {
         let needle = [&[3u8, 0][..], b"vol", &[8, 0], b"tank-vol"].concat();
         let at = current
@@ -831,4 +850,45 @@ fn the_newest_whole_intent_record_of_the_pool_is_read_back() {
         write_label(device, &label).await.unwrap();
         assert_eq!(store::read_intent(device, &label).await, None);
     });
+}
+
+/// Format 5's additions round-trip: a space's sums space and a sums
+/// space's role, a scrub job's cursor and findings, the error and scrub
+/// settings.
+#[test]
+fn sums_scrub_and_error_settings_round_trip() {
+    let mut pool = metadata_with_space(Layout::Mirror { copies: 2 }, 2, 1);
+    pool.spaces[0].sums = Some(SpaceId(9));
+    let mut sums = pool.spaces[0].clone();
+    sums.id = SpaceId(9);
+    sums.name = ".sums-1".into();
+    sums.export = None;
+    sums.sums = None;
+    sums.role = SpaceRole::Sums {
+        owner: pool.spaces[0].id,
+    };
+    sums.extents.clear();
+    sums.size_bytes = 0;
+    pool.spaces.push(sums);
+    pool.settings.error_limit = 3;
+    pool.settings.error_window_secs = 60;
+    pool.settings.scrub_interval_secs = 7 * 24 * 3600;
+    pool.settings.scrub_last_ns = 12345;
+    pool.jobs.push(JobRecord {
+        id: 1,
+        kind: JobKind::Scrub,
+        state: JobState::Paused,
+        reason: String::new(),
+        created_ns: 1,
+        finished_ns: 0,
+        bytes_total: 1 << 30,
+        bytes_done: 1 << 20,
+        moves: Vec::new(),
+        folded_moves: 0,
+        folded_moves_done: 0,
+        cursor: 77,
+        repaired: 5,
+        unrepaired: 1,
+    });
+    assert_eq!(codec::decode(&codec::encode(&pool)).unwrap(), pool);
 }

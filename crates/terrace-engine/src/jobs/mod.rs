@@ -83,6 +83,7 @@ fn nothing_to_do(metadata: &PoolMetadata, kind: JobKind) -> String {
             format!("nothing to move: disk {} holds no data", disk.0)
         }
         JobKind::LogsToJournal => "nothing to move".into(),
+        JobKind::Scrub => "nothing to scrub: the pool has no spaces".into(),
     }
 }
 
@@ -93,7 +94,7 @@ fn kind_disks(kind: JobKind) -> Vec<DiskIndex> {
             vec![disk]
         }
         JobKind::Replace { old, new } => vec![old, new],
-        JobKind::LogsToJournal => Vec::new(),
+        JobKind::LogsToJournal | JobKind::Scrub => Vec::new(),
     }
 }
 
@@ -233,6 +234,9 @@ impl Pool {
             moves,
             folded_moves: 0,
             folded_moves_done: 0,
+            cursor: 0,
+            repaired: 0,
+            unrepaired: 0,
         };
         next.jobs.push(job.clone());
         if nothing_to_move {
@@ -554,7 +558,10 @@ fn check_job_disks(metadata: &PoolMetadata, kind: JobKind) -> Result<(), EngineE
     }
     let emptied = match kind {
         JobKind::Evacuate { disk } | JobKind::Replace { old: disk, .. } => Some(disk),
-        JobKind::Repair { .. } | JobKind::Resync { .. } | JobKind::LogsToJournal => None,
+        JobKind::Repair { .. }
+        | JobKind::Resync { .. }
+        | JobKind::LogsToJournal
+        | JobKind::Scrub => None,
     };
     let busy = metadata
         .jobs

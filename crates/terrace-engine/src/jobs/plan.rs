@@ -57,7 +57,7 @@ impl Pools {
         let (skip, take) = match (kind, role) {
             (JobKind::LogsToJournal, _) => (0, 1),
             (_, SpaceRole::Log { .. }) => (0, 3),
-            (_, SpaceRole::Data) => (1, 2),
+            (_, SpaceRole::Data | SpaceRole::Sums { .. }) => (1, 2),
         };
         self.0.iter_mut().skip(skip).take(take)
     }
@@ -210,6 +210,10 @@ fn shown_name(metadata: &PoolMetadata, space: &terrace_meta::SpaceRecord) -> Str
             Some(owner) => format!("{} (its write-back log)", owner.name),
             None => space.name.clone(),
         },
+        SpaceRole::Sums { owner } => match metadata.space_by_id(owner) {
+            Some(owner) => format!("{} (its block sums)", owner.name),
+            None => space.name.clone(),
+        },
         SpaceRole::Data => space.name.clone(),
     }
 }
@@ -226,6 +230,8 @@ fn plan_moves(
         JobKind::Replace { old, new } => (old, Some(new)),
         JobKind::Resync { disk } => return Ok((resync_moves(metadata, disk), Vec::new())),
         JobKind::LogsToJournal => return Ok((log_moves(metadata, reserved), Vec::new())),
+        // A scrub moves nothing: it walks the pool by its cursor.
+        JobKind::Scrub => return Ok((Vec::new(), Vec::new())),
     };
     let mut unplaced = Vec::new();
     let mut moves = Vec::new();

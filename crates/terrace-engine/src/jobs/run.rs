@@ -255,6 +255,9 @@ impl Pool {
             moves: Vec::new(),
             folded_moves: 0,
             folded_moves_done: 0,
+            cursor: 0,
+            repaired: 0,
+            unrepaired: 0,
         });
         next.next_job_id += 1;
         trim_history(&mut next);
@@ -670,7 +673,7 @@ impl Pool {
             job.bytes_done = job.bytes_total;
         }
         match kind {
-            JobKind::LogsToJournal => {}
+            JobKind::LogsToJournal | JobKind::Scrub => {}
             // Its slots are elsewhere now: what it missed is nobody's to
             // catch up on.
             JobKind::Repair { disk } => forget_missed_off(next, disk),
@@ -712,7 +715,7 @@ impl Pool {
                 let disks = self.shared.disks();
                 disks[usize::from(disk.0)].set_condition(Condition::Online, "");
             }
-            JobKind::Repair { .. } | JobKind::LogsToJournal => {}
+            JobKind::Repair { .. } | JobKind::LogsToJournal | JobKind::Scrub => {}
         }
     }
 

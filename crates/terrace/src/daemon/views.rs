@@ -353,6 +353,10 @@ pub fn job_view(pool: &str, job: &JobStatus, disks: &[DiskView]) -> JobView {
             "logs-to-journal",
             "move write-back logs off capacity disks onto journal disks".to_string(),
         ),
+        JobKind::Scrub => (
+            "scrub",
+            "read every block, check its sum and redundancy, repair what is wrong".to_string(),
+        ),
     };
     JobView {
         pool: pool.to_string(),
