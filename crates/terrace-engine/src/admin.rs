@@ -7,15 +7,13 @@
 
 use std::sync::Arc;
 
-use terrace_meta::{
-    Allocator, ExtentRecord, FaultDomain, PoolMetadata, SlabRef, SpaceId, SpaceRole,
-};
+use terrace_meta::{Allocator, ExtentRecord, FaultDomain, PoolMetadata, SlabRef, SpaceId};
 
 use crate::error::EngineError;
 use crate::layouts::reason::count;
 use crate::placement::{
-    allocate_growth, build_space, default_fault_domain, plan_space, preallocate_log, shape,
-    targets, zero_slabs, SpaceConfig, SpaceSize,
+    allocate_growth, build_space, build_volume, default_fault_domain, plan_space, preallocate_log,
+    shape, targets, zero_slabs, SpaceConfig, SpaceSize,
 };
 use crate::pool::{validate_name, Pool};
 use crate::space::Space;
@@ -43,7 +41,7 @@ impl Pool {
         // outside it (on a block device without a zeroing command that
         // runs at the drive's speed, and every commit of the pool would
         // wait meanwhile); commit after.
-        let (next, first_new, record, geometry, log) = {
+        let (next, first_new, record, geometry, log, sums) = {
             let control = self.shared.control.lock().await;
             let metadata = &control.metadata;
             if metadata.space(&config.name).is_some() {
@@ -80,8 +78,9 @@ impl Pool {
             next.next_space_id += 1;
             next.spaces.push(record.clone());
             let log = self.plan_new_log(&config, &mut next, record.id)?;
+            let sums = self.plan_new_sums(&config, &mut next, record.id)?;
             let record = next.spaces[metadata.spaces.len()].clone();
-            (next, metadata.spaces.len(), record, geometry, log)
+            (next, metadata.spaces.len(), record, geometry, log, sums)
         };
         crate::room::check_room(&next, self.shared.metadata_slot_bytes)?;
         let planned = &next.spaces[first_new..];
@@ -90,6 +89,21 @@ impl Pool {
         let reservation = self.shared.reserve(slabs());
         let space = build_space(&self.shared, &next, &record)?;
         zero_slabs(&space, &space.map().extents, geometry.slab_bytes()).await?;
+        let sums = match sums {
+            Some(sums) => {
+                let sums = Arc::new(build_volume(&self.shared, &next, &sums)?);
+                if let Err(error) =
+                    zero_slabs(&sums, &sums.map().extents, geometry.slab_bytes()).await
+                {
+                    // A disk lost meanwhile is the reason to give.
+                    let current = self.shared.control.lock().await.metadata.clone();
+                    disks_still_active(&current, slabs(), &config.name)?;
+                    return Err(error);
+                }
+                Some(sums)
+            }
+            None => None,
+        };
         {
             let mut control = self.shared.control.lock().await;
             let mut current = control.metadata.clone();
@@ -103,6 +117,10 @@ impl Pool {
         }
         drop(reservation);
         let space = Arc::new(space);
+        if let Some(sums) = sums {
+            crate::placement::attach_sums(&space, &sums, true);
+            self.register_sums(&sums);
+        }
         self.spaces
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -215,6 +233,108 @@ impl Pool {
         }
     }
 
+    /// Plan the sums space of new space `owner` (the last data space of
+    /// `next`) into `next`, best effort: a space of the largest size gives
+    /// back extents from its end until its sums fit; any other space that
+    /// leaves no room for them is created without (`space show` says so).
+    fn plan_new_sums(
+        &self,
+        config: &SpaceConfig,
+        next: &mut PoolMetadata,
+        owner: SpaceId,
+    ) -> Result<Option<terrace_meta::SpaceRecord>, EngineError> {
+        let position = next
+            .spaces
+            .iter()
+            .position(|space| space.id == owner)
+            .expect("the new space is planned");
+        loop {
+            let mut attempt = next.clone();
+            let planned =
+                crate::placement::plan_sums(&self.shared, &mut attempt, owner).and_then(|record| {
+                    crate::room::check_room(&attempt, self.shared.metadata_slot_bytes)?;
+                    Ok(record)
+                });
+            match planned {
+                Ok(record) => {
+                    *next = attempt;
+                    return Ok(Some(record));
+                }
+                Err(_)
+                    if config.size == SpaceSize::Max && next.spaces[position].extents.len() > 1 =>
+                {
+                    let geometry = next.spaces[position].geometry(next.slab_bytes)?;
+                    let record = &mut next.spaces[position];
+                    record.extents.pop();
+                    record.size_bytes = record.extents.len() as u64 * geometry.extent_data_bytes();
+                }
+                Err(_) => return Ok(None),
+            }
+        }
+    }
+
+    /// Give every space without sums (a pool of slot format 4 or older,
+    /// or a space created when the pool had no room for them) its sums
+    /// space, where the pool has room, best effort: from then on its
+    /// writes set sums and its reads check the blocks written since (the
+    /// blocks written before have no known sum until rewritten).
+    pub(crate) async fn add_missing_sums(&self) -> Result<(), EngineError> {
+        let _changes = self.shared.changes.lock().await;
+        for space in self.spaces() {
+            if space.volume().sums().is_some() {
+                continue;
+            }
+            let planned = {
+                let control = self.shared.control.lock().await;
+                let mut next = control.metadata.clone();
+                match crate::placement::plan_sums(&self.shared, &mut next, space.id()) {
+                    Ok(record)
+                        if crate::room::check_room(&next, self.shared.metadata_slot_bytes)
+                            .is_ok() =>
+                    {
+                        Some((next, record))
+                    }
+                    _ => None,
+                }
+            };
+            let Some((next, record)) = planned else {
+                continue;
+            };
+            let reservation = self.shared.reserve(ExtentRecord::slabs_of(&record.extents));
+            let sums = Arc::new(build_volume(&self.shared, &next, &record)?);
+            zero_slabs(&sums, &sums.map().extents, next.slab_bytes).await?;
+            {
+                let mut control = self.shared.control.lock().await;
+                let mut current = control.metadata.clone();
+                disks_still_active(
+                    &current,
+                    ExtentRecord::slabs_of(&record.extents),
+                    space.name(),
+                )?;
+                current.next_space_id = current.next_space_id.max(next.next_space_id);
+                let Some(owner) = current.spaces.iter_mut().find(|s| s.id == space.id()) else {
+                    continue;
+                };
+                owner.sums = Some(record.id);
+                current.spaces.push(record.clone());
+                self.shared.commit(&mut control, current).await?;
+            }
+            drop(reservation);
+            crate::placement::attach_sums(space.volume(), &sums, true);
+            self.register_sums(&sums);
+        }
+        Ok(())
+    }
+
+    /// Make a sums space known to the pool (jobs find it to repair or move
+    /// it).
+    pub(crate) fn register_sums(&self, sums: &Arc<crate::volume::Volume>) {
+        self.sums
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(sums.id(), sums.clone());
+    }
+
     /// Delete a space and free its slabs. Its data is gone.
     pub async fn delete_space(&self, name: &str) -> Result<(), EngineError> {
         self.shared.check_open()?;
@@ -224,9 +344,9 @@ impl Pool {
         let mut next = control.metadata.clone();
         let before = next.spaces.len();
         let id = next.space(name).map(|space| space.id);
+        let sums_space = next.space(name).and_then(|space| space.sums);
         next.spaces.retain(|space| {
-            space.name != name
-                && !matches!(space.role, SpaceRole::Log { owner } if Some(owner) == id)
+            space.name != name && (space.role.owner().is_none() || space.role.owner() != id)
         });
         if next.spaces.len() == before {
             return Err(EngineError::NoSuchSpace {
@@ -250,6 +370,15 @@ impl Pool {
                     .remove(&journal.log().id());
             }
             space.set_journal(None);
+        }
+        let removed = sums_space.and_then(|sums| {
+            self.sums
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&sums)
+        });
+        if let Some(sums) = removed {
+            sums.mark_deleted();
         }
         Ok(())
     }
@@ -303,7 +432,7 @@ impl Pool {
         // outside it, committed under it (as a new space's; see
         // `create_space`).
         let requested = size_bytes.next_multiple_of(terrace_layout::BLOCK_BYTES);
-        let (added, added_targets) = {
+        let (added, added_targets, sums_growth) = {
             let control = self.shared.control.lock().await;
             let next = &control.metadata;
             let record = &next.spaces[position(next)?];
@@ -331,22 +460,77 @@ impl Pool {
                 )
             })?;
             let added_targets = targets(&self.shared, next, &added)?;
+            let sums_growth = match record.sums.and_then(|id| next.space_by_id(id)) {
+                Some(sums) => {
+                    let sums_geometry = sums.geometry(next.slab_bytes)?;
+                    let bytes = crate::placement::sums_bytes(requested);
+                    let have = sums.extents.len() as u64;
+                    let taken: std::collections::BTreeSet<SlabRef> =
+                        ExtentRecord::slabs_of(&added).collect();
+                    let mut allocator = self
+                        .shared
+                        .allocator(next, sums.fault_domain, |_, disk| disk.takes_capacity())
+                        .exclude(&taken);
+                    let more =
+                        allocate_growth(&mut allocator, &sums_geometry, have, bytes, name, || {
+                            format!("its block sums growing to {}", format_size(bytes))
+                        })?;
+                    let more_targets = targets(&self.shared, next, &more)?;
+                    Some((sums.id, bytes.max(sums.size_bytes), more, more_targets))
+                }
+                None => None,
+            };
             let mut grown = next.clone();
             let at = position(&grown)?;
             grown.spaces[at].extents.extend(added.iter().cloned());
+            if let Some((id, _, more, _)) = &sums_growth {
+                if let Some(sums) = grown.spaces.iter_mut().find(|s| s.id == *id) {
+                    sums.extents.extend(more.iter().cloned());
+                }
+            }
             crate::room::check_room(&grown, self.shared.metadata_slot_bytes)?;
-            (added, added_targets)
+            (added, added_targets, sums_growth)
         };
-        let reservation = self.shared.reserve(ExtentRecord::slabs_of(&added));
+        let sums_volume = sums_growth.as_ref().and_then(|(id, ..)| {
+            self.sums
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(id)
+                .cloned()
+        });
+        let more_slabs = sums_growth
+            .iter()
+            .flat_map(|(_, _, more, _)| ExtentRecord::slabs_of(more))
+            .collect::<Vec<_>>();
+        let reservation = self
+            .shared
+            .reserve(ExtentRecord::slabs_of(&added).chain(more_slabs.iter().copied()));
         zero_slabs(&space, &added_targets, geometry.slab_bytes()).await?;
+        if let (Some((_, _, _, more_targets)), Some(sums)) = (&sums_growth, &sums_volume) {
+            zero_slabs(sums, more_targets, geometry.slab_bytes()).await?;
+        }
         let mut control = self.shared.control.lock().await;
         let mut next = control.metadata.clone();
         disks_still_active(&next, ExtentRecord::slabs_of(&added), name)?;
+        disks_still_active(&next, more_slabs.iter().copied(), name)?;
         let position = position(&next)?;
         let record = &mut next.spaces[position];
         record.size_bytes = requested;
         record.extents.extend(added);
+        let sums_grown = match sums_growth {
+            Some((id, bytes, more, more_targets)) => {
+                if let Some(sums) = next.spaces.iter_mut().find(|s| s.id == id) {
+                    sums.size_bytes = bytes;
+                    sums.extents.extend(more);
+                }
+                Some((bytes, more_targets))
+            }
+            None => None,
+        };
         self.shared.commit(&mut control, next).await?;
+        if let (Some((bytes, more_targets)), Some(sums)) = (sums_grown, sums_volume) {
+            sums.grow(bytes, more_targets);
+        }
         space.grow(requested, added_targets);
         drop(reservation);
         Ok(requested)

@@ -43,7 +43,7 @@ const DESTAGE_IDLE_NS: u64 = 20_000_000;
 /// the space survives, so the log survives as many, and never fewer than
 /// two (a log of a simple space still outlives one disk).
 pub fn log_copies(layout: Layout) -> u32 {
-    (layout.failures_tolerated() + 1).max(2)
+    crate::placement::hidden_copies(layout)
 }
 
 /// The cache size a new space gets in a pool with `metadata`: as asked, or

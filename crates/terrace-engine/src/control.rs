@@ -86,6 +86,11 @@ pub struct PoolShared {
     /// The log being prepared now, if any (see `admin::preallocate_log`):
     /// its owner's name, the bytes to write and those written.
     pub(crate) preparing: std::sync::Mutex<Option<(String, u64, Arc<AtomicU64>)>>,
+    /// The sums of the pool's spaces: written back before every flush of
+    /// the disks, so that whatever a flush makes durable (the write intent
+    /// letting go of an extent, a log's tail moving on, a close) covers
+    /// the sums of the data too.
+    pub(crate) sums: crate::sums::Registry,
 }
 
 pub(crate) use crate::intent::{INTENT_IDLE_NS, INTENT_WHOLE_SPACE};
@@ -194,6 +199,7 @@ impl PoolShared {
             changes: Default::default(),
             preparing: Default::default(),
             log_memory: LogMemory::new(crate::journal::LOG_MEMORY_DEFAULT_BYTES),
+            sums: Default::default(),
         }
     }
 
@@ -599,6 +605,9 @@ impl PoolShared {
 
     /// Flush every online disk. Failures mark disks failed and are recorded.
     pub(crate) async fn flush_disks(&self) -> Result<(), EngineError> {
+        if self.read_only.is_none() {
+            self.sums.write_back_all().await?;
+        }
         let disks = self.disks();
         let flushes = disks
             .iter()

@@ -58,6 +58,9 @@ pub struct Disk {
     /// Moving average of read and write service times, in microseconds
     /// (weight 1/16 per operation): how `pool status` spots a slow disk.
     latency_us: AtomicU64,
+    /// Reads of a row from this disk that failed their checksums (each
+    /// rebuilt from redundancy), since the pool opened.
+    checksum_errors: AtomicU64,
 }
 
 struct Attached {
@@ -96,6 +99,7 @@ impl Disk {
             env: context.env,
             events: context.events,
             latency_us: AtomicU64::new(0),
+            checksum_errors: AtomicU64::new(0),
             index,
             attached: RwLock::new(Some(Attached {
                 device: Arc::new(LatchedDevice::new(device)),
@@ -112,6 +116,7 @@ impl Disk {
             env: context.env,
             events: context.events,
             latency_us: AtomicU64::new(0),
+            checksum_errors: AtomicU64::new(0),
             index,
             attached: RwLock::new(None),
             condition: AtomicU8::new(Condition::Missing as u8),
@@ -169,6 +174,17 @@ impl Disk {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .take();
+    }
+
+    /// A row read from this disk failed its checksum.
+    pub(crate) fn count_checksum_error(&self) {
+        self.checksum_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Rows read from this disk that failed their checksums since the pool
+    /// opened.
+    pub fn checksum_errors(&self) -> u64 {
+        self.checksum_errors.load(Ordering::Relaxed)
     }
 
     /// Take the disk out of service with a reason (first reason wins).

@@ -50,6 +50,24 @@ pub enum PoolEvent {
     JobEnded { job: u64 },
     /// A space's write-back log failed; the space runs write-through.
     WriteThrough { space: SpaceId, reason: String },
+    /// Blocks of a row that failed their checksums on `disk` were rebuilt
+    /// from redundancy (and rewritten there, unless the pool is
+    /// read-only or the rewrite failed).
+    Healed {
+        space: String,
+        offset: u64,
+        length: u64,
+        disk: Option<DiskIndex>,
+        blocks: u64,
+        rewritten: bool,
+    },
+    /// Blocks failed their checksums on every copy and no reconstruction
+    /// matched: reads of them fail.
+    Unrecoverable {
+        space: String,
+        offset: u64,
+        blocks: u64,
+    },
 }
 
 /// The receivers of one pool's events.
@@ -105,6 +123,34 @@ fn trace(pool: &str, event: &PoolEvent) {
         PoolEvent::WriteThrough { space, reason } => {
             tracing::warn!(pool, space = space.0, reason, "write-back log failed")
         }
+        PoolEvent::Healed {
+            space,
+            offset,
+            length,
+            disk,
+            blocks,
+            rewritten,
+        } => tracing::warn!(
+            pool,
+            space,
+            offset,
+            length,
+            disk = disk.map(|disk| disk.0),
+            blocks,
+            rewritten,
+            "checksum error repaired"
+        ),
+        PoolEvent::Unrecoverable {
+            space,
+            offset,
+            blocks,
+        } => tracing::error!(
+            pool,
+            space,
+            offset,
+            blocks,
+            "blocks fail their checksums on every copy"
+        ),
     }
 }
 

@@ -27,6 +27,7 @@ mod disk;
 mod error;
 mod events;
 mod failures;
+mod heal;
 mod intent;
 mod job_runtime;
 mod jobs;
@@ -48,6 +49,7 @@ mod scan;
 mod slab_holds;
 mod space;
 mod status;
+mod sums;
 mod target;
 mod units;
 mod verify;
@@ -72,7 +74,7 @@ pub use pool::{
     validate_name, ImportOptions, NewDisk, Pool, PoolConfig, NAME_MAX_BYTES, SLAB_DEFAULT_BYTES,
     SLAB_MAX_BYTES, SLAB_MIN_BYTES,
 };
-pub use redundancy::{resync_space, verify_space};
+pub use redundancy::{repair_space, resync_space, verify_space};
 pub use resync::RedundancyReport;
 pub use room::{metadata_slot_bytes_for, METADATA_SLOT_MAX_BYTES, SLOT_BYTES_PER_SLAB};
 pub use scan::{scan, DeviceKind, DeviceReport};

@@ -395,6 +395,21 @@ async fn open(
             }
         };
     }
+    // Sums before anything reads or writes a space.
+    for record in &metadata.spaces {
+        let (Some(space), Some(sums)) = (pool.space(&record.name), record.sums) else {
+            continue;
+        };
+        let sums = pool
+            .sums
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&sums)
+            .cloned();
+        if let Some(sums) = sums {
+            crate::placement::attach_sums(space.volume(), &sums, false);
+        }
+    }
     // Jobs' moves before anything reads or writes the disks: a slot that
     // a resync catches up is read only below its watermark, and a move's
     // target is written below its watermark too (a log replaying there
@@ -483,6 +498,7 @@ async fn open(
     }
     if pool.shared.read_only.is_none() {
         pool.welcome_back(&metadata).await?;
+        pool.add_missing_sums().await?;
     }
     Ok(pool)
 }

@@ -130,6 +130,108 @@ pub fn default_fault_domain(metadata: &PoolMetadata) -> FaultDomain {
     FaultDomain::Disk
 }
 
+/// Copies of a space's hidden log or sums: one more than the failures the
+/// space survives, so they survive as many, and never fewer than two (a
+/// simple space's still outlive one disk).
+pub fn hidden_copies(layout: Layout) -> u32 {
+    (layout.failures_tolerated() + 1).max(2)
+}
+
+/// Bytes of sums pages a space of `size_bytes` needs (0.2 % of it).
+pub(crate) fn sums_bytes(size_bytes: u64) -> u64 {
+    terrace_meta::sums::pages_for(size_bytes.div_ceil(terrace_layout::BLOCK_BYTES))
+        * terrace_meta::sums::SUMS_PAGE_BYTES as u64
+}
+
+/// Plan the hidden sums space of space `owner` into `next` (see
+/// docs/design/integrity.md): a mirror of [`hidden_copies`] copies on the
+/// capacity disks, on distinct fault domains of the owner's level where
+/// there are enough (else distinct disks), as many copies as there are
+/// disks where fewer (one disk: one copy). Names it in the owner's
+/// record. Refused when it does not fit.
+pub(crate) fn plan_sums(
+    shared: &Arc<PoolShared>,
+    next: &mut PoolMetadata,
+    owner: SpaceId,
+) -> Result<SpaceRecord, EngineError> {
+    let owner_record = next
+        .space_by_id(owner)
+        .ok_or(EngineError::NoSuchSpace {
+            name: format!("#{}", owner.0),
+        })?
+        .clone();
+    let bytes = sums_bytes(owner_record.size_bytes).max(terrace_meta::sums::SUMS_PAGE_BYTES as u64);
+    let now = shared.env.wall_clock_ns();
+    let mut refusal = None;
+    for level in [owner_record.fault_domain, FaultDomain::Disk] {
+        let allocator = shared.allocator(next, level, |_, disk| disk.takes_capacity());
+        let (disks, domains) = allocator.usable_disks_and_domains();
+        let room = if level == FaultDomain::Disk {
+            disks
+        } else {
+            domains as u32
+        };
+        let copies = hidden_copies(owner_record.layout).min(room);
+        let layout = match copies {
+            0 | 1 => Layout::Simple,
+            copies => Layout::Mirror { copies },
+        };
+        let config = SpaceConfig {
+            columns: Some(1),
+            ..SpaceConfig::new(
+                format!(".sums-{}", owner.0),
+                layout,
+                SpaceSize::Bytes(bytes),
+            )
+        };
+        match plan_space(&config, next, allocator, level, now) {
+            Ok((mut record, _)) => {
+                record.role = SpaceRole::Sums { owner };
+                record.export = None;
+                record.columns_reason = format!(
+                    "the block sums of space {}: {}",
+                    owner_record.name,
+                    match copies {
+                        0 | 1 => "1 copy".to_string(),
+                        n => format!("{n} copies"),
+                    }
+                );
+                next.next_space_id += 1;
+                next.spaces.push(record.clone());
+                if let Some(owner) = next.spaces.iter_mut().find(|s| s.id == owner) {
+                    owner.sums = Some(record.id);
+                }
+                return Ok(record);
+            }
+            Err(EngineError::NoCapacity { detail, .. }) => {
+                refusal = Some(EngineError::NoCapacity {
+                    space: owner_record.name.clone(),
+                    detail: format!("its block sums: {detail}"),
+                });
+            }
+            Err(other) => refusal = Some(other),
+        }
+        if level == FaultDomain::Disk {
+            break;
+        }
+    }
+    Err(refusal.expect("tried at least one level"))
+}
+
+/// Make `sums` (a sums space's volume, built from its record) keep the
+/// sums of `space`'s blocks.
+/// `fresh`: its slabs were zeroed just now.
+pub(crate) fn attach_sums(space: &Volume, sums: &Arc<Volume>, fresh: bool) {
+    // One writer per page at a time (the page cache's write-back): no
+    // write intent; a page's copies are settled by its generation.
+    sums.set_disjoint_writes();
+    space.attach_sums(Arc::new(crate::sums::SpaceSums::new(
+        space.id(),
+        sums.clone() as Arc<dyn crate::sums::SumsStore>,
+        fresh,
+    )));
+}
+
 /// How many disks serve logs.
 pub(crate) fn journal_disks(metadata: &PoolMetadata) -> usize {
     metadata.disks.iter().filter(|d| d.serves_logs()).count()

@@ -13,8 +13,16 @@ use crate::resync::{check_row, Pass, RedundancyReport, RowState};
 use crate::verify::{Finding, Problem, FINDINGS_MAX};
 use crate::volume::Volume;
 
-/// Rewrite redundancy from its source of truth on every row.
+/// Rewrite redundancy from its source of truth on every row, and learn
+/// the blocks' sums from the data (after an unclean shutdown).
 pub async fn resync_space(space: &Volume) -> Result<RedundancyReport, EngineError> {
+    walk(space, Pass::Resync).await
+}
+
+/// Check every block against its sum and rebuild what fails from the
+/// other copies or parity, then make redundancy agree (a scrub of one
+/// space, in one pass).
+pub async fn repair_space(space: &Volume) -> Result<RedundancyReport, EngineError> {
     walk(space, Pass::Repair).await
 }
 
@@ -36,7 +44,7 @@ pub(crate) async fn resync_range(
         let per_extent = space.geometry.rows_per_extent();
         (row / per_extent, row % per_extent)
     });
-    walk_rows(space, Pass::Repair, rows).await
+    walk_rows(space, Pass::Resync, rows).await
 }
 
 async fn walk(space: &Volume, pass: Pass) -> Result<RedundancyReport, EngineError> {
@@ -52,7 +60,7 @@ async fn walk_rows(
     rows: impl Iterator<Item = (u64, u64)>,
 ) -> Result<RedundancyReport, EngineError> {
     let mut report = RedundancyReport::default();
-    if space.geometry.layout().failures_tolerated() == 0 {
+    if space.geometry.layout().failures_tolerated() == 0 && space.sums().is_none() {
         return Ok(report);
     }
     let map = space.map();
@@ -71,7 +79,7 @@ async fn walk_rows(
         // (a disk returning at an import is welcomed only after recovery
         // repaired) must catch up on the row too.
         let _writing = match pass {
-            Pass::Repair => {
+            Pass::Repair | Pass::Resync => {
                 let row_bytes = space.geometry.row_data_bytes();
                 let offset = extent * space.geometry.extent_data_bytes() + row * row_bytes;
                 Some(space.track_missing(&map, offset, row_bytes).await?)

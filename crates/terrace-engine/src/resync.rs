@@ -23,6 +23,7 @@
 use futures::future::join_all;
 use terrace_io::{aligned_buffer, BytesMut};
 
+use crate::heal::heal_row;
 use crate::layouts::{Compared, LayoutHost, RowLayout};
 use crate::row::{RowHost, RowIo};
 use crate::verify::{self, Finding, Problem, ProblemKind};
@@ -45,8 +46,15 @@ pub struct RedundancyReport {
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Pass {
+    /// Check, write nothing.
     Verify,
+    /// Rebuild what fails its sums, then make redundancy agree (a scrub).
     Repair,
+    /// After an unclean shutdown: blocks may hold the old or the new
+    /// content of writes in flight, and their sums either. Rebuild what
+    /// some copy or combination says its sum is, make redundancy agree,
+    /// then learn every block's sum from the data as it now is.
+    Resync,
 }
 
 pub(crate) enum RowState {
@@ -56,7 +64,7 @@ pub(crate) enum RowState {
 }
 
 /// Read the whole row of every online slot (`None` for offline or failed).
-async fn read_slots<H: RowHost>(io: &RowIo<'_, H>) -> Vec<Option<BytesMut>> {
+pub(crate) async fn read_slots<H: RowHost>(io: &RowIo<'_, H>) -> Vec<Option<BytesMut>> {
     let width = io.geometry().interleave_bytes() as usize;
     let reads = (0..io.geometry().slots_per_extent()).map(|slot| async move {
         if !io.online(slot) {
@@ -69,18 +77,58 @@ async fn read_slots<H: RowHost>(io: &RowIo<'_, H>) -> Vec<Option<BytesMut>> {
 }
 
 pub(crate) async fn check_row<H: LayoutHost>(io: &RowIo<'_, H>, pass: Pass) -> RowState {
-    let slots = read_slots(io).await;
+    let mut slots = read_slots(io).await;
     let mut fixes: Vec<(u32, BytesMut)> = Vec::new();
     let mut problems = Vec::new();
+    if let Some(sums) = io.host.sums() {
+        let healed = heal_row(io, sums, &slots).await;
+        for (slot, content, blocks) in healed.fixes {
+            let role = io.host.layout().role(io.geometry(), io.row, slot);
+            problems.push(Problem {
+                kind: ProblemKind::Checksum { blocks },
+                places: vec![verify::place(io, slot, role)],
+            });
+            slots[slot as usize] = Some(content.clone());
+            fixes.push((slot, content));
+        }
+        if !healed.unrecoverable.is_empty() && pass != Pass::Resync {
+            problems.push(Problem {
+                kind: ProblemKind::Unrecoverable {
+                    blocks: healed.unrecoverable.len() as u64,
+                },
+                places: (0..io.geometry().slots_per_extent())
+                    .map(|slot| {
+                        let role = io.host.layout().role(io.geometry(), io.row, slot);
+                        verify::place(io, slot, role)
+                    })
+                    .collect(),
+            });
+        }
+    }
+    let healed = fixes.len();
+    let sums_failed = !problems.is_empty();
     let skipped = match io
         .host
         .layout()
         .compare(io, &slots, &mut fixes, &mut problems)
     {
-        Compared::NoRedundancy => return RowState::Agrees,
-        Compared::Unreadable => return RowState::Skipped,
+        Compared::NoRedundancy => false,
+        Compared::Unreadable => {
+            if problems.is_empty() {
+                return RowState::Skipped;
+            }
+            true
+        }
         Compared::Checked { partly } => partly,
     };
+    // A slot both rebuilt and then given other content by the compare
+    // (parity recomputed over rebuilt data) is written once, as compared.
+    let compared: Vec<u32> = fixes[healed..].iter().map(|(slot, _)| *slot).collect();
+    let mut position = 0;
+    fixes.retain(|(slot, _)| {
+        position += 1;
+        position > healed || !compared.contains(slot)
+    });
     let moving = second_copies(io, &slots).await;
     problems.extend(moving.iter().map(|(slot, _)| Problem {
         kind: ProblemKind::Moving { slot: *slot },
@@ -91,12 +139,12 @@ pub(crate) async fn check_row<H: LayoutHost>(io: &RowIo<'_, H>, pass: Pass) -> R
         )],
     }));
     fixes.extend(moving);
-    let state = match (fixes.is_empty(), skipped) {
+    let state = match (fixes.is_empty() && !sums_failed, skipped) {
         (false, _) => RowState::Disagrees(problems),
         (true, true) => RowState::Skipped,
         (true, false) => RowState::Agrees,
     };
-    if pass == Pass::Repair {
+    if pass != Pass::Verify {
         // Durable before the row counts as done: a read may return the
         // source's version at once, and a power cut that dropped the fix
         // from a disk's cache would bring the other version back, to be
@@ -109,7 +157,35 @@ pub(crate) async fn check_row<H: LayoutHost>(io: &RowIo<'_, H>, pass: Pass) -> R
         )
         .await;
     }
+    if pass == Pass::Resync {
+        relearn_sums(io).await;
+    }
     state
+}
+
+/// Learn the sums of the row's data blocks from the data as it is (after
+/// a crash, once the row's redundancy agrees). A block that cannot be
+/// read gets no sum (unknown).
+async fn relearn_sums<H: LayoutHost>(io: &RowIo<'_, H>) {
+    let Some(sums) = io.host.sums() else { return };
+    let geometry = io.geometry();
+    let span = geometry.whole_row(io.extent, io.row);
+    let bytes = geometry.row_data_bytes();
+    let (data, result) = io
+        .host
+        .layout()
+        .read(io, &span, aligned_buffer(bytes as usize))
+        .await;
+    let first = crate::heal::first_block(geometry, io.extent, io.row);
+    let learned: Vec<u64> = match result {
+        Ok(()) => data
+            .chunks(terrace_layout::BLOCK_BYTES as usize)
+            .zip(first..)
+            .map(|(block, index)| terrace_meta::sums::block_sum(block, index))
+            .collect(),
+        Err(_) => vec![terrace_meta::sums::UNKNOWN; (bytes / terrace_layout::BLOCK_BYTES) as usize],
+    };
+    sums.set(first, &learned).await;
 }
 
 /// A slot being moved has two valid places for this row; they must agree.

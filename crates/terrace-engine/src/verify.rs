@@ -60,6 +60,12 @@ pub enum ProblemKind {
     Parity { p: bool, q: bool, damaged: bool },
     /// A slot being moved reads differently at its new place.
     Moving { slot: u32 },
+    /// Blocks of the slot failed their sums, and were rebuilt from the
+    /// other copies or from parity (the place named is the damaged one).
+    Checksum { blocks: u64 },
+    /// Blocks of the row failed their sums and nothing could rebuild
+    /// them: reads of them fail.
+    Unrecoverable { blocks: u64 },
 }
 
 impl fmt::Display for ProblemKind {
@@ -82,6 +88,16 @@ impl fmt::Display for ProblemKind {
             ProblemKind::Moving { slot } => {
                 write!(f, "slot {slot} differs at the place it is moving to")
             }
+            ProblemKind::Checksum { blocks } => {
+                write!(
+                    f,
+                    "{blocks} blocks fail their checksums (rebuilt from redundancy)"
+                )
+            }
+            ProblemKind::Unrecoverable { blocks } => write!(
+                f,
+                "{blocks} blocks fail their checksums and no copy or reconstruction matches"
+            ),
         }
     }
 }

@@ -33,6 +33,7 @@ use crate::resync::{check_row, Pass};
 use crate::row::{all_ok, join_buffer, split_buffer};
 use crate::row::{RowHost, RowIo};
 use crate::row_lock::RowLocks;
+use crate::sums::SpaceSums;
 use crate::target::Location;
 pub use crate::target::Target;
 use crate::zero;
@@ -105,6 +106,9 @@ pub struct Volume {
     logged: AtomicBool,
     /// Writers never overlap (a log): they share row locks.
     disjoint_writes: AtomicBool,
+    /// The sums of its blocks, once attached (a data space's; a log and a
+    /// sums volume keep none).
+    sums: OnceLock<Arc<SpaceSums>>,
 }
 
 /// What a request wants of a volume: to read, or to write (refused on a
@@ -134,7 +138,24 @@ impl Volume {
             deleted: AtomicBool::new(false),
             logged: AtomicBool::new(false),
             disjoint_writes: AtomicBool::new(false),
+            sums: OnceLock::new(),
         }
+    }
+
+    /// Keep `sums` of this volume's blocks from now on: every write sets
+    /// them, every read checks them. The pool writes them back before it
+    /// lets the write intent go of an extent.
+    pub(crate) fn attach_sums(&self, sums: Arc<SpaceSums>) {
+        let weak: std::sync::Weak<dyn crate::sums::WriteBack> =
+            Arc::downgrade(&(sums.clone() as Arc<dyn crate::sums::WriteBack>));
+        if self.sums.set(sums).is_ok() {
+            self.pool.sums.add(weak);
+        }
+    }
+
+    /// The sums of this volume's blocks, if it keeps them.
+    pub(crate) fn sums(&self) -> Option<&Arc<SpaceSums>> {
+        self.sums.get()
     }
 
     /// Whether writes record their extents in the pool's write intent: a
@@ -144,7 +165,7 @@ impl Volume {
     /// and the log names none of those writes: should its disks be back by
     /// the next import, only the write intent says what to resync.
     pub(crate) fn uses_intent(&self) -> bool {
-        self.geometry.layout().failures_tolerated() > 0
+        (self.geometry.layout().failures_tolerated() > 0 || self.sums.get().is_some())
             && !self.logged.load(Ordering::Acquire)
             && !self.disjoint_writes()
     }
@@ -398,21 +419,163 @@ impl Volume {
     ) -> Result<BytesMut, EngineError> {
         let buffer = aligned_buffer(length as usize);
         let mut spans = self.geometry.split_rows(offset, length);
-        if let Some(span) = spans.next().filter(|span| span.length == length) {
+        let buffer = if let Some(span) = spans.next().filter(|span| span.length == length) {
             // One row: no parts to cut and join.
             let result = read_span(&self.row_io(map, &span), &span, buffer).await;
             self.pool.persist_failures().await?;
-            return result;
+            result?
+        } else {
+            let spans: Vec<RowSpan> = self.geometry.split_rows(offset, length).collect();
+            let parts = split_buffer(buffer, spans.iter().map(|s| s.length));
+            let reads = spans.iter().zip(parts).map(|(span, part)| async move {
+                read_span(&self.row_io(map, span), span, part).await
+            });
+            let results = join_all(reads).await;
+            self.pool.persist_failures().await?;
+            let parts = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+            join_buffer(parts)
+        };
+        match self.sums.get() {
+            Some(sums) => self.verified(map, sums, offset, buffer).await,
+            None => Ok(buffer),
         }
-        let spans: Vec<RowSpan> = self.geometry.split_rows(offset, length).collect();
-        let parts = split_buffer(buffer, spans.iter().map(|s| s.length));
-        let reads = spans.iter().zip(parts).map(|(span, part)| async move {
-            read_span(&self.row_io(map, span), span, part).await
-        });
-        let results = join_all(reads).await;
+    }
+
+    /// The space block index of the first block of `span`.
+    pub(crate) fn block_of(&self, span: &RowSpan) -> u64 {
+        crate::heal::first_block(&self.geometry, span.extent, span.row)
+            + span.row_offset / BLOCK_BYTES
+    }
+
+    /// `buffer`, read from whole blocks at `offset`, once every block in it
+    /// matches its sum: a block that does not is rebuilt from the rest of
+    /// its row (see [`crate::heal`]), the damaged copy rewritten in place,
+    /// and the good bytes put in its stead. A block nothing rebuilds fails
+    /// the read: wrong data is never returned.
+    async fn verified(
+        &self,
+        map: &SpaceMap,
+        sums: &SpaceSums,
+        offset: u64,
+        mut buffer: BytesMut,
+    ) -> Result<BytesMut, EngineError> {
+        let first = offset / BLOCK_BYTES;
+        let count = buffer.len() as u64 / BLOCK_BYTES;
+        let expected = sums.get(first..first + count).await;
+        let block = BLOCK_BYTES as usize;
+        let mut rows: Vec<(u64, u64)> = Vec::new();
+        for (i, &sum) in expected.iter().enumerate() {
+            if sum == terrace_meta::sums::UNKNOWN {
+                continue;
+            }
+            let index = first + i as u64;
+            let actual = terrace_meta::sums::block_sum(&buffer[i * block..(i + 1) * block], index);
+            if actual != sum && !sums.in_flight(index, actual) {
+                let row = self.geometry.locate(index * BLOCK_BYTES);
+                let key = (row.extent, row.row);
+                if rows.last() != Some(&key) {
+                    rows.push(key);
+                }
+            }
+        }
+        let end = offset + buffer.len() as u64;
+        for (extent, row) in rows {
+            let healed = Box::pin(self.heal_row(map, sums, extent, row)).await?;
+            if let Some(&bad) = healed
+                .unrecoverable
+                .iter()
+                .find(|&&bad| (first..first + count).contains(&bad))
+            {
+                return Err(EngineError::Unavailable {
+                    space: self.name.clone(),
+                    offset: bad * BLOCK_BYTES,
+                    length: BLOCK_BYTES,
+                    reason: "the block fails its checksum on every copy, and no reconstruction \
+                             matches it"
+                        .into(),
+                });
+            }
+            // The row's blocks within the request, from the healed columns.
+            let row_start =
+                extent * self.geometry.extent_data_bytes() + row * self.geometry.row_data_bytes();
+            let interleave = self.geometry.interleave_bytes();
+            let to = end.min(row_start + self.geometry.row_data_bytes());
+            let mut at = offset.max(row_start);
+            while at < to {
+                let within = at - row_start;
+                let column = (within / interleave) as usize;
+                let in_column = (within % interleave) as usize;
+                let take = (interleave as usize - in_column).min((to - at) as usize);
+                let Some(Some(content)) = healed.columns.get(column) else {
+                    return Err(EngineError::Unavailable {
+                        space: self.name.clone(),
+                        offset: at,
+                        length: take as u64,
+                        reason: "no copy of the column could be read".into(),
+                    });
+                };
+                let into = (at - offset) as usize;
+                buffer[into..into + take].copy_from_slice(&content[in_column..in_column + take]);
+                at += take as u64;
+            }
+        }
+        Ok(buffer)
+    }
+
+    /// Rebuild the blocks of one row that fail their sums, under the row's
+    /// lock: rewrite each damaged copy in place (unless the pool is
+    /// read-only), tell each repair, and give what the row holds.
+    async fn heal_row(
+        &self,
+        map: &SpaceMap,
+        sums: &SpaceSums,
+        extent: u64,
+        row: u64,
+    ) -> Result<crate::heal::RowHeal, EngineError> {
+        let span = self.geometry.whole_row(extent, row);
+        let _guard = self.locks.lock((extent, row)).await;
+        let io = RowIo {
+            lock_held: true,
+            ..self.row_io(map, &span)
+        };
+        let slots = crate::resync::read_slots(&io).await;
+        let healed = crate::heal::heal_row(&io, sums, &slots).await;
+        let row_offset =
+            extent * self.geometry.extent_data_bytes() + row * self.geometry.row_data_bytes();
+        for (slot, content, blocks) in &healed.fixes {
+            let disk = io.with_targets(|targets| {
+                targets[*slot as usize]
+                    .readable(row)
+                    .map(|location| location.disk.clone())
+            });
+            if let Some(disk) = &disk {
+                disk.count_checksum_error();
+            }
+            let rewritten = !self.is_read_only()
+                && io
+                    .write(*slot, 0, content.clone().freeze(), true)
+                    .await
+                    .is_ok();
+            self.pool.events.emit(crate::events::PoolEvent::Healed {
+                space: self.name.clone(),
+                offset: row_offset,
+                length: self.geometry.row_data_bytes(),
+                disk: disk.map(|disk| disk.index),
+                blocks: *blocks,
+                rewritten,
+            });
+        }
+        if let Some(&bad) = healed.unrecoverable.first() {
+            self.pool
+                .events
+                .emit(crate::events::PoolEvent::Unrecoverable {
+                    space: self.name.clone(),
+                    offset: bad * BLOCK_BYTES,
+                    blocks: healed.unrecoverable.len() as u64,
+                });
+        }
         self.pool.persist_failures().await?;
-        let parts = results.into_iter().collect::<Result<Vec<_>, _>>()?;
-        Ok(join_buffer(parts))
+        Ok(healed)
     }
 
     /// Write straight to the disks, past any write-back cache (the cache's
@@ -669,11 +832,27 @@ impl Volume {
             }
         }
         let body = async {
-            if body_end > body_start {
-                zero::zero_range(self, &map.extents, body_start, body_end - body_start, mode).await
-            } else {
-                Ok(())
+            if body_end <= body_start {
+                return Ok(());
             }
+            let Some(sums) = self.sums.get() else {
+                return zero::zero_range(
+                    self,
+                    &map.extents,
+                    body_start,
+                    body_end - body_start,
+                    mode,
+                )
+                .await;
+            };
+            // Zeroed or trimmed blocks read as zeroes, or (a trim left
+            // undone) as they were: their sums are forgotten.
+            let blocks = body_start / BLOCK_BYTES..body_end / BLOCK_BYTES;
+            let _inflight = sums.begin(blocks.start, blocks.end - blocks.start, None);
+            let result =
+                zero::zero_range(self, &map.extents, body_start, body_end - body_start, mode).await;
+            sums.forget(blocks).await;
+            result
         };
         let (edges, body) = futures::join!(join_all(edges), body);
         self.note_failed_during(map, offset, length);
@@ -781,6 +960,10 @@ impl LayoutHost for Volume {
     fn layout(&self) -> &Layouts {
         &self.layout
     }
+
+    fn sums(&self) -> Option<&SpaceSums> {
+        self.sums.get().map(|sums| &**sums)
+    }
 }
 
 /// `[offset, offset + length)` cut into the pieces a trim or write-zeroes
@@ -887,12 +1070,78 @@ impl Volume {
         let map = self.map();
         if extent < map.extents.len() as u64 {
             let span = self.geometry.whole_row(extent, row);
-            check_row(&self.row_io(&map, &span), Pass::Repair).await;
+            check_row(&self.row_io(&map, &span), Pass::Resync).await;
         }
         self.pool.crash_resync.done(self.id, extent, row);
         Ok(())
     }
 }
+
+/// A sums volume keeps a space's sums pages: page `index` at byte
+/// `index × 4096`, each copy of the mirror read on its own (a page whose
+/// copies differ is settled by the page's generation, not by the mirror).
+impl crate::sums::SumsStore for Volume {
+    fn read_page(
+        &self,
+        index: u64,
+    ) -> futures::future::BoxFuture<'_, Vec<Result<BytesMut, EngineError>>> {
+        Box::pin(async move {
+            let offset = index * PAGE_BYTES;
+            let Ok(map) = self.check_range(offset, PAGE_BYTES, Access::Read) else {
+                return Vec::new();
+            };
+            let Some(span) = self.geometry.split_rows(offset, PAGE_BYTES).next() else {
+                return Vec::new();
+            };
+            let io = self.row_io(&map, &span);
+            let piece = self.geometry.locate(offset);
+            let slot_copies = (0..self.geometry.slots_per_extent())
+                .filter(|&slot| {
+                    slot / self.geometry.layout().copies()
+                        == self.geometry.physical_column(span.row, piece.data_column)
+                })
+                .collect::<Vec<u32>>();
+            let reads = slot_copies
+                .into_iter()
+                .filter(|&slot| io.online(slot))
+                .map(|slot| {
+                    let io = &io;
+                    async move {
+                        let (buffer, result) = io
+                            .read(
+                                slot,
+                                piece.column_offset,
+                                aligned_buffer(PAGE_BYTES as usize),
+                            )
+                            .await;
+                        result
+                            .map(|()| buffer)
+                            .map_err(|error| EngineError::Unavailable {
+                                space: self.name.clone(),
+                                offset,
+                                length: PAGE_BYTES,
+                                reason: error.to_string(),
+                            })
+                    }
+                });
+            join_all(reads).await
+        })
+    }
+
+    fn write_page(
+        &self,
+        index: u64,
+        bytes: Bytes,
+    ) -> futures::future::BoxFuture<'_, Result<(), EngineError>> {
+        Box::pin(self.write_home(index * PAGE_BYTES, bytes, false))
+    }
+
+    fn flush(&self) -> futures::future::BoxFuture<'_, Result<(), EngineError>> {
+        Box::pin(self.flush_own_disks())
+    }
+}
+
+const PAGE_BYTES: u64 = terrace_meta::sums::SUMS_PAGE_BYTES as u64;
 
 /// Read one row span with its layout's handler.
 async fn read_span(
@@ -910,14 +1159,38 @@ async fn read_span(
     result.map(|()| part)
 }
 
-/// Write one block-aligned row span with its layout's handler.
+/// Write one block-aligned row span with its layout's handler, and set
+/// its blocks' sums (named in flight until the write is done, see
+/// [`SpaceSums`]; unknown if it failed, when copies may hold either).
 async fn write_span(
     io: &RowIo<'_, Volume>,
     span: &RowSpan,
     data: &Payload,
     fua: bool,
 ) -> Result<(), EngineError> {
-    io.host.layout.write(io, span, data, fua).await
+    let Some(sums) = io.host.sums.get() else {
+        return io.host.layout.write(io, span, data, fua).await;
+    };
+    let first = io.host.block_of(span);
+    let block = BLOCK_BYTES as usize;
+    let start = span.request_offset as usize;
+    let bytes = data.slice(start..start + span.length as usize);
+    let new: Vec<u64> = bytes
+        .chunks(block)
+        .zip(first..)
+        .map(|(bytes, index)| terrace_meta::sums::block_sum(bytes, index))
+        .collect();
+    let inflight = sums.begin(first, new.len() as u64, Some(new.clone()));
+    let result = io.host.layout.write(io, span, data, fua).await;
+    match &result {
+        Ok(()) => sums.set(first, &new).await,
+        Err(_) => {
+            sums.set(first, &vec![terrace_meta::sums::UNKNOWN; new.len()])
+                .await
+        }
+    }
+    drop(inflight);
+    result
 }
 
 #[cfg(test)]

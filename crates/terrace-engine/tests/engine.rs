@@ -926,14 +926,14 @@ fn growths_and_caches_that_do_not_fit_say_what_they_need() {
             [
                 "not enough free capacity for space s: growing from 1M to 1G as a simple space \
                  over 3 columns needs 16368 slabs of 64K (1023M raw), 3 per 192K of data on \
-                 distinct disks; the disks it may use have 1070 free slabs (67M) on 3 disks",
+                 distinct disks; the disks it may use have 1066 free slabs (67M) on 3 disks",
                 "not enough free capacity for space p: its write-back cache growing from 32M to \
                  100M as a 2-way mirror space over 1 column on capacity disks needs 2176 slabs \
                  of 64K (136M raw), 2 per 64K of data on distinct disks; the disks it may use \
-                 have 1070 free slabs (67M) on 3 disks",
+                 have 1066 free slabs (67M) on 3 disks",
                 "not enough free capacity for space q: its write-back cache on capacity disks: \
                  1G as a 2-way mirror space over 1 column needs 32768 slabs of 64K (2G raw), 2 \
-                 per 64K of data on distinct disks; the disks it may use have 1046 free slabs \
+                 per 64K of data on distinct disks; the disks it may use have 1042 free slabs \
                  (65M) on 3 disks",
             ]
         );

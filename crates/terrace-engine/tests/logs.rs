@@ -201,7 +201,10 @@ fn a_lost_log_copy_without_room_is_said_to_need_a_disk() {
         // The capacity disks are full too.
         let mut rest = SpaceConfig::new("rest", Layout::Simple, SpaceSize::Max);
         rest.cache_bytes = Some(0);
-        pool.create_space(rest).await.unwrap();
+        pool.create_space(rest.clone()).await.unwrap();
+        // What its sums left over, a space without room for sums takes.
+        rest.name = "left".into();
+        let _ = pool.create_space(rest).await;
         let metadata = pool.metadata().await;
         for disk in 0..6 {
             assert_eq!(free_slabs(&metadata, disk), 0, "disk {disk}");

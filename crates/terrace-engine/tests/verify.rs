@@ -143,33 +143,21 @@ fn a_damaged_data_column_is_found_in_every_layout_with_and_without_a_log() {
             let (disk, offset) = damage(&disks, &pool, &space, slot).await;
             let report = verify_space(&space).await.unwrap();
             names_the_place(&report, case.name, slot, disk, offset);
+            // The block's sum tells which slot is wrong, in every layout:
+            // that slot alone is named.
             let problem = &report.findings[0].problems[0];
-            match case.layout {
-                Layout::Mirror { .. } => {
-                    assert_eq!(problem.kind, ProblemKind::Copies { column: 0 });
-                    assert_eq!(problem.places.len(), 2, "both copies named");
-                }
-                Layout::Parity { redundancy: 1 } => {
-                    let wanted = ProblemKind::Parity {
-                        p: true,
-                        q: false,
-                        damaged: false,
-                    };
-                    assert_eq!(problem.kind, wanted, "{}", case.name);
-                    // Any column may be the damaged one: every slot named.
-                    assert_eq!(problem.places.len(), case.columns as usize);
-                }
-                _ => {
-                    let wanted = ProblemKind::Parity {
-                        p: true,
-                        q: true,
-                        damaged: true,
-                    };
-                    assert_eq!(problem.kind, wanted, "{}", case.name);
-                    assert_eq!(problem.places.len(), 1, "{}: {problem:?}", case.name);
-                    assert_eq!(problem.places[0].role, Role::Data { column: 0 });
-                }
-            }
+            assert_eq!(
+                problem.kind,
+                ProblemKind::Checksum { blocks: 1 },
+                "{}",
+                case.name
+            );
+            assert_eq!(problem.places.len(), 1, "{}: {problem:?}", case.name);
+            let role = match case.layout {
+                Layout::Mirror { .. } => Role::Copy { column: 0, copy: 1 },
+                _ => Role::Data { column: 0 },
+            };
+            assert_eq!(problem.places[0].role, role, "{}", case.name);
             pool.close().await.unwrap();
         }
     });

@@ -246,6 +246,11 @@ impl RowLayout for Layouts {
 /// layout it was built with.
 pub(crate) trait LayoutHost: RowHost {
     fn layout(&self) -> &Layouts;
+
+    /// The sums of the space's blocks, if it keeps them.
+    fn sums(&self) -> Option<&crate::sums::SpaceSums> {
+        None
+    }
 }
 
 #[cfg(test)]

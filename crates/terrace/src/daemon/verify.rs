@@ -51,6 +51,8 @@ fn problem_json(problem: &Problem, devices: &BTreeMap<u16, String>) -> Value {
         ProblemKind::Copies { column } => ("copies", Some(column), None),
         ProblemKind::Parity { .. } => ("parity", None, None),
         ProblemKind::Moving { slot } => ("moving", None, Some(slot)),
+        ProblemKind::Checksum { .. } => ("checksum", None, None),
+        ProblemKind::Unrecoverable { .. } => ("unrecoverable", None, None),
     };
     let parity: Vec<&str> = match problem.kind {
         ProblemKind::Parity { p, q, .. } => [(p, "P"), (q, "Q")]
@@ -59,7 +61,10 @@ fn problem_json(problem: &Problem, devices: &BTreeMap<u16, String>) -> Value {
             .collect(),
         _ => Vec::new(),
     };
-    let damaged_found = matches!(problem.kind, ProblemKind::Parity { damaged: true, .. });
+    let damaged_found = matches!(
+        problem.kind,
+        ProblemKind::Parity { damaged: true, .. } | ProblemKind::Checksum { .. }
+    );
     let places: Vec<Value> = problem
         .places
         .iter()

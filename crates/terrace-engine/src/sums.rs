@@ -1,0 +1,651 @@
+//! A space's block sums as the engine holds them: pages of
+//! `terrace_meta::sums` cached in memory, loaded on first use from the
+//! space's [`SumsStore`], changed by writes, and written back in batches
+//! (see docs/design/integrity.md for when a page must be durable).
+//!
+//! ```text
+//!   get(blocks)  ──► load missing pages (newest whole copy, else unknown)
+//!   set(blocks)  ──► load missing pages, change entries, page dirty
+//!   write_back() ──► each dirty page: generation + 1, every copy, flush
+//! ```
+//!
+//! A page is loaded once however many requests want it at the same time
+//! (loads take one lock in turn), and a change made while its page is
+//! being written back leaves it dirty for the next. Clean pages beyond the
+//! budget are dropped, least recently used first; dirty ones stay until
+//! written. Depends on nothing of the engine above its errors: the store
+//! is whatever keeps the pages (a hidden mirrored volume).
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::{Mutex, MutexGuard};
+
+use futures::future::BoxFuture;
+use terrace_io::{Bytes, BytesMut};
+use terrace_meta::sums::{page_of, SumsPage, SUMS_PER_PAGE};
+use terrace_meta::SpaceId;
+
+use crate::error::EngineError;
+
+/// Where a space's sums pages live: every copy of each page.
+pub(crate) trait SumsStore: Send + Sync {
+    /// Every copy of page `index` as read; a copy that could not be read
+    /// is an error.
+    fn read_page(&self, index: u64) -> BoxFuture<'_, Vec<Result<BytesMut, EngineError>>>;
+    /// Write `bytes` as page `index` to every copy.
+    fn write_page(&self, index: u64, bytes: Bytes) -> BoxFuture<'_, Result<(), EngineError>>;
+    /// Make every page written so far durable.
+    fn flush(&self) -> BoxFuture<'_, Result<(), EngineError>>;
+}
+
+struct Cached {
+    page: SumsPage,
+    dirty: bool,
+    /// When it was last used, by the cache's own clock.
+    used: u64,
+}
+
+#[derive(Default)]
+struct State {
+    pages: HashMap<u64, Cached>,
+    clock: u64,
+    /// Pages found with copies but none whole, since the space opened.
+    refused: u64,
+    /// Of sums kept on slabs zeroed when they were created (this run):
+    /// the pages written since. Any other page is blank, known without
+    /// reading it. `None`: sums that were there when the pool opened.
+    written: Option<std::collections::BTreeSet<u64>>,
+}
+
+/// The cached sums of one space.
+pub(crate) struct Sums {
+    space: SpaceId,
+    /// Clean pages kept at most (dirty ones stay beyond it).
+    budget_pages: usize,
+    state: Mutex<State>,
+    /// Held while pages are loaded, so each is loaded once.
+    loading: futures::lock::Mutex<()>,
+    /// Held while dirty pages are written back, one batch at a time.
+    writing: futures::lock::Mutex<()>,
+}
+
+impl Sums {
+    /// The sums of `space`; `fresh`: kept on slabs zeroed just now (no
+    /// page need be read until written).
+    pub(crate) fn new(space: SpaceId, budget_pages: usize, fresh: bool) -> Sums {
+        Sums {
+            space,
+            budget_pages: budget_pages.max(1),
+            state: Mutex::new(State {
+                written: fresh.then(Default::default),
+                ..State::default()
+            }),
+            loading: futures::lock::Mutex::new(()),
+            writing: futures::lock::Mutex::new(()),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The pages holding the sums of `blocks`.
+    fn pages(blocks: &Range<u64>) -> Range<u64> {
+        if blocks.is_empty() {
+            return 0..0;
+        }
+        page_of(blocks.start).0..page_of(blocks.end - 1).0 + 1
+    }
+
+    /// Load the pages of `pages` that are not cached.
+    async fn load(&self, store: &dyn SumsStore, pages: Range<u64>) {
+        let missing = |state: &State| pages.clone().any(|p| !state.pages.contains_key(&p));
+        if !missing(&self.state()) {
+            return;
+        }
+        let _loading = self.loading.lock().await;
+        for index in pages {
+            let blank = {
+                let state = self.state();
+                if state.pages.contains_key(&index) {
+                    continue;
+                }
+                state
+                    .written
+                    .as_ref()
+                    .is_some_and(|written| !written.contains(&index))
+            };
+            let copies = if blank {
+                Vec::new()
+            } else {
+                store.read_page(index).await
+            };
+            let any_written = copies.iter().any(|copy| {
+                copy.as_ref()
+                    .is_ok_and(|bytes| bytes.iter().any(|&byte| byte != 0))
+            });
+            let decoded = copies.into_iter().map(|copy| match copy {
+                Ok(bytes) => SumsPage::decode(&bytes, self.space, index),
+                Err(_) => Err(terrace_meta::sums::SumsPageError::Blank),
+            });
+            let page = SumsPage::newest(decoded);
+            let mut state = self.state();
+            if page.is_none() && any_written {
+                state.refused += 1;
+            }
+            let page = page.unwrap_or_else(|| SumsPage::unknown(self.space, index));
+            state.clock += 1;
+            let used = state.clock;
+            state.pages.insert(
+                index,
+                Cached {
+                    page,
+                    dirty: false,
+                    used,
+                },
+            );
+        }
+    }
+
+    /// The sums of `blocks` (0: not known).
+    pub(crate) async fn get(&self, store: &dyn SumsStore, blocks: Range<u64>) -> Vec<u64> {
+        self.load(store, Self::pages(&blocks)).await;
+        let mut state = self.state();
+        state.clock += 1;
+        let now = state.clock;
+        let mut sums = Vec::with_capacity((blocks.end - blocks.start) as usize);
+        for block in blocks {
+            let (index, slot) = page_of(block);
+            let cached = state
+                .pages
+                .get_mut(&index)
+                .expect("loaded above and kept while clean pages fit");
+            cached.used = now;
+            sums.push(cached.page.sums[slot]);
+        }
+        drop(state);
+        self.trim();
+        sums
+    }
+
+    /// Set the sums of the blocks from `first` on to `sums` (0 forgets).
+    pub(crate) async fn set(&self, store: &dyn SumsStore, first: u64, sums: &[u64]) {
+        let blocks = first..first + sums.len() as u64;
+        self.load(store, Self::pages(&blocks)).await;
+        let mut state = self.state();
+        state.clock += 1;
+        let now = state.clock;
+        for (block, &sum) in blocks.zip(sums) {
+            let (index, slot) = page_of(block);
+            let cached = state
+                .pages
+                .get_mut(&index)
+                .expect("loaded above and kept while clean pages fit");
+            cached.page.sums[slot] = sum;
+            cached.dirty = true;
+            cached.used = now;
+        }
+    }
+
+    /// Forget the sums of `blocks` (a range zeroed or trimmed): pages they
+    /// cover whole become unknown without being read first.
+    pub(crate) async fn forget(&self, store: &dyn SumsStore, blocks: Range<u64>) {
+        if blocks.is_empty() {
+            return;
+        }
+        let per = SUMS_PER_PAGE as u64;
+        let whole = blocks.start.div_ceil(per)..blocks.end / per;
+        if whole.is_empty() {
+            let unknown = vec![0; (blocks.end - blocks.start) as usize];
+            return self.set(store, blocks.start, &unknown).await;
+        }
+        let head = blocks.start..whole.start * per;
+        let tail = whole.end * per..blocks.end;
+        for part in [head, tail] {
+            if !part.is_empty() {
+                let unknown = vec![0; (part.end - part.start) as usize];
+                self.set(store, part.start, &unknown).await;
+            }
+        }
+        let mut state = self.state();
+        state.clock += 1;
+        let used = state.clock;
+        for index in whole {
+            state.pages.insert(
+                index,
+                Cached {
+                    page: SumsPage::unknown(self.space, index),
+                    dirty: true,
+                    used,
+                },
+            );
+        }
+    }
+
+    /// Pages changed and not yet written back.
+    #[cfg(test)]
+    pub(crate) fn dirty_pages(&self) -> usize {
+        self.state().pages.values().filter(|c| c.dirty).count()
+    }
+
+    /// Pages that had copies on disk but none whole (their sums became
+    /// unknown), since the space opened.
+    #[cfg(test)]
+    pub(crate) fn refused_pages(&self) -> u64 {
+        self.state().refused
+    }
+
+    /// Write every dirty page covering `blocks` (all of them: `None`) to
+    /// every copy, then flush. A page changed meanwhile stays dirty.
+    pub(crate) async fn write_back(
+        &self,
+        store: &dyn SumsStore,
+        blocks: Option<Range<u64>>,
+    ) -> Result<(), EngineError> {
+        let _writing = self.writing.lock().await;
+        let wanted = blocks.map(|blocks| Self::pages(&blocks));
+        let batch: Vec<(u64, Bytes)> = {
+            let mut state = self.state();
+            let mut batch: Vec<(u64, Bytes)> = state
+                .pages
+                .iter_mut()
+                .filter(|(index, cached)| {
+                    cached.dirty && wanted.as_ref().is_none_or(|w| w.contains(index))
+                })
+                .map(|(&index, cached)| {
+                    cached.dirty = false;
+                    cached.page.generation += 1;
+                    (index, Bytes::from(cached.page.encode()))
+                })
+                .collect();
+            batch.sort_by_key(|(index, _)| *index);
+            batch
+        };
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let mut failed = None;
+        for (index, bytes) in &batch {
+            if let Err(error) = store.write_page(*index, bytes.clone()).await {
+                failed.get_or_insert(error);
+            }
+        }
+        if failed.is_none() {
+            if let Err(error) = store.flush().await {
+                failed = Some(error);
+            }
+        }
+        match failed {
+            None => {
+                if let Some(written) = self.state().written.as_mut() {
+                    written.extend(batch.iter().map(|(index, _)| *index));
+                }
+                self.trim();
+                Ok(())
+            }
+            Some(error) => {
+                let mut state = self.state();
+                for (index, _) in &batch {
+                    if let Some(cached) = state.pages.get_mut(index) {
+                        cached.dirty = true;
+                    }
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// Drop clean pages beyond the budget, least recently used first.
+    fn trim(&self) {
+        let mut state = self.state();
+        let clean = state.pages.values().filter(|c| !c.dirty).count();
+        if clean <= self.budget_pages {
+            return;
+        }
+        let mut by_age: Vec<(u64, u64)> = state
+            .pages
+            .iter()
+            .filter(|(_, c)| !c.dirty)
+            .map(|(&index, c)| (c.used, index))
+            .collect();
+        by_age.sort_unstable();
+        for (_, index) in by_age.into_iter().take(clean - self.budget_pages) {
+            state.pages.remove(&index);
+        }
+    }
+}
+
+/// Sums in one page.
+#[cfg(test)]
+pub(crate) const PER_PAGE: u64 = SUMS_PER_PAGE as u64;
+
+/// Clean pages a space keeps cached: 16 MiB, the sums of 8 GiB.
+pub(crate) const BUDGET_PAGES: usize = 4096;
+
+/// One space's sums: its cached pages, where they live, and the writes in
+/// flight.
+///
+/// A write's blocks hold old or new bytes on the disks until it is done,
+/// and reads take no row lock: so a write names its new sums here
+/// ([`SpaceSums::begin`]) before its first byte goes out and sets them in
+/// the pages when it is done. A block read meanwhile passes if it matches
+/// either; only a block that matches neither is rebuilt.
+pub(crate) struct SpaceSums {
+    cache: Sums,
+    store: std::sync::Arc<dyn SumsStore>,
+    inflight: Mutex<Inflight>,
+}
+
+#[derive(Default)]
+struct Inflight {
+    next: u64,
+    /// Id, first block, the blocks' new sums (`None`: any content, a range
+    /// being zeroed or trimmed).
+    writes: Vec<(u64, u64, u64, Option<Vec<u64>>)>,
+}
+
+/// A write in flight (see [`SpaceSums`]); dropping it forgets it.
+pub(crate) struct InflightGuard<'a> {
+    sums: &'a SpaceSums,
+    id: u64,
+}
+
+impl Drop for InflightGuard<'_> {
+    fn drop(&mut self) {
+        let mut inflight = self.sums.inflight();
+        inflight.writes.retain(|write| write.0 != self.id);
+    }
+}
+
+impl SpaceSums {
+    /// `fresh`: on slabs zeroed just now (see [`Sums::new`]).
+    pub(crate) fn new(
+        space: SpaceId,
+        store: std::sync::Arc<dyn SumsStore>,
+        fresh: bool,
+    ) -> SpaceSums {
+        SpaceSums {
+            cache: Sums::new(space, BUDGET_PAGES, fresh),
+            store,
+            inflight: Mutex::new(Inflight::default()),
+        }
+    }
+
+    fn inflight(&self) -> MutexGuard<'_, Inflight> {
+        self.inflight.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The sums of `blocks` (0: not known).
+    pub(crate) async fn get(&self, blocks: Range<u64>) -> Vec<u64> {
+        self.cache.get(&*self.store, blocks).await
+    }
+
+    /// Set the sums of the blocks from `first` on.
+    pub(crate) async fn set(&self, first: u64, sums: &[u64]) {
+        self.cache.set(&*self.store, first, sums).await
+    }
+
+    /// Name a write of `count` blocks from `first` in flight, with its new
+    /// sums (`None`: the range is being zeroed or trimmed).
+    pub(crate) fn begin(
+        &self,
+        first: u64,
+        count: u64,
+        sums: Option<Vec<u64>>,
+    ) -> InflightGuard<'_> {
+        let mut inflight = self.inflight();
+        inflight.next += 1;
+        let id = inflight.next;
+        inflight.writes.push((id, first, count, sums));
+        InflightGuard { sums: self, id }
+    }
+
+    /// Whether a write in flight may have left `block` holding content
+    /// whose sum is `sum`.
+    pub(crate) fn in_flight(&self, block: u64, sum: u64) -> bool {
+        self.inflight()
+            .writes
+            .iter()
+            .any(|(_, first, count, sums)| {
+                (*first..first + count).contains(&block)
+                    && sums
+                        .as_ref()
+                        .is_none_or(|sums| sums[(block - first) as usize] == sum)
+            })
+    }
+
+    /// Forget the sums of `blocks` (see [`Sums::forget`]).
+    pub(crate) async fn forget(&self, blocks: Range<u64>) {
+        self.cache.forget(&*self.store, blocks).await
+    }
+
+    /// Write every dirty page to every copy of the sums, and flush.
+    pub(crate) async fn write_back(&self) -> Result<(), EngineError> {
+        self.cache.write_back(&*self.store, None).await
+    }
+}
+
+/// Something whose changes must be durable before the disks' caches are
+/// flushed for a reason that relies on them (the write intent let go of
+/// an extent, a pool closing): a space's sums.
+pub(crate) trait WriteBack: Send + Sync {
+    fn write_back(&self) -> BoxFuture<'_, Result<(), EngineError>>;
+}
+
+impl WriteBack for SpaceSums {
+    fn write_back(&self) -> BoxFuture<'_, Result<(), EngineError>> {
+        Box::pin(SpaceSums::write_back(self))
+    }
+}
+
+/// The pool's sums, each written back before the write intent lets go of
+/// extents ([`Registry::write_back_all`]).
+#[derive(Default)]
+pub(crate) struct Registry {
+    all: Mutex<Vec<std::sync::Weak<dyn WriteBack>>>,
+}
+
+impl Registry {
+    pub(crate) fn add(&self, sums: std::sync::Weak<dyn WriteBack>) {
+        let mut all = self.all.lock().unwrap_or_else(|e| e.into_inner());
+        all.retain(|weak| weak.strong_count() > 0);
+        all.push(sums);
+    }
+
+    /// Write back every space's dirty pages; the first error, after trying
+    /// all.
+    pub(crate) async fn write_back_all(&self) -> Result<(), EngineError> {
+        let all: Vec<std::sync::Arc<dyn WriteBack>> = self
+            .all
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect();
+        let mut first = Ok(());
+        for sums in all {
+            if let Err(error) = sums.write_back().await {
+                if first.is_ok() {
+                    first = Err(error);
+                }
+            }
+        }
+        first
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use futures::executor::block_on;
+    use futures::FutureExt;
+
+    use super::*;
+
+    /// Two copies of every page, in memory; a copy may be damaged or lost.
+    #[derive(Default)]
+    struct MemoryStore {
+        copies: Mutex<HashMap<u64, [Option<Vec<u8>>; 2]>>,
+        writes: Mutex<u64>,
+        reads: Mutex<u64>,
+        fail_writes: Mutex<bool>,
+    }
+
+    impl MemoryStore {
+        fn damage(&self, index: u64, copy: usize) {
+            let mut copies = self.copies.lock().unwrap();
+            if let Some(bytes) = copies.get_mut(&index).and_then(|c| c[copy].as_mut()) {
+                bytes[100] ^= 1;
+            }
+        }
+    }
+
+    impl SumsStore for MemoryStore {
+        fn read_page(&self, index: u64) -> BoxFuture<'_, Vec<Result<BytesMut, EngineError>>> {
+            *self.reads.lock().unwrap() += 1;
+            let copies = self.copies.lock().unwrap().get(&index).cloned();
+            let read = copies
+                .unwrap_or_default()
+                .into_iter()
+                .map(|copy| Ok(BytesMut::from(&copy.unwrap_or(vec![0; 4096])[..])))
+                .collect();
+            async move { read }.boxed()
+        }
+
+        fn write_page(&self, index: u64, bytes: Bytes) -> BoxFuture<'_, Result<(), EngineError>> {
+            let failing = *self.fail_writes.lock().unwrap();
+            if !failing {
+                *self.writes.lock().unwrap() += 1;
+                let copy = Some(bytes.to_vec());
+                self.copies
+                    .lock()
+                    .unwrap()
+                    .insert(index, [copy.clone(), copy]);
+            }
+            async move {
+                if failing {
+                    Err(EngineError::Closed { pool: "p".into() })
+                } else {
+                    Ok(())
+                }
+            }
+            .boxed()
+        }
+
+        fn flush(&self) -> BoxFuture<'_, Result<(), EngineError>> {
+            async { Ok(()) }.boxed()
+        }
+    }
+
+    const SPACE: SpaceId = SpaceId(4);
+
+    /// Sums on slabs zeroed just now are read from the store only once
+    /// written back (a destage of whole rows reads nothing); sums found
+    /// at an import are read.
+    #[test]
+    fn fresh_sums_read_only_the_pages_written_since() {
+        let store = MemoryStore::default();
+        let sums = Sums::new(SPACE, 1, true);
+        block_on(sums.set(&store, 0, &[5]));
+        assert_eq!(block_on(sums.get(&store, 2000..2001)), vec![0]);
+        assert_eq!(*store.reads.lock().unwrap(), 0);
+        block_on(sums.write_back(&store, None)).unwrap();
+        // Budget 1: page 0 is dropped, and read back when wanted.
+        assert_eq!(block_on(sums.get(&store, 3000..3001)), vec![0]);
+        assert_eq!(block_on(sums.get(&store, 0..1)), vec![5]);
+        assert_eq!(*store.reads.lock().unwrap(), 1);
+        let opened = Sums::new(SPACE, 1, false);
+        assert_eq!(block_on(opened.get(&store, 2000..2001)), vec![0]);
+        assert_eq!(*store.reads.lock().unwrap(), 2);
+    }
+
+    #[test]
+    fn sums_are_unknown_until_set_and_read_back_after_a_reopen() {
+        let store = MemoryStore::default();
+        let sums = Sums::new(SPACE, 8, false);
+        assert_eq!(block_on(sums.get(&store, 500..510)), vec![0; 10]);
+        let values: Vec<u64> = (1..=10).collect();
+        block_on(sums.set(&store, 500, &values));
+        assert_eq!(block_on(sums.get(&store, 500..510)), values);
+        assert_eq!(sums.dirty_pages(), 2, "blocks 500..510 span pages 0 and 1");
+        block_on(sums.write_back(&store, None)).unwrap();
+        assert_eq!(sums.dirty_pages(), 0);
+        let reopened = Sums::new(SPACE, 8, false);
+        assert_eq!(block_on(reopened.get(&store, 500..510)), values);
+        assert_eq!(reopened.refused_pages(), 0);
+    }
+
+    #[test]
+    fn a_damaged_copy_is_outvoted_and_two_are_unknown_and_counted() {
+        let store = MemoryStore::default();
+        let sums = Sums::new(SPACE, 8, false);
+        block_on(sums.set(&store, 3, &[77]));
+        block_on(sums.write_back(&store, None)).unwrap();
+        store.damage(0, 0);
+        assert_eq!(
+            block_on(Sums::new(SPACE, 8, false).get(&store, 3..4)),
+            vec![77]
+        );
+        store.damage(0, 1);
+        let lost = Sums::new(SPACE, 8, false);
+        assert_eq!(block_on(lost.get(&store, 3..4)), vec![0]);
+        assert_eq!(lost.refused_pages(), 1);
+    }
+
+    #[test]
+    fn write_back_takes_only_the_pages_asked_and_the_newest_generation_wins() {
+        let store = MemoryStore::default();
+        let sums = Sums::new(SPACE, 8, false);
+        block_on(sums.set(&store, 0, &[1]));
+        block_on(sums.set(&store, PER_PAGE * 3, &[2]));
+        block_on(sums.write_back(&store, Some(0..1))).unwrap();
+        assert_eq!(*store.writes.lock().unwrap(), 1);
+        assert_eq!(sums.dirty_pages(), 1);
+        // A second write of page 0 supersedes the first on any copy.
+        let first = store.copies.lock().unwrap()[&0][0].clone();
+        block_on(sums.set(&store, 0, &[9]));
+        block_on(sums.write_back(&store, None)).unwrap();
+        store.copies.lock().unwrap().get_mut(&0).unwrap()[0] = first;
+        assert_eq!(
+            block_on(Sums::new(SPACE, 8, false).get(&store, 0..1)),
+            vec![9]
+        );
+    }
+
+    #[test]
+    fn a_failed_write_back_leaves_its_pages_dirty() {
+        let store = MemoryStore::default();
+        let sums = Sums::new(SPACE, 8, false);
+        block_on(sums.set(&store, 0, &[5]));
+        *store.fail_writes.lock().unwrap() = true;
+        assert!(block_on(sums.write_back(&store, None)).is_err());
+        assert_eq!(sums.dirty_pages(), 1);
+        *store.fail_writes.lock().unwrap() = false;
+        block_on(sums.write_back(&store, None)).unwrap();
+        assert_eq!(
+            block_on(Sums::new(SPACE, 8, false).get(&store, 0..1)),
+            vec![5]
+        );
+    }
+
+    #[test]
+    fn clean_pages_beyond_the_budget_go_least_recent_first_and_dirty_ones_stay() {
+        let store = MemoryStore::default();
+        let sums = Sums::new(SPACE, 2, false);
+        for page in 0..4 {
+            block_on(sums.set(&store, page * PER_PAGE, &[page + 1]));
+        }
+        assert_eq!(sums.state().pages.len(), 4, "dirty pages stay");
+        block_on(sums.write_back(&store, None)).unwrap();
+        assert_eq!(sums.state().pages.len(), 2);
+        let kept: Vec<u64> = {
+            let mut kept: Vec<u64> = sums.state().pages.keys().copied().collect();
+            kept.sort();
+            kept
+        };
+        assert_eq!(kept, vec![2, 3], "the most recently used");
+        // A dropped page loads again from its store.
+        assert_eq!(block_on(sums.get(&store, 0..1)), vec![1]);
+    }
+}

@@ -1,0 +1,286 @@
+//! Every block has a sum, and reads check it: a copy or column damaged
+//! behind the engine's back (on its disk, no error returned) is never
+//! returned to a reader. Where the layout has redundancy the block is
+//! rebuilt, the damaged copy rewritten in place and the disk's checksum
+//! errors counted; where it has none, or more is damaged than the layout
+//! survives, the read fails. A scrub (`repair_space`) repairs what reads
+//! did not touch, and a second finds nothing. Sums survive a reopen.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use terrace_engine::layout::Layout;
+use terrace_engine::meta::format::{data_offset, METADATA_SLOT_MIN_BYTES};
+use terrace_engine::{
+    repair_space, ImportOptions, Pool, ProblemKind, Space, SpaceConfig, SpaceSize,
+};
+
+const DISK_BYTES: u64 = 16 << 20;
+const INTERLEAVE: u64 = 16 << 10;
+const EXTENTS: u64 = 4;
+const EXTENT: u64 = 1;
+const ROW: u64 = 3;
+
+struct Case {
+    name: &'static str,
+    layout: Layout,
+    columns: u32,
+    cache_bytes: u64,
+}
+
+fn cases() -> Vec<Case> {
+    let case = |name, layout, columns, cache_bytes| Case {
+        name,
+        layout,
+        columns,
+        cache_bytes,
+    };
+    vec![
+        case("mirror2", Layout::Mirror { copies: 2 }, 2, 0),
+        case("mirror3", Layout::Mirror { copies: 3 }, 1, 0),
+        case("parity1", Layout::Parity { redundancy: 1 }, 4, 0),
+        case("parity1-log", Layout::Parity { redundancy: 1 }, 4, 1 << 20),
+        case("parity2", Layout::Parity { redundancy: 2 }, 5, 0),
+        case("parity2-log", Layout::Parity { redundancy: 2 }, 5, 1 << 20),
+    ]
+}
+
+/// A space of `case` written whole with random data (home on the disks),
+/// and that data.
+async fn written(pool: &Pool, case: &Case) -> (Arc<Space>, Vec<u8>) {
+    let geometry =
+        terrace_engine::layout::Geometry::new(case.layout, case.columns, INTERLEAVE, SLAB)
+            .expect("geometry");
+    let mut config = SpaceConfig::new(
+        case.name,
+        case.layout,
+        SpaceSize::Bytes(EXTENTS * geometry.extent_data_bytes()),
+    );
+    config.columns = Some(case.columns);
+    config.interleave_bytes = Some(INTERLEAVE);
+    config.cache_bytes = Some(case.cache_bytes);
+    let space = pool.create_space(config).await.unwrap().space;
+    let size = space.size_bytes();
+    let data = SplitMix64::new(11).bytes(size as usize);
+    for offset in (0..size).step_by(256 << 10) {
+        let end = (offset + (256 << 10)).min(size);
+        let piece = data[offset as usize..end as usize].to_vec();
+        space.write(offset, bytes(piece), false).await.unwrap();
+    }
+    if let Some(journal) = space.journal() {
+        while journal.destage(&space, true).await.unwrap() {}
+    }
+    space.flush().await.unwrap();
+    (space, data)
+}
+
+/// Where `slot` of `ROW` of `EXTENT` lies: its disk and byte offset.
+async fn place(pool: &Pool, space: &Space, slot: u32) -> (usize, u64) {
+    let metadata = pool.metadata().await;
+    let slab = metadata.space(space.name()).unwrap().extents[EXTENT as usize]
+        .slabs
+        .as_ref()
+        .unwrap()[slot as usize];
+    let offset = data_offset(METADATA_SLOT_MIN_BYTES)
+        + u64::from(slab.slab.0) * SLAB
+        + space.geometry().slab_offset(ROW, 0);
+    (usize::from(slab.disk.0), offset)
+}
+
+/// Overwrite 8 KiB of `slot`'s part of the row, 4 KiB in, on its disk.
+async fn damage(disks: &Disks, pool: &Pool, space: &Space, slot: u32) -> (usize, u64) {
+    let (disk, offset) = place(pool, space, slot).await;
+    disks.memory[disk].write_sync(offset + 4096, &[0xee; 8192]);
+    (disk, offset)
+}
+
+/// The slot holding data column `column` of the row (a mirror: `copy`).
+fn data_slot(space: &Space, case: &Case, column: u32, copy: u32) -> u32 {
+    let geometry = space.geometry();
+    match case.layout {
+        Layout::Mirror { .. } => geometry.slot(column, copy),
+        _ => geometry.slot(geometry.physical_column(ROW, column), 0),
+    }
+}
+
+fn row_offset(space: &Space) -> u64 {
+    let geometry = space.geometry();
+    EXTENT * geometry.extent_data_bytes() + ROW * geometry.row_data_bytes()
+}
+
+async fn checksum_errors(pool: &Pool, disk: usize) -> u64 {
+    pool.status().await.disks[disk].checksum_errors
+}
+
+#[test]
+fn a_damaged_copy_is_rebuilt_rewritten_and_counted_in_every_redundant_layout() {
+    block_on(async {
+        for case in cases() {
+            let disks = Disks::new(6, DISK_BYTES);
+            let pool = create_pool(&disks).await;
+            let (space, data) = written(&pool, &case).await;
+            let slot = data_slot(&space, &case, 0, 1);
+            let (disk, at) = damage(&disks, &pool, &space, slot).await;
+            let before = disks.memory[disk].read_sync(at, INTERLEAVE as usize);
+            // Read the whole row, and the damaged blocks alone, many times:
+            // never the damaged bytes.
+            let offset = row_offset(&space);
+            let length = space.geometry().row_data_bytes();
+            for _ in 0..3 {
+                let got = space.read(offset, length).await.unwrap();
+                let want = &data[offset as usize..(offset + length) as usize];
+                assert!(
+                    got[..] == want[..],
+                    "{}: the row reads as written",
+                    case.name
+                );
+                let got = space.read(offset + 4096, 8192).await.unwrap();
+                assert!(got[..] == data[offset as usize + 4096..offset as usize + 12288]);
+            }
+            assert_eq!(
+                checksum_errors(&pool, disk).await,
+                1,
+                "{}: counted once",
+                case.name
+            );
+            let after = disks.memory[disk].read_sync(at, INTERLEAVE as usize);
+            assert_ne!(before, after, "{}: rewritten in place", case.name);
+            assert!(after[4096..12288].iter().any(|&byte| byte != 0xee));
+            let report = repair_space(&space).await.unwrap();
+            assert!(
+                report.mismatched_rows.is_empty(),
+                "{}: {report:?}",
+                case.name
+            );
+            pool.close().await.unwrap();
+        }
+    });
+}
+
+#[test]
+fn a_scrub_repairs_what_no_read_touched_and_a_second_finds_nothing() {
+    block_on(async {
+        for case in cases() {
+            let disks = Disks::new(6, DISK_BYTES);
+            let pool = create_pool(&disks).await;
+            let (space, data) = written(&pool, &case).await;
+            let slot = data_slot(&space, &case, 0, 0);
+            let (disk, at) = damage(&disks, &pool, &space, slot).await;
+            let report = repair_space(&space).await.unwrap();
+            assert_eq!(report.mismatched_rows, vec![(EXTENT, ROW)], "{}", case.name);
+            let repaired = disks.memory[disk].read_sync(at + 4096, 8192);
+            assert!(repaired.iter().any(|&byte| byte != 0xee), "{}", case.name);
+            let again = repair_space(&space).await.unwrap();
+            assert!(again.mismatched_rows.is_empty(), "{}: {again:?}", case.name);
+            let offset = row_offset(&space);
+            let length = space.geometry().row_data_bytes();
+            let got = space.read(offset, length).await.unwrap();
+            assert!(got[..] == data[offset as usize..(offset + length) as usize]);
+            pool.close().await.unwrap();
+        }
+    });
+}
+
+/// Dual parity survives two damaged columns of one row; single parity
+/// and a 2-way mirror, damaged beyond what they survive, fail the read
+/// rather than return wrong bytes.
+#[test]
+fn damage_within_tolerance_heals_and_beyond_it_fails_the_read() {
+    block_on(async {
+        for case in cases() {
+            let disks = Disks::new(6, DISK_BYTES);
+            let pool = create_pool(&disks).await;
+            let (space, data) = written(&pool, &case).await;
+            let tolerated = case.layout.failures_tolerated();
+            let slots: Vec<u32> = match case.layout {
+                Layout::Mirror { copies } => (0..copies)
+                    .map(|c| data_slot(&space, &case, 0, c))
+                    .collect(),
+                _ => (0..=tolerated)
+                    .map(|c| data_slot(&space, &case, c, 0))
+                    .collect(),
+            };
+            let offset = row_offset(&space);
+            let length = space.geometry().row_data_bytes();
+            // As many damaged as the layout survives: the row reads right.
+            for &slot in &slots[..tolerated as usize] {
+                damage(&disks, &pool, &space, slot).await;
+            }
+            let got = space.read(offset, length).await.unwrap();
+            assert!(
+                got[..] == data[offset as usize..(offset + length) as usize],
+                "{}",
+                case.name
+            );
+            // One more (damaged again where the read rewrote): the damaged
+            // blocks fail to read; the rest of the row still reads.
+            for &slot in &slots {
+                damage(&disks, &pool, &space, slot).await;
+            }
+            let refused = space.read(offset, length).await;
+            assert!(refused.is_err(), "{}: wrong data returned", case.name);
+            let untouched = space.read(offset, 4096).await.unwrap();
+            assert!(untouched[..] == data[offset as usize..offset as usize + 4096]);
+            pool.close().await.unwrap();
+        }
+    });
+}
+
+/// A simple space cannot rebuild: a damaged block fails the read, and the
+/// blocks around it read as written.
+#[test]
+fn a_simple_space_refuses_a_damaged_block() {
+    block_on(async {
+        let case = Case {
+            name: "simple",
+            layout: Layout::Simple,
+            columns: 2,
+            cache_bytes: 0,
+        };
+        let disks = Disks::new(4, DISK_BYTES);
+        let pool = create_pool(&disks).await;
+        let (space, data) = written(&pool, &case).await;
+        let slot = data_slot(&space, &case, 0, 0);
+        damage(&disks, &pool, &space, slot).await;
+        let offset = row_offset(&space);
+        assert!(space.read(offset + 4096, 4096).await.is_err());
+        let clean = space.read(offset, 4096).await.unwrap();
+        assert!(clean[..] == data[offset as usize..offset as usize + 4096]);
+        pool.close().await.unwrap();
+    });
+}
+
+/// Sums are durable: a pool closed and imported again still tells which
+/// copy was damaged while it was closed (without sums, a scrub could only
+/// say that the copies differ).
+#[test]
+fn sums_outlive_a_reopen() {
+    block_on(async {
+        let case = &cases()[0];
+        let disks = Disks::new(6, DISK_BYTES);
+        let pool = create_pool(&disks).await;
+        let (space, data) = written(&pool, case).await;
+        let slot = data_slot(&space, case, 0, 0);
+        let name = space.name().to_string();
+        drop(space);
+        pool.close().await.unwrap();
+        let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
+            .await
+            .unwrap();
+        let space = pool.space(&name).unwrap();
+        damage(&disks, &pool, &space, slot).await;
+        let report = repair_space(&space).await.unwrap();
+        assert_eq!(report.mismatched_rows, vec![(EXTENT, ROW)]);
+        let problems = &report.findings[0].problems;
+        assert_eq!(problems[0].kind, ProblemKind::Checksum { blocks: 2 });
+        assert_eq!(problems[0].places.len(), 1);
+        assert_eq!(problems[0].places[0].slot, slot);
+        let offset = row_offset(&space);
+        let length = space.geometry().row_data_bytes();
+        let got = space.read(offset, length).await.unwrap();
+        assert!(got[..] == data[offset as usize..(offset + length) as usize]);
+        pool.close().await.unwrap();
+    });
+}
