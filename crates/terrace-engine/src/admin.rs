@@ -78,7 +78,11 @@ impl Pool {
             next.next_space_id += 1;
             next.spaces.push(record.clone());
             let log = self.plan_new_log(&config, &mut next, record.id)?;
-            let sums = self.plan_new_sums(&config, &mut next, record.id)?;
+            let sums = if config.checksums {
+                self.plan_new_sums(&config, &mut next, record.id)?
+            } else {
+                None
+            };
             let record = next.spaces[metadata.spaces.len()].clone();
             (next, metadata.spaces.len(), record, geometry, log, sums)
         };
@@ -286,6 +290,13 @@ impl Pool {
             }
             let planned = {
                 let control = self.shared.control.lock().await;
+                let chosen = control
+                    .metadata
+                    .space_by_id(space.id())
+                    .is_some_and(|record| record.checksums);
+                if !chosen {
+                    continue;
+                }
                 let mut next = control.metadata.clone();
                 match crate::placement::plan_sums(&self.shared, &mut next, space.id()) {
                     Ok(record)

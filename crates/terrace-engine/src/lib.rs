@@ -80,8 +80,8 @@ pub use room::{metadata_slot_bytes_for, METADATA_SLOT_MAX_BYTES, SLOT_BYTES_PER_
 pub use scan::{scan, DeviceKind, DeviceReport};
 pub use space::{Space, REQUEST_MAX_BYTES};
 pub use status::{
-    CacheInfo, DiskStatus, FailureImpact, PoolHealth, PoolStatus, SpaceHealth, SpaceStatus,
-    Unrepaired,
+    CacheInfo, Checksums, DiskStatus, FailureImpact, PoolHealth, PoolStatus, SpaceHealth,
+    SpaceStatus, Unrepaired,
 };
 pub use units::format_size;
 pub use verify::{Finding, Place, Problem, ProblemKind, Role, FINDINGS_MAX};

@@ -56,6 +56,8 @@ pub struct SpaceConfig {
     /// than created without one (the daemon's rule: a parity space has no
     /// log only when asked for none). Off, the default log is best effort.
     pub require_default_log: bool,
+    /// Keep a sum of every block (the default); off, reads are not checked.
+    pub checksums: bool,
 }
 
 impl SpaceConfig {
@@ -70,6 +72,7 @@ impl SpaceConfig {
             cache_bytes: None,
             export: None,
             require_default_log: false,
+            checksums: true,
         }
     }
 
@@ -442,6 +445,7 @@ fn record(config: &SpaceConfig, metadata: &PoolMetadata, planned: Planned) -> Sp
         role: SpaceRole::Data,
         cache: None,
         sums: None,
+        checksums: config.checksums,
         extents: planned
             .extents
             .into_iter()
@@ -699,6 +703,7 @@ mod tests {
             role,
             cache: None,
             sums: None,
+            checksums: true,
             extents: Vec::new(),
         }
     }

@@ -77,6 +77,16 @@ pub(crate) async fn read_slots<H: RowHost>(io: &RowIo<'_, H>) -> Vec<Option<Byte
 }
 
 pub(crate) async fn check_row<H: LayoutHost>(io: &RowIo<'_, H>, pass: Pass) -> RowState {
+    let state = compare_row(io, pass).await;
+    // Also where the row could not be checked (a column missing): its
+    // data as it reads now is what its sums must say.
+    if pass == Pass::Resync {
+        relearn_sums(io).await;
+    }
+    state
+}
+
+async fn compare_row<H: LayoutHost>(io: &RowIo<'_, H>, pass: Pass) -> RowState {
     let mut slots = read_slots(io).await;
     let mut fixes: Vec<(u32, BytesMut)> = Vec::new();
     let mut problems = Vec::new();
@@ -157,17 +167,22 @@ pub(crate) async fn check_row<H: LayoutHost>(io: &RowIo<'_, H>, pass: Pass) -> R
         )
         .await;
     }
-    if pass == Pass::Resync {
-        relearn_sums(io).await;
-    }
     state
 }
 
 /// Learn the sums of the row's data blocks from the data as it is (after
 /// a crash, once the row's redundancy agrees). A block that cannot be
-/// read gets no sum (unknown).
+/// read gets no sum (unknown). The caller holds the row's lock (a
+/// degraded parity read would take it).
 async fn relearn_sums<H: LayoutHost>(io: &RowIo<'_, H>) {
     let Some(sums) = io.host.sums() else { return };
+    let io = &RowIo {
+        host: io.host,
+        extent: io.extent,
+        row: io.row,
+        targets: io.targets,
+        lock_held: true,
+    };
     let geometry = io.geometry();
     let span = geometry.whole_row(io.extent, io.row);
     let bytes = geometry.row_data_bytes();

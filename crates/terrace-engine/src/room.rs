@@ -176,6 +176,7 @@ mod tests {
             role: SpaceRole::Data,
             cache: None,
             sums: None,
+            checksums: true,
             extents,
         });
         check_room(&metadata, slot).unwrap();

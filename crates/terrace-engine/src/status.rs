@@ -117,6 +117,18 @@ pub struct SpaceStatus {
     /// A mirror's resync after an unclean shutdown, while it runs (see
     /// [`crate::Pool::resync_after_crash`]).
     pub resync: Option<crate::ResyncProgress>,
+    pub checksums: Checksums,
+}
+
+/// Whether a space's blocks are checked against their sums.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checksums {
+    On,
+    /// Off, as asked when the space was created.
+    Off,
+    /// Wanted, but the pool had no room for the sums volume (it is added
+    /// at an import that finds room).
+    NoRoom,
 }
 
 /// A space's write-back cache as status shows it.
@@ -527,6 +539,11 @@ fn space_status(
         fault_domain: record.fault_domain,
         failures_tolerated: record.layout.failures_tolerated(),
         health,
+        checksums: match (record.checksums, space.sums().is_some()) {
+            (false, _) => Checksums::Off,
+            (true, true) => Checksums::On,
+            (true, false) => Checksums::NoRoom,
+        },
         resync: space
             .pool
             .crash_resync

@@ -36,6 +36,9 @@ pub(crate) trait SumsStore: Send + Sync {
     fn write_page(&self, index: u64, bytes: Bytes) -> BoxFuture<'_, Result<(), EngineError>>;
     /// Make every page written so far durable.
     fn flush(&self) -> BoxFuture<'_, Result<(), EngineError>>;
+    /// Pages it has room for: blocks past them (the rows of a space's last
+    /// extent beyond its end) have no sums.
+    fn pages(&self) -> u64;
 }
 
 struct Cached {
@@ -170,6 +173,10 @@ impl Sums {
 
     /// Set the sums of the blocks from `first` on to `sums` (0 forgets).
     pub(crate) async fn set(&self, store: &dyn SumsStore, first: u64, sums: &[u64]) {
+        let kept = (store.pages() * SUMS_PER_PAGE as u64)
+            .saturating_sub(first)
+            .min(sums.len() as u64) as usize;
+        let sums = &sums[..kept];
         let blocks = first..first + sums.len() as u64;
         self.load(store, Self::pages(&blocks)).await;
         let mut state = self.state();
@@ -210,7 +217,7 @@ impl Sums {
         let mut state = self.state();
         state.clock += 1;
         let used = state.clock;
-        for index in whole {
+        for index in whole.start..whole.end.min(store.pages()) {
             state.pages.insert(
                 index,
                 Cached {
@@ -489,6 +496,8 @@ mod tests {
         copies: Mutex<HashMap<u64, [Option<Vec<u8>>; 2]>>,
         writes: Mutex<u64>,
         reads: Mutex<u64>,
+        /// Pages it has room for; 0: unbounded.
+        limit: Mutex<u64>,
         fail_writes: Mutex<bool>,
     }
 
@@ -536,9 +545,35 @@ mod tests {
         fn flush(&self) -> BoxFuture<'_, Result<(), EngineError>> {
             async { Ok(()) }.boxed()
         }
+
+        fn pages(&self) -> u64 {
+            match *self.limit.lock().unwrap() {
+                0 => u64::MAX / 1024,
+                limit => limit,
+            }
+        }
     }
 
     const SPACE: SpaceId = SpaceId(4);
+
+    /// Blocks past the pages the store has room for (rows of a space's
+    /// last extent beyond its end) keep no sums: setting them writes
+    /// nothing there.
+    #[test]
+    fn blocks_past_the_store_keep_no_sums() {
+        let store = MemoryStore::default();
+        *store.limit.lock().unwrap() = 1;
+        let sums = Sums::new(SPACE, 8, false);
+        block_on(sums.set(&store, PER_PAGE - 1, &[7, 8, 9]));
+        block_on(sums.forget(&store, 0..4 * PER_PAGE));
+        block_on(sums.set(&store, PER_PAGE - 1, &[7, 8, 9]));
+        block_on(sums.write_back(&store, None)).unwrap();
+        assert_eq!(
+            block_on(sums.get(&store, PER_PAGE - 1..PER_PAGE + 1)),
+            vec![7, 0]
+        );
+        assert!(store.copies.lock().unwrap().keys().all(|&page| page == 0));
+    }
 
     /// Sums on slabs zeroed just now are read from the store only once
     /// written back (a destage of whole rows reads nothing); sums found

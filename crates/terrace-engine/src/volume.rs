@@ -1139,6 +1139,10 @@ impl crate::sums::SumsStore for Volume {
     fn flush(&self) -> futures::future::BoxFuture<'_, Result<(), EngineError>> {
         Box::pin(self.flush_own_disks())
     }
+
+    fn pages(&self) -> u64 {
+        self.size_bytes() / PAGE_BYTES
+    }
 }
 
 const PAGE_BYTES: u64 = terrace_meta::sums::SUMS_PAGE_BYTES as u64;

@@ -254,6 +254,9 @@ const SPACE_RECORD_MIN_BYTES: usize = 8 + 2 + 2 + 4 + 8 + 8 + 2 + 8 + 2 + 9 + 40
 /// An encoded slab reference: u16 disk index, u32 slab index.
 const SLAB_REF_BYTES: usize = 6;
 
+/// A space record's sums field for a space that keeps no sums by choice.
+const SUMS_OFF: u64 = u64::MAX;
+
 pub fn encode(metadata: &PoolMetadata) -> Vec<u8> {
     encode_version(metadata, crate::format::SLOT_VERSION)
 }
@@ -347,7 +350,10 @@ fn encode_space(writer: &mut Writer, space: &SpaceRecord, slab_bytes: u64, versi
     writer.u64(cache.checkpoint_hint);
     writer.u64(cache.checkpoint_offset);
     if version >= 5 {
-        writer.u64(space.sums.map_or(0, |sums| sums.0));
+        writer.u64(match (space.checksums, space.sums) {
+            (false, _) => SUMS_OFF,
+            (true, sums) => sums.map_or(0, |sums| sums.0),
+        });
     }
     writer.u32(space.extents.len() as u32);
     let slots = space
@@ -520,14 +526,18 @@ fn decode_space(
                 checkpoint_offset,
             })
         },
-        // Slot formats before 5 keep no sums.
-        sums: if version >= 5 {
-            Some(SpaceId(reader.u64("space sums")?)).filter(|sums| sums.0 != 0)
-        } else {
-            None
-        },
+        // Slot formats before 5 keep no sums (and get them).
+        sums: None,
+        checksums: true,
         extents: Vec::new(),
     };
+    if version >= 5 {
+        match reader.u64("space sums")? {
+            SUMS_OFF => space.checksums = false,
+            0 => {}
+            sums => space.sums = Some(SpaceId(sums)),
+        }
+    }
     let geometry = space
         .geometry(slab_bytes)
         .map_err(|source| DecodeError::BadGeometry { space: id, source })?;

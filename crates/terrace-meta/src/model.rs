@@ -165,6 +165,9 @@ pub struct SpaceRecord {
     /// The hidden space that holds this space's block sums (`None`: the
     /// space has none yet, as in pools of slot format 4 or older).
     pub sums: Option<SpaceId>,
+    /// Whether the space keeps block sums at all (off only when asked at
+    /// creation: a space for scratch data, or to measure their cost).
+    pub checksums: bool,
     pub extents: Vec<ExtentRecord>,
 }
 

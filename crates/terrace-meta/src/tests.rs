@@ -74,6 +74,7 @@ fn metadata_with_space(layout: Layout, columns: u32, extents: u64) -> PoolMetada
         role: SpaceRole::Data,
         cache: None,
         sums: None,
+        checksums: true,
         extents,
     });
     pool
@@ -891,4 +892,9 @@ fn sums_scrub_and_error_settings_round_trip() {
         unrepaired: 1,
     });
     assert_eq!(codec::decode(&codec::encode(&pool)).unwrap(), pool);
+    // A space that keeps no sums by choice says so.
+    let mut off = pool.clone();
+    off.spaces[0].sums = None;
+    off.spaces[0].checksums = false;
+    assert_eq!(codec::decode(&codec::encode(&off)).unwrap(), off);
 }

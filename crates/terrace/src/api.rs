@@ -174,6 +174,13 @@ pub struct SpaceCreate {
     /// NBD export name; `None`: the space's name.
     #[serde(default)]
     pub export: Option<String>,
+    /// Keep a checksum of every block (the default).
+    #[serde(default = "checksums_default")]
+    pub checksums: bool,
+}
+
+fn checksums_default() -> bool {
+    true
 }
 
 /// What went wrong, by who can fix it.
@@ -268,6 +275,10 @@ pub struct DiskView {
     pub latency_us: u64,
     /// Far slower than its peers.
     pub slow: bool,
+    /// Rows read from it that failed their checksums (each rebuilt from
+    /// redundancy and rewritten) since the pool was opened.
+    #[serde(default)]
+    pub checksum_errors: u64,
     /// Extents written while it was missing: back, it resyncs only these.
     #[serde(default)]
     pub missed_extents: u64,
@@ -385,6 +396,11 @@ pub struct SpaceView {
     /// What the admin should do about it; null when nothing.
     #[serde(default)]
     pub action: Option<String>,
+    /// Whether reads check every block against its checksum: "on", "off"
+    /// (as asked at creation) or "no-room" (the pool had no room for the
+    /// sums; an import that finds room adds them).
+    #[serde(default)]
+    pub checksums: String,
 }
 
 /// A space's write-back cache: where its log lives and how full it is.

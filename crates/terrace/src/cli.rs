@@ -251,6 +251,10 @@ pub enum SpaceCommand {
         /// refused if a space of an open pool has it).
         #[arg(long)]
         export: Option<String>,
+        /// Keep a checksum of every 4 KiB block, checked on every read, so
+        /// a damaged copy is found and rebuilt (on, the default), or not.
+        #[arg(long, default_value = "on", value_parser = parse_on_off)]
+        checksums: bool,
     },
     /// Check that every row's copies or parity agree with its data.
     Verify {
@@ -604,6 +608,15 @@ pub async fn wait_for_job(
     }
 }
 
+/// `on` or `off`.
+fn parse_on_off(value: &str) -> Result<bool, String> {
+    match value {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("'{other}' is neither on nor off")),
+    }
+}
+
 /// The request of a space command; `space delete` asks the daemon at
 /// `control` whether it may first, then the user.
 pub fn space_request(command: SpaceCommand, control: &PathBuf) -> Result<Request, CliError> {
@@ -621,6 +634,7 @@ pub fn space_request(command: SpaceCommand, control: &PathBuf) -> Result<Request
             fault_domain,
             cache,
             export,
+            checksums,
         } => Request::SpaceCreate(SpaceCreate {
             pool,
             name,
@@ -633,6 +647,7 @@ pub fn space_request(command: SpaceCommand, control: &PathBuf) -> Result<Request
             fault_domain,
             cache_bytes: cache,
             export,
+            checksums,
         }),
         SpaceCommand::Verify { name, pool } => Request::SpaceVerify { pool, name },
         SpaceCommand::Cache { name, size, pool } => Request::SpaceCache {
@@ -685,7 +700,7 @@ pub fn failure_in(request: &Request, result: &serde_json::Value) -> Option<Strin
         Request::SpaceVerify { name, .. } => {
             let mismatched = result["mismatched_rows"].as_u64().unwrap_or(0);
             (mismatched > 0)
-                .then(|| format!("space {name}: {mismatched} rows whose copies or parity disagree"))
+                .then(|| format!("space {name}: {mismatched} rows whose blocks fail their checksums or whose copies or parity disagree"))
         }
         Request::PoolClear { name, .. } => match result["still_failing"].as_u64() {
             Some(count) if count > 0 => Some(format!(

@@ -238,6 +238,7 @@ async fn demo_steps(
             fault_domain: None,
             cache_bytes: Some(CACHE_BYTES),
             export: None,
+            checksums: true,
         };
         let answer = call(control, &Request::SpaceCreate(create)).await?;
         println!(

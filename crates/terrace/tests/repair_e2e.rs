@@ -782,13 +782,15 @@ fn a_slow_disk_is_flagged_until_it_leaves_service() {
 #[test]
 fn the_pool_state_line_names_missing_empty_disks_and_a_read_only_import() {
     let mut daemon = Daemon::start();
-    let files = daemon.disk_files("idle", 4, DISK_BYTES);
+    // Five disks: the mirror's two copies and its sums' two leave one empty.
+    let files = daemon.disk_files("idle", 5, DISK_BYTES);
     daemon.create_pool("idle", &files, SLAB);
     set_pool(&daemon, "idle", &["--retire-missing", "never"]);
     daemon.create_space("idle", "m", &["--layout", "mirror", "--columns", "1"], "8M");
     let used = disks_of(&daemon, "m");
+    let status = daemon.pool_status("idle");
     let empty = (0..files.len())
-        .find(|disk| !used.contains(disk))
+        .find(|&disk| status["disks"][disk]["slabs_used"] == 0)
         .expect("a disk without slabs");
     std::fs::remove_file(&files[empty]).expect("remove the empty disk's file");
     // A metadata commit writes every disk, and finds this one gone.

@@ -1,8 +1,8 @@
 //! `space verify` through the daemon: a clean space exits 0; a parity
 //! space (with its default write-back log) whose data column was
 //! overwritten in its backing file, behind the daemon, exits 1 and names
-//! the row, the extent, the disk and the byte offset on it, in text and
-//! in `--json`.
+//! the row, the extent, and (by the blocks' checksums) the damaged slot
+//! alone with its disk and the byte offset on it, in text and in `--json`.
 
 mod common;
 
@@ -74,8 +74,14 @@ fn space_verify_finds_a_column_overwritten_in_a_backing_file_and_names_it() {
         "{report}"
     );
     let problem = &finding["problems"][0];
-    assert_eq!(problem["kind"], "parity", "{report}");
-    assert_eq!(problem["parity"], serde_json::json!(["P"]), "{report}");
+    // The block's checksum tells which slot is damaged: that one alone.
+    assert_eq!(problem["kind"], "checksum", "{report}");
+    assert_eq!(problem["damaged_found"], true, "{report}");
+    assert_eq!(
+        problem["places"].as_array().map(Vec::len),
+        Some(1),
+        "{report}"
+    );
     let place = problem["places"]
         .as_array()
         .expect("places")
@@ -95,8 +101,9 @@ fn space_verify_finds_a_column_overwritten_in_a_backing_file_and_names_it() {
         text.describe()
     );
     assert!(
-        text.stderr
-            .contains("1 rows whose copies or parity disagree"),
+        text.stderr.contains(
+            "1 rows whose blocks fail their checksums or whose copies or parity disagree"
+        ),
         "{}",
         text.describe()
     );

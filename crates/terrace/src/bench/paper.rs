@@ -463,6 +463,7 @@ async fn create_spaces(
             fault_domain: None,
             cache_bytes: Some(cache_bytes),
             export: None,
+            checksums: true,
         };
         let answer = call(control, &Request::SpaceCreate(create)).await?;
         let space: SpaceView =

@@ -896,6 +896,7 @@ async fn space_create(registry: &Registry, create: SpaceCreate) -> Answer {
     config.cache_bytes = create.cache_bytes;
     config.export = create.export.clone();
     config.require_default_log = true;
+    config.checksums = create.checksums;
     export_free(registry, &create.pool, &config)?;
     // The cache the space will get, asked for or the pool's default for
     // its layout, counts against the daemon's memory either way.

@@ -539,10 +539,13 @@ pub fn start_pool_tasks(pool: &Arc<Pool>) {
         while watched.is_open() {
             tokio::select! {
                 event = events.next() => {
-                    if event.is_none() {
+                    let Some(event) = event else {
                         break;
+                    };
+                    log_finding(watched.name(), &event);
+                    while let Ok(event) = events.try_recv() {
+                        log_finding(watched.name(), &event);
                     }
-                    while events.try_recv().is_ok() {}
                     told = true;
                 }
                 _ = tick.tick() => {
@@ -583,6 +586,29 @@ async fn log_changes(pool: &Pool, before: Option<&Summary>) -> Summary {
         super::log(line);
     }
     now
+}
+
+/// Log a block that failed its checksum, repaired or not, as it happens
+/// (the pool's status only counts them).
+fn log_finding(pool: &str, event: &terrace_engine::PoolEvent) {
+    match event {
+        terrace_engine::PoolEvent::Healed {
+            space,
+            offset,
+            length,
+            disk,
+            blocks,
+            rewritten,
+        } => super::log(format!(
+            "pool {pool}: space {space}: checksum error repaired: {blocks} block(s) of the row at {offset}+{length} on {} failed their checksums, rebuilt from redundancy{}",
+            disk.map_or("a disk".to_string(), |disk| format!("disk {}", disk.0)),
+            if *rewritten { " and rewritten there" } else { " (not rewritten: the pool is read-only or the write failed)" }
+        )),
+        terrace_engine::PoolEvent::Unrecoverable { space, offset, blocks } => super::log(format!(
+            "pool {pool}: space {space}: {blocks} block(s) from {offset} fail their checksums on every copy and no reconstruction matches: reads of them fail"
+        )),
+        _ => {}
+    }
 }
 
 #[cfg(test)]

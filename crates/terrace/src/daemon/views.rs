@@ -162,6 +162,12 @@ pub fn space_view(pool: &str, space: &SpaceStatus, read_only: bool, export: Stri
             .as_ref()
             .map(|cache| cache_view(cache, space.layout)),
         action: None,
+        checksums: match space.checksums {
+            terrace_engine::Checksums::On => "on",
+            terrace_engine::Checksums::Off => "off",
+            terrace_engine::Checksums::NoRoom => "no-room",
+        }
+        .into(),
     }
 }
 
@@ -250,6 +256,7 @@ pub fn pool_view(
             node: non_empty(&disk.node),
             latency_us: disk.latency_us,
             slow: disk.slow,
+            checksum_errors: disk.checksum_errors,
             missed_extents: disk.missed_extents,
             unrepaired: disk.unrepaired.as_ref().map(|u| u.reason.clone()),
             action: super::actions::disk_action(status, disk),
@@ -431,6 +438,12 @@ fn explanation(view: &SpaceView, slab_bytes: u64) -> Vec<String> {
             count(view.failures_tolerated, "disk failure")
         ),
         None => "some extents have lost their data".into(),
+    });
+    lines.push(match view.checksums.as_str() {
+        "on" if view.failures_tolerated > 0 => "checksums: on; every 4K block read is checked, and one that fails is rebuilt from redundancy and rewritten".to_string(),
+        "on" => "checksums: on; every 4K block read is checked, and one that fails is refused (no redundancy to rebuild it from)".to_string(),
+        "off" => "checksums: off, as asked at creation: a damaged copy would be returned as it is".to_string(),
+        _ => "checksums: none yet, the pool had no room for them; they are added at an import that finds room".to_string(),
     });
     lines
 }

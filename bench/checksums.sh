@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# What block checksums cost: the same build, one daemon, each layout as two
+# spaces alike but for `--checksums on|off`, measured alternately.
+#
+#   bench/checksums.sh [rounds] [seconds-per-run]
+#
+# A pool of 4 sparse 4 GiB files under /var/tmp; for each of LAYOUTS
+# (default simple, 2-way mirror, single parity with its write-back log),
+# spaces NAME-on and NAME-off of 1 GiB, filled with 1 MiB writes. Each
+# round runs, for every layout and each of PATTERNS (fio rw, block size,
+# outstanding I/Os; default 4 KiB random writes and reads at 1 and 32,
+# 1 MiB sequential writes and reads at 8), the on and off spaces one after
+# the other (which first alternates by round), fio's nbd engine, 1 s ramp
+# then the given seconds. Prints each run's MB/s, then per layout and
+# pattern the medians and their ratio (on / off). Needs fio.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. bench/lib.sh
+
+rounds="${1:-3}"
+seconds="${2:-5}"
+ab_work checksums
+bin="${BINS%% *}"
+layouts="${LAYOUTS:-simple:--layout simple,mirror:--layout mirror --copies 2,parity:--layout parity --redundancy 1}"
+patterns="${PATTERNS:-randwrite 4k 1,randwrite 4k 32,randread 4k 1,randread 4k 32,write 1m 8,read 1m 8}"
+IFS=, read -r -a layout_specs <<<"$layouts"
+IFS=, read -r -a specs <<<"$patterns"
+
+daemon_in "$bin" "$work"
+ctl=("$bin" --control "$work/ctl.sock")
+mkdir -p "$work/disks"
+disks=()
+for i in 0 1 2 3; do
+    truncate -s 4G "$work/disks/d$i.img"
+    disks+=("$work/disks/d$i.img")
+done
+"${ctl[@]}" pool create p "${disks[@]}" --slab 64M >/dev/null
+names=()
+for entry in "${layout_specs[@]}"; do
+    name="${entry%%:*}"
+    read -r -a args <<<"${entry#*:}"
+    names+=("$name")
+    for sums in on off; do
+        "${ctl[@]}" space create p "$name-$sums" "${args[@]}" --size 1G --checksums "$sums" >/dev/null
+        fio --name=fill --ioengine=nbd --uri="nbd+unix:///$name-$sums?socket=$work/nbd.sock" \
+            --rw=write --bs=1M --iodepth=16 --size=1G >/dev/null 2>&1
+    done
+done
+
+mbs() {
+    local space="$1" rw="$2" bs="$3" depth="$4"
+    fio --name=cs --ioengine=nbd --uri="nbd+unix:///$space?socket=$work/nbd.sock" \
+        --rw="$rw" --bs="$bs" --iodepth="$depth" --size=1G --time_based \
+        --runtime="$seconds" --ramp_time=1 --output-format=json 2>/dev/null |
+        python3 -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print("%.1f" % ((j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 1e6))'
+}
+
+results="$work/results"
+: >"$results"
+echo "| round | layout | pattern | on MB/s | off MB/s |"
+echo "|---|---|---|---|---|"
+for round in $(seq "$rounds"); do
+    for name in "${names[@]}"; do
+        for spec in "${specs[@]}"; do
+            read -r rw bs depth <<<"$spec"
+            if [ $((round % 2)) -eq 1 ]; then order="on off"; else order="off on"; fi
+            declare -A got=()
+            for sums in $order; do
+                got[$sums]=$(mbs "$name-$sums" "$rw" "$bs" "$depth")
+            done
+            echo "| $round | $name | $spec | ${got[on]} | ${got[off]} |"
+            echo "$name|$spec|${got[on]}|${got[off]}" >>"$results"
+        done
+    done
+done
+echo
+echo "| layout | pattern | on MB/s (median) | off MB/s (median) | on / off |"
+echo "|---|---|---|---|---|"
+python3 - "$results" <<'EOF'
+import statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    name, spec, on, off = line.strip().split("|")
+    rows.setdefault((name, spec), []).append((float(on), float(off)))
+for (name, spec), runs in rows.items():
+    on = statistics.median(r[0] for r in runs)
+    off = statistics.median(r[1] for r in runs)
+    print(f"| {name} | {spec} | {on:.1f} | {off:.1f} | {on / off:.2f} |")
+EOF
