@@ -8,10 +8,27 @@
 //! the record of disks a repair leaves out, the crash-resync bookkeeping
 //! and the commit of failures.
 
+use terrace_meta::{DiskIndex, SlabIndex};
+
 use crate::error::EngineError;
 use crate::resync::{check_row, Pass, RedundancyReport, RowState};
 use crate::verify::{Finding, Problem, FINDINGS_MAX};
 use crate::volume::Volume;
+
+/// Where an extent's slots lie, as the passes over many extents order
+/// them: its lowest slab (then that slab's disk). Extents visited by this
+/// key are read from each disk mostly from its start to its end, as
+/// placement hands out each disk's slabs from the lowest; a walk in space
+/// order would seek back and forth between the extents of one disk that
+/// different spaces or resizes interleave. The key names one extent (a
+/// slab holds one slot of one extent), so it also says where a walk
+/// stands: `(slab << 16) | disk`.
+pub(crate) fn place_key(slabs: impl Iterator<Item = (DiskIndex, SlabIndex)>) -> u64 {
+    slabs
+        .map(|(disk, slab)| (u64::from(slab.0) << 16) | u64::from(disk.0))
+        .min()
+        .unwrap_or(u64::MAX)
+}
 
 /// Rewrite redundancy from its source of truth on every row, and learn
 /// the blocks' sums from the data (after an unclean shutdown).
@@ -47,11 +64,33 @@ pub(crate) async fn resync_range(
     walk_rows(space, Pass::Resync, rows).await
 }
 
+/// Every row of the volume, its extents in disk order ([`place_key`]);
+/// what it finds is told in space order.
 async fn walk(space: &Volume, pass: Pass) -> Result<RedundancyReport, EngineError> {
-    let extents = space.map().extents.len() as u64;
+    let slab_bytes = space.geometry.slab_bytes();
+    let mut extents: Vec<(u64, u64)> = space
+        .map()
+        .extents
+        .iter()
+        .enumerate()
+        .map(|(extent, targets)| {
+            let slabs = targets.iter().filter_map(|target| {
+                let location = target.locations.first()?;
+                let slab = space.pool.slab_at(location.base, slab_bytes);
+                Some((location.disk.index, slab))
+            });
+            (place_key(slabs), extent as u64)
+        })
+        .collect();
+    extents.sort_unstable();
     let per_extent = space.geometry.rows_per_extent();
-    let rows = (0..extents).flat_map(|extent| (0..per_extent).map(move |row| (extent, row)));
-    walk_rows(space, pass, rows).await
+    let rows = extents
+        .into_iter()
+        .flat_map(|(_, extent)| (0..per_extent).map(move |row| (extent, row)));
+    let mut report = walk_rows(space, pass, rows).await?;
+    report.mismatched_rows.sort_unstable();
+    report.findings.sort_by_key(|finding| finding.offset);
+    Ok(report)
 }
 
 async fn walk_rows(
@@ -92,6 +131,13 @@ async fn walk_rows(
             RowState::Agrees => {}
             RowState::Disagrees(problems) => {
                 report.mismatched_rows.push((extent, row));
+                // Read again what was rewritten: a fix lost on its way to
+                // the disk leaves the row as it was.
+                if pass == Pass::Repair
+                    && matches!(check_row(&io, Pass::Verify).await, RowState::Disagrees(_))
+                {
+                    report.unrepaired_rows.push((extent, row));
+                }
                 if report.findings.len() < FINDINGS_MAX {
                     report.findings.push(finding(space, extent, row, problems));
                 }

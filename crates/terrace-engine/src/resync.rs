@@ -34,6 +34,10 @@ pub struct RedundancyReport {
     pub rows: u64,
     /// Rows whose redundancy disagreed (verify) or was rewritten (resync).
     pub mismatched_rows: Vec<(u64, u64)>,
+    /// Of the rows a repair pass rewrote, those that still disagree when
+    /// read again (a fix that did not reach its disk, blocks no copy or
+    /// reconstruction matches).
+    pub unrepaired_rows: Vec<(u64, u64)>,
     /// The first [`FINDINGS_MAX`](crate::verify::FINDINGS_MAX) of those rows, with what disagrees and
     /// where (the rest are counted in `mismatched_rows` only).
     pub findings: Vec<Finding>,
