@@ -113,6 +113,13 @@ pub enum EngineError {
     JobNotActive { id: u64, state: String },
     #[error("job {id} already works on that disk; wait for it, or cancel it")]
     JobConflict { id: u64 },
+    #[error("a scrub of this pool is already under way (job {id}); one runs at a time")]
+    ScrubRunning { id: u64 },
+    #[error(
+        "job {id} is re-creating or catching up data; a scrub waits until it is done \
+         (it would find the copies it is still writing)"
+    )]
+    ScrubDuringRepair { id: u64 },
     #[error("a space named {name} already exists")]
     SpaceExists { name: String },
     #[error("export name {export} is space {space}'s already")]

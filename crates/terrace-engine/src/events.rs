@@ -68,6 +68,16 @@ pub enum PoolEvent {
         offset: u64,
         blocks: u64,
     },
+    /// A scrub found a row whose redundancy disagreed: where (`space`,
+    /// by name, and the row's `offset` in it), `what` disagreed and on
+    /// which disks, and whether it is `repaired`.
+    ScrubFound {
+        job: u64,
+        space: String,
+        offset: u64,
+        what: String,
+        repaired: bool,
+    },
 }
 
 /// The receivers of one pool's events.
@@ -151,6 +161,13 @@ fn trace(pool: &str, event: &PoolEvent) {
             blocks,
             "blocks fail their checksums on every copy"
         ),
+        PoolEvent::ScrubFound {
+            job,
+            space,
+            offset,
+            what,
+            repaired,
+        } => tracing::warn!(pool, job, space, offset, what, repaired, "scrub found"),
     }
 }
 

@@ -29,6 +29,26 @@ pub(crate) struct JobRuntime {
     /// Held by the move that commits the waiting ones (one commit at a time
     /// takes every move that finished meanwhile).
     pub(crate) finisher: futures::lock::Mutex<()>,
+    /// Where each running scrub stands, ahead of its record: copied into
+    /// the record when it is paused, cancelled or commits its progress.
+    scrubs: Mutex<HashMap<u64, ScrubMark>>,
+}
+
+/// A scrub's progress: its cursor (the walk's position, see
+/// `jobs/scrub.rs`), the bytes read from disks below it, and the rows it
+/// repaired, could not repair, and could not check.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct ScrubMark {
+    pub(crate) cursor: u64,
+    pub(crate) bytes_done: u64,
+    pub(crate) repaired: u64,
+    pub(crate) unrepaired: u64,
+    /// Rows that could not be checked (a needed disk offline), in this
+    /// process only: the record keeps no count of them.
+    pub(crate) skipped: u64,
+    /// The scrub's own pace in bytes read a second (0: the pool's repair
+    /// rate), as `pool scrub --rate` asked.
+    pub(crate) rate: u64,
 }
 
 /// One move: (space, extent, slot).
@@ -128,5 +148,23 @@ impl JobRuntime {
             let seconds = (end.saturating_sub(p.started_ns) as f64 / 1e9).max(1e-3);
             (p.bytes_now.saturating_sub(p.bytes_at_start) as f64 / seconds) as u64
         })
+    }
+
+    /// A scrub's progress as its runner last told it.
+    pub(crate) fn scrub(&self, job: u64) -> Option<ScrubMark> {
+        let scrubs = self.scrubs.lock().unwrap_or_else(|e| e.into_inner());
+        scrubs.get(&job).copied()
+    }
+
+    /// Tell a scrub's progress (its first telling may come from the start
+    /// of the job, with its rate only).
+    pub(crate) fn note_scrub(&self, job: u64, mark: ScrubMark) {
+        let mut scrubs = self.scrubs.lock().unwrap_or_else(|e| e.into_inner());
+        scrubs.insert(job, mark);
+    }
+
+    pub(crate) fn forget_scrub(&self, job: u64) {
+        let mut scrubs = self.scrubs.lock().unwrap_or_else(|e| e.into_inner());
+        scrubs.remove(&job);
     }
 }

@@ -60,6 +60,8 @@ impl Pool {
         let now = env.wall_clock_ns();
         let pool_id = PoolId(random_id(env.as_ref()));
         let mut metadata = PoolMetadata::new(pool_id, config.name.clone(), config.slab_bytes, now);
+        // A new pool has nothing to scrub: its schedule counts from now.
+        metadata.settings.scrub_last_ns = now;
         let context = DiskContext::new(env.clone(), &config.name);
         let shape = Shape {
             pool_id,

@@ -8,6 +8,8 @@
 //! the record of disks a repair leaves out, the crash-resync bookkeeping
 //! and the commit of failures.
 
+use std::ops::Range;
+
 use terrace_meta::{DiskIndex, SlabIndex};
 
 use crate::error::EngineError;
@@ -62,6 +64,16 @@ pub(crate) async fn resync_range(
         (row / per_extent, row % per_extent)
     });
     walk_rows(space, Pass::Resync, rows).await
+}
+
+/// Check and rewrite the redundancy of rows `rows` of `extent` (a
+/// scrub's step).
+pub(crate) async fn repair_rows(
+    space: &Volume,
+    extent: u64,
+    rows: Range<u64>,
+) -> Result<RedundancyReport, EngineError> {
+    walk_rows(space, Pass::Repair, rows.map(|row| (extent, row))).await
 }
 
 /// Every row of the volume, its extents in disk order ([`place_key`]);

@@ -25,6 +25,7 @@
 mod crash_pass;
 mod plan;
 mod run;
+mod scrub;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -62,6 +63,10 @@ pub struct JobStatus {
     pub rate_bytes_per_second: u64,
     /// Seconds to completion at that rate, when it is known.
     pub eta_seconds: Option<u64>,
+    /// A scrub's rows rewritten because their redundancy disagreed, and
+    /// rows that still disagreed after (0 for other jobs).
+    pub repaired: u64,
+    pub unrepaired: u64,
 }
 
 /// Why a job of `kind` found nothing to move in `metadata`, for `job
@@ -168,6 +173,9 @@ impl Pool {
     /// out of the repair's plan: writes of the log may still be reaching
     /// them (see [`crate::space::MapEpoch`]).
     pub async fn start_job(&self, kind: JobKind) -> Result<u64, EngineError> {
+        if kind == JobKind::Scrub {
+            return self.start_scrub(0).await;
+        }
         self.shared.check_open()?;
         self.shared.check_writable()?;
         let mut control = self.shared.control.lock().await;
@@ -325,6 +333,7 @@ impl Pool {
                 let running = job.state == JobState::Running;
                 let rate = self.shared.job_runtime.rate(job.id, now, running);
                 let left = job.bytes_total.saturating_sub(bytes_done);
+                let scrubbed = self.scrubbed(job);
                 JobStatus {
                     id: job.id,
                     kind: job.kind,
@@ -336,6 +345,8 @@ impl Pool {
                     moves_done: job.moves_done(),
                     rate_bytes_per_second: rate,
                     eta_seconds: (running && rate > 0).then(|| left / rate),
+                    repaired: scrubbed.repaired,
+                    unrepaired: scrubbed.unrepaired,
                 }
             })
             .collect()
@@ -345,6 +356,9 @@ impl Pool {
     fn live_bytes_done(&self, metadata: &PoolMetadata, job: &JobRecord) -> u64 {
         if !job.is_active() {
             return job.bytes_done;
+        }
+        if job.kind == JobKind::Scrub {
+            return self.scrubbed(job).bytes_done;
         }
         moves_bytes(metadata, job, |step| {
             self.shared
@@ -363,8 +377,28 @@ impl Pool {
         job.finished_ns = self.shared.env.wall_clock_ns();
     }
 
-    /// Copy the run-time watermarks into a job record before it is committed.
+    /// A scrub's progress: its record's, or the runner's where ahead.
+    fn scrubbed(&self, job: &JobRecord) -> JobRecord {
+        let mut job = job.clone();
+        if job.kind != JobKind::Scrub || !job.is_active() {
+            return job;
+        }
+        if let Some(mark) = self.shared.job_runtime.scrub(job.id) {
+            job.cursor = job.cursor.max(mark.cursor);
+            job.bytes_done = job.bytes_done.max(mark.bytes_done);
+            job.repaired = job.repaired.max(mark.repaired);
+            job.unrepaired = job.unrepaired.max(mark.unrepaired);
+        }
+        job
+    }
+
+    /// Copy the run-time watermarks (a scrub's cursor and counts) into a
+    /// job record before it is committed.
     pub(crate) fn save_watermarks(&self, job: &mut JobRecord) {
+        if job.kind == JobKind::Scrub {
+            *job = self.scrubbed(job);
+            return;
+        }
         for step in job.moves.iter_mut().filter(|step| !step.done) {
             if let Some(rows) =
                 self.shared

@@ -143,10 +143,10 @@ impl Pool {
                 }
             }
         };
-        futures::future::join3(policy, join_all(workers), resync).await;
+        futures::future::join4(policy, join_all(workers), resync, self.run_scrubs()).await;
     }
 
-    fn running_jobs(&self) -> bool {
+    pub(super) fn running_jobs(&self) -> bool {
         self.shared.check_open().is_ok() && self.shared.read_only.is_none()
     }
 
@@ -719,7 +719,7 @@ impl Pool {
         }
     }
 
-    async fn fail_job(&self, job_id: u64, reason: String) {
+    pub(super) async fn fail_job(&self, job_id: u64, reason: String) {
         let mut control = self.shared.control.lock().await;
         let mut next = control.metadata.clone();
         let Some(job) = next.jobs.iter_mut().find(|job| job.id == job_id) else {
@@ -732,7 +732,8 @@ impl Pool {
         job.finished_ns = self.shared.env.wall_clock_ns();
         let failed = job.clone();
         let position = next.jobs.iter().position(|job| job.id == job_id);
-        if let Some(position) = position {
+        // A scrub's bytes are its own; a move job's are its moves'.
+        if let Some(position) = position.filter(|_| failed.kind != JobKind::Scrub) {
             next.jobs[position].bytes_done = recorded_bytes_done(&next, &failed);
         }
         trim_history(&mut next);

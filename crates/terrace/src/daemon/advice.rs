@@ -172,6 +172,8 @@ mod tests {
             moves_done: 0,
             rate_bytes_per_second: 0,
             eta_seconds: None,
+            repaired: 0,
+            unrepaired: 0,
         };
         let waiting = "nothing to repair: every extent with a slab on disk 2 has lost more \
                        disks than its layout tolerates, so none can be re-created; they read \
