@@ -142,6 +142,17 @@ pub enum Request {
         retire_missing: Option<String>,
         repair_policy: Option<String>,
         repair_rate_bytes: Option<u64>,
+        /// How often a scrub starts by itself: daily, weekly, monthly,
+        /// off or a duration (36h, 10d).
+        #[serde(default)]
+        scrub: Option<String>,
+    },
+    /// Start a scrub of the pool: read every row, repair what disagrees.
+    PoolScrub {
+        name: String,
+        /// Bytes read from disks a second; `None`: the pool's repair rate.
+        #[serde(default)]
+        rate_bytes: Option<u64>,
     },
     JobList {
         pool: Option<String>,
@@ -313,6 +324,12 @@ pub struct JobView {
     /// repair, nothing missed): its 100 % is of nothing.
     #[serde(default)]
     pub nothing_to_do: bool,
+    /// A scrub's rows repaired and rows it could not repair (null for
+    /// other jobs).
+    #[serde(default)]
+    pub repaired: Option<u64>,
+    #[serde(default)]
+    pub unrepaired: Option<u64>,
 }
 
 /// What one disk, enclosure or node failing now would cost.
@@ -333,6 +350,18 @@ pub struct SettingsView {
     pub retire_missing: String,
     pub repair_policy: String,
     pub repair_rate_bytes_per_second: u64,
+    /// How often a scrub starts by itself, in words (`off`, `daily`,
+    /// `every 36 hours`), and in seconds (0: off).
+    #[serde(default)]
+    pub scrub: String,
+    #[serde(default)]
+    pub scrub_interval_seconds: u64,
+    /// When the last scrub started and the next is due, in seconds since
+    /// the Unix epoch (null: the pool never scrubbed / no schedule).
+    #[serde(default)]
+    pub scrub_last_unix_seconds: Option<u64>,
+    #[serde(default)]
+    pub scrub_next_unix_seconds: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

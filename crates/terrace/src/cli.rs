@@ -133,6 +133,20 @@ pub enum PoolCommand {
         /// 200M (at least 1M); 0 or unlimited = none.
         #[arg(long, value_parser = parse_rate)]
         repair_rate: Option<u64>,
+        /// How often the pool scrubs by itself: daily, weekly, monthly
+        /// (the default, every 28 days), off, or a duration (36h, 10d, 2w).
+        #[arg(long)]
+        scrub: Option<String>,
+    },
+    /// Read every block of every space, check that copies and parity
+    /// agree, and repair what does not (a job: `job list` shows its
+    /// progress and, at its end, what it repaired).
+    Scrub {
+        name: String,
+        /// Bytes read from disks per second, e.g. 200M (at least 1M);
+        /// default: the pool's repair rate.
+        #[arg(long, value_parser = parse_rate)]
+        rate: Option<u64>,
     },
 }
 
@@ -452,11 +466,17 @@ pub fn pool_request(command: PoolCommand) -> Result<Request, CliError> {
             retire_missing,
             repair,
             repair_rate,
+            scrub,
         } => Request::PoolSet {
             name,
             retire_missing,
             repair_policy: repair,
             repair_rate_bytes: repair_rate,
+            scrub,
+        },
+        PoolCommand::Scrub { name, rate } => Request::PoolScrub {
+            name,
+            rate_bytes: rate.filter(|&rate| rate > 0),
         },
         PoolCommand::Destroy { name, yes, force } => {
             if !yes {
@@ -730,9 +750,10 @@ pub fn render(request: &Request, result: serde_json::Value) -> Result<String, Cl
         | Request::DiskSet { .. } => render::pool_status(&parse::<PoolView>(result)?),
         Request::DiskList { .. } => render::candidates(&parse::<Vec<CandidateView>>(result)?),
         Request::JobList { .. } => render::jobs(&parse::<Vec<JobView>>(result)?),
-        Request::JobControl { .. } | Request::DiskRemove { .. } | Request::DiskReplace { .. } => {
-            render::jobs(&[parse::<JobView>(result)?])
-        }
+        Request::JobControl { .. }
+        | Request::DiskRemove { .. }
+        | Request::DiskReplace { .. }
+        | Request::PoolScrub { .. } => render::jobs(&[parse::<JobView>(result)?]),
         Request::PoolSet { .. } => render::pool_status(&parse::<PoolView>(result)?),
         Request::PoolClear { .. } => render::cleared(&result),
         Request::SpaceVerify { .. } => render::verify(&result),

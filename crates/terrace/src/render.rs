@@ -162,7 +162,26 @@ pub fn pool_status(pool: &PoolView) -> String {
             rate => format!("{}/s", format_size(rate)),
         }
     ));
+    out.push_str(&scrub_schedule(&pool.settings));
     out
+}
+
+/// The scrub schedule: how often, when the last started and when the
+/// next is due, from now.
+fn scrub_schedule(settings: &crate::api::SettingsView) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs());
+    let mut text = format!("scrub: {}", settings.scrub);
+    if let Some(last) = settings.scrub_last_unix_seconds {
+        text += &format!(", last started {} ago", duration(now.saturating_sub(last)));
+    }
+    match settings.scrub_next_unix_seconds {
+        Some(next) if next > now => text += &format!(", next in {}", duration(next - now)),
+        Some(_) => text += ", next due now",
+        None => {}
+    }
+    text + "\n"
 }
 
 /// Every action of the pool, as its views carry them: spaces that lost
@@ -227,7 +246,8 @@ fn duration(seconds: u64) -> String {
     match seconds {
         s if s < 120 => format!("{s}s"),
         s if s < 7200 => format!("{}m{:02}s", s / 60, s % 60),
-        s => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+        s if s < 2 * 86400 => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+        s => format!("{}d{:02}h", s / 86400, (s % 86400) / 3600),
     }
 }
 
@@ -269,6 +289,14 @@ pub fn jobs(list: &[JobView]) -> String {
         let what = match &job.reason {
             None => job.description.clone(),
             Some(reason) => format!("{}: {reason}", job.description),
+        };
+        // A scrub under way says what it has repaired so far.
+        let what = match (job.repaired, job.state.as_str()) {
+            (Some(repaired), "running" | "paused") => format!(
+                "{what} ({repaired} rows repaired, {} not repairable so far)",
+                job.unrepaired.unwrap_or(0)
+            ),
+            _ => what,
         };
         table.add_row(vec![
             job.id.to_string(),
@@ -764,6 +792,8 @@ mod tests {
             moves_total: 2,
             moves_done: 2,
             nothing_to_do: false,
+            repaired: None,
+            unrepaired: None,
         };
         let rate_column = |view: JobView| {
             let table = jobs(&[view]);

@@ -199,6 +199,7 @@ async fn handle(daemon: &Arc<Daemon>, request: Request) -> Answer {
             retire_missing,
             repair_policy,
             repair_rate_bytes,
+            scrub,
         } => {
             pool_set(
                 registry,
@@ -206,8 +207,12 @@ async fn handle(daemon: &Arc<Daemon>, request: Request) -> Answer {
                 retire_missing,
                 repair_policy,
                 repair_rate_bytes,
+                scrub,
             )
             .await
+        }
+        Request::PoolScrub { name, rate_bytes } => {
+            super::scrub::pool_scrub(registry, &name, rate_bytes).await
         }
         Request::JobList { pool } => {
             let entries = match pool {
@@ -1023,7 +1028,7 @@ pub(super) async fn disk_index(
         })
 }
 
-async fn job_answer(entry: &PoolEntry, id: u64) -> Answer {
+pub(super) async fn job_answer(entry: &PoolEntry, id: u64) -> Answer {
     let status = entry.pool.status().await;
     let settings = entry.pool.metadata().await.settings;
     let disks = views::pool_view(&status, &[], &settings, |s| s.to_string()).disks;
@@ -1066,6 +1071,7 @@ async fn pool_set(
     retire_missing: Option<String>,
     repair_policy: Option<String>,
     repair_rate_bytes: Option<u64>,
+    scrub: Option<String>,
 ) -> Answer {
     let _admin = registry.admin.lock().await;
     let entry = find_pool(registry, name)?;
@@ -1104,6 +1110,9 @@ async fn pool_set(
             )));
         }
         settings.repair_rate_bytes_per_second = rate;
+    }
+    if let Some(text) = scrub {
+        settings.scrub_interval_secs = super::scrub::interval_secs(&text).map_err(usage)?;
     }
     entry.pool.set_settings(settings).await.map_err(failure)?;
     value(pool_view(registry, &entry).await)

@@ -33,6 +33,7 @@ pub mod notify;
 pub mod probe;
 pub mod readahead;
 pub mod registry;
+pub mod scrub;
 pub mod sockets;
 pub mod verify;
 pub mod views;

@@ -324,6 +324,14 @@ pub fn settings_view(settings: &PoolSettings) -> SettingsView {
         }
         .into(),
         repair_rate_bytes_per_second: settings.repair_rate_bytes_per_second,
+        scrub: super::scrub::interval_words(settings.scrub_interval_secs),
+        scrub_interval_seconds: settings.scrub_interval_secs,
+        scrub_last_unix_seconds: (settings.scrub_last_ns > 0)
+            .then_some(settings.scrub_last_ns / 1_000_000_000),
+        // A pool that never scrubbed counts from when its daemon started
+        // it: not known here.
+        scrub_next_unix_seconds: (settings.scrub_last_ns > 0 && settings.scrub_interval_secs > 0)
+            .then_some(settings.scrub_last_ns / 1_000_000_000 + settings.scrub_interval_secs),
     }
 }
 
@@ -384,7 +392,11 @@ pub fn job_view(pool: &str, job: &JobStatus, disks: &[DiskView]) -> JobView {
         eta_seconds: job.eta_seconds,
         moves_total: job.moves_total,
         moves_done: job.moves_done,
-        nothing_to_do: job.moves_total == 0 && job.state == terrace_engine::meta::JobState::Done,
+        nothing_to_do: job.moves_total == 0
+            && job.state == terrace_engine::meta::JobState::Done
+            && (job.kind != JobKind::Scrub || job.bytes_total == 0),
+        repaired: (job.kind == JobKind::Scrub).then_some(job.repaired),
+        unrepaired: (job.kind == JobKind::Scrub).then_some(job.unrepaired),
     }
 }
 
