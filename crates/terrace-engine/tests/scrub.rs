@@ -295,3 +295,67 @@ fn a_fix_that_never_reaches_its_disk_is_counted_not_repaired() {
         pool.close().await.unwrap();
     });
 }
+
+#[test]
+fn a_scrub_cut_off_resumes_from_the_cursor_it_last_committed() {
+    block_on(async {
+        let disks = Disks::new(2, DISK_BYTES);
+        let pool = create_pool(&disks).await;
+        mirror(&pool).await;
+        // One extent a second; the cursor commits about once a second.
+        let id = with_jobs(&pool, async {
+            let id = pool.start_scrub(EXTENT_DISK_BYTES).await.unwrap();
+            sleep(3_500).await;
+            id
+        })
+        .await;
+        // Closed without a pause: only what the scrub committed is kept.
+        pool.close().await.unwrap();
+        let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
+            .await
+            .unwrap();
+        let record = pool
+            .metadata()
+            .await
+            .jobs
+            .into_iter()
+            .find(|job| job.id == id);
+        let record = record.unwrap();
+        assert_eq!(record.state, JobState::Running);
+        let done = record.bytes_done / EXTENT_DISK_BYTES;
+        let left = extents_past(&pool, record.cursor).await;
+        assert!(
+            (2..EXTENTS).contains(&done) && (1..EXTENTS).contains(&left),
+            "{record:?}"
+        );
+        let all: Vec<usize> = (0..EXTENTS as usize).collect();
+        damage(&disks, &pool, &all, 5).await;
+        let status = with_jobs(&pool, async { scrub_status(&jobs_settle(&pool).await, id) }).await;
+        assert_eq!(status.state, JobState::Done, "{status:?}");
+        assert_eq!(status.repaired, left, "{status:?}");
+        pool.close().await.unwrap();
+    });
+}
+
+#[test]
+fn a_scrub_waits_for_a_repair() {
+    block_on(async {
+        let disks = Disks::new(3, DISK_BYTES);
+        let pool = create_pool(&disks).await;
+        mirror(&pool).await;
+        let lost = slabs(&pool).await[0][1].disk;
+        pool.disk_gone(lost, "pulled").await.unwrap();
+        let repair = pool.start_repair(lost).await.unwrap();
+        let error = pool.start_scrub(0).await.unwrap_err();
+        assert!(
+            matches!(error, terrace_engine::EngineError::ScrubDuringRepair { id } if id == repair),
+            "{error}"
+        );
+        assert!(pool
+            .job_statuses()
+            .await
+            .iter()
+            .all(|status| status.kind != JobKind::Scrub));
+        pool.close().await.unwrap();
+    });
+}
