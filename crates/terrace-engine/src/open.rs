@@ -365,6 +365,11 @@ async fn open(
         let mut control = pool.shared.control.lock().await;
         let mut next = metadata.clone();
         next.clean = false;
+        if next.settings.scrub_last_ns == 0 {
+            // Written by a build without a scrub schedule: it counts from
+            // now, not from long ago (a scrub at once on every upgrade).
+            next.settings.scrub_last_ns = pool.shared.env.wall_clock_ns();
+        }
         pool.shared.commit(&mut control, next).await?;
     }
     for record in &metadata.spaces {

@@ -359,3 +359,33 @@ fn a_scrub_waits_for_a_repair() {
         pool.close().await.unwrap();
     });
 }
+
+/// A pool from a build without a scrub schedule (no last scrub) counts
+/// its interval from its import, not from long ago.
+#[test]
+fn a_pool_that_never_scrubbed_counts_its_schedule_from_its_import() {
+    block_on(async {
+        let disks = Disks::new(2, DISK_BYTES);
+        let pool = create_pool(&disks).await;
+        mirror(&pool).await;
+        let mut settings = pool.metadata().await.settings;
+        assert!(settings.scrub_last_ns > 0, "set at creation: {settings:?}");
+        settings.scrub_last_ns = 0;
+        pool.set_settings(settings).await.unwrap();
+        pool.close().await.unwrap();
+        env().sleep(DAY_NS).await;
+        let before = env().wall_clock_ns();
+        let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
+            .await
+            .unwrap();
+        let settings = pool.metadata().await.settings;
+        assert!(settings.scrub_last_ns >= before, "{settings:?}");
+        with_jobs(&pool, sleep(1_000)).await;
+        let statuses = pool.job_statuses().await;
+        assert!(
+            statuses.iter().all(|s| s.kind != JobKind::Scrub),
+            "{statuses:?}"
+        );
+        pool.close().await.unwrap();
+    });
+}

@@ -27,8 +27,9 @@
 //! copied from a source the copy was checked against.
 //!
 //! The schedule: the runner starts a scrub when the pool's interval has
-//! passed since its last one ([`PoolSettings::scrub_last_ns`]; a pool that
-//! never scrubbed counts from when the runner started), and no scrub,
+//! passed since its last one (`PoolSettings::scrub_last_ns`, set by a
+//! pool's creation and import too; where it is still 0 the interval counts
+//! from when the runner started), and no scrub,
 //! repair or catch-up is active. Time is the pool's `Env` clock.
 
 use std::ops::Range;
