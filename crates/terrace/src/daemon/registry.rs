@@ -574,28 +574,6 @@ pub fn start_pool_tasks(pool: &Arc<Pool>) {
     });
 }
 
-/// A scrub's finding, told as it is found (the status compared for the
-/// rest of the log has no place for it).
-fn log_finding(pool: &str, event: &terrace_engine::PoolEvent) {
-    if let terrace_engine::PoolEvent::ScrubFound {
-        job,
-        space,
-        offset,
-        what,
-        repaired,
-    } = event
-    {
-        let outcome = if *repaired {
-            "repaired"
-        } else {
-            "NOT repaired"
-        };
-        super::log(format!(
-            "pool {pool}: scrub (job {job}) found space {space} at offset {offset}: {what}: {outcome}"
-        ));
-    }
-}
-
 /// Log what changed in `pool` since `before` (see [`super::events`]);
 /// the pool as it is now.
 async fn log_changes(pool: &Pool, before: Option<&Summary>) -> Summary {
@@ -610,10 +588,21 @@ async fn log_changes(pool: &Pool, before: Option<&Summary>) -> Summary {
     now
 }
 
-/// Log a block that failed its checksum, repaired or not, as it happens
-/// (the pool's status only counts them).
+/// Log a block that failed its checksum on a read, and a scrub's finding,
+/// repaired or not, as it happens (the status compared for the rest of the
+/// log only counts them).
 fn log_finding(pool: &str, event: &terrace_engine::PoolEvent) {
     match event {
+        terrace_engine::PoolEvent::ScrubFound {
+            job,
+            space,
+            offset,
+            what,
+            repaired,
+        } => super::log(format!(
+            "pool {pool}: scrub (job {job}) found space {space} at offset {offset}: {what}: {}",
+            if *repaired { "repaired" } else { "NOT repaired" }
+        )),
         terrace_engine::PoolEvent::Healed {
             space,
             offset,
