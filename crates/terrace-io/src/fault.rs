@@ -17,7 +17,10 @@
 //! a lying controller does: a lost write is acknowledged and never made; a
 //! misdirected write lands at another offset of the same device (dropped
 //! if that is off the device). Each applies to the next writes, as many as
-//! asked, and is counted apart.
+//! asked, and is counted apart. A window may keep silent faults to part of
+//! the device (a simulator's data area, away from labels and metadata):
+//! writes outside it pass untouched, and a misdirected write that would
+//! land outside it is dropped.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,6 +39,8 @@ struct Rules {
     /// Writes still to misdirect, and by how many bytes.
     misdirect_writes: u64,
     misdirect_by: i64,
+    /// Where silent faults apply (everywhere when `None`).
+    silent_window: Option<Range<u64>>,
 }
 
 /// What a write that passes the error rules does.
@@ -104,10 +109,29 @@ impl FaultControls {
         rules.misdirect_by = by;
     }
 
+    /// Keep silent faults to writes wholly inside `window`, and land
+    /// misdirected writes inside it too.
+    pub fn silent_faults_within(&self, window: Range<u64>) {
+        self.rules().silent_window = Some(window);
+    }
+
+    /// Forget the silent faults not yet applied (counters are kept).
+    pub fn stop_silent_faults(&self) {
+        let mut rules = self.rules();
+        rules.lose_writes = 0;
+        rules.misdirect_writes = 0;
+    }
+
     /// Where a write of `length` bytes at `offset` that passed the error
     /// rules lands on a device of `size` bytes (and count a silent fault).
     fn landing(&self, offset: u64, length: u64, size: u64) -> Landing {
         let mut rules = self.rules();
+        let window = rules.silent_window.clone().unwrap_or(0..size);
+        let inside =
+            |start: u64| start >= window.start && start.saturating_add(length) <= window.end;
+        if !inside(offset) {
+            return Landing::Where(offset);
+        }
         if rules.lose_writes > 0 {
             rules.lose_writes -= 1;
             self.shared.lost_writes.fetch_add(1, Ordering::SeqCst);
@@ -119,7 +143,9 @@ impl FaultControls {
                 .misdirected_writes
                 .fetch_add(1, Ordering::SeqCst);
             return match offset.checked_add_signed(rules.misdirect_by) {
-                Some(moved) if moved.saturating_add(length) <= size => Landing::Where(moved),
+                Some(moved) if inside(moved) && moved.saturating_add(length) <= size => {
+                    Landing::Where(moved)
+                }
                 _ => Landing::Nowhere,
             };
         }
@@ -414,6 +440,33 @@ mod tests {
             FaultCounters {
                 lost_writes: 1,
                 misdirected_writes: 2,
+                ..FaultCounters::default()
+            }
+        );
+    }
+
+    #[test]
+    fn silent_faults_keep_to_their_window_until_stopped() {
+        let (memory, device, controls) = setup();
+        controls.silent_faults_within(8192..32768);
+        controls.lose_writes(1);
+        write(&device, 0, 1).unwrap();
+        assert_eq!(memory.read_sync(0, 4096), vec![1u8; 4096], "outside");
+        write(&device, 8192, 2).unwrap();
+        assert_eq!(memory.read_sync(8192, 4096), vec![0u8; 4096], "lost");
+        // Misdirected out of the window: dropped, never written there.
+        controls.misdirect_writes(2, -8192);
+        write(&device, 12288, 3).unwrap();
+        assert_eq!(memory.read_sync(4096, 4096), vec![0u8; 4096]);
+        assert_eq!(memory.read_sync(12288, 4096), vec![0u8; 4096]);
+        controls.stop_silent_faults();
+        write(&device, 16384, 4).unwrap();
+        assert_eq!(memory.read_sync(16384, 4096), vec![4u8; 4096], "stopped");
+        assert_eq!(
+            controls.counters(),
+            FaultCounters {
+                lost_writes: 1,
+                misdirected_writes: 1,
                 ..FaultCounters::default()
             }
         );
