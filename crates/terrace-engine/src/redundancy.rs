@@ -138,6 +138,12 @@ async fn walk_rows(
             _ => None,
         };
         let _guard = space.locks.lock((extent, row)).await;
+        if pass == Pass::Repair {
+            // A row a crash left to resynchronise has sums not yet
+            // learned from its data: resynchronise it first, as a read
+            // would, or its blocks would fail sums that were never theirs.
+            space.resync_crashed_row(extent, row, true).await?;
+        }
         report.rows += 1;
         match check_row(&io, pass).await {
             RowState::Agrees => {}
