@@ -1,5 +1,6 @@
-//! A set of simulated disks: fault injection → the world's gate → crash
-//! wrapper (volatile cache) → memory.
+//! A set of simulated disks: fault injection (errors, loss, lost and
+//! misdirected writes) → the world's gate → crash wrapper (volatile cache)
+//! → memory (where bit flips are made, behind the engine).
 
 use std::sync::Arc;
 
@@ -20,6 +21,8 @@ pub struct SimDisks {
     pub env: Arc<dyn Env>,
     pub crash: Vec<Arc<CrashDevice>>,
     pub faults: Vec<FaultControls>,
+    /// The memory under each disk, for bit flips behind the engine.
+    pub memory: Vec<Arc<MemoryDevice>>,
     pub devices: Vec<Arc<dyn BlockDevice>>,
 }
 
@@ -43,6 +46,7 @@ impl SimDisks {
     ) -> SimDisks {
         let mut crash = Vec::new();
         let mut faults = Vec::new();
+        let mut memories = Vec::new();
         let mut devices: Vec<Arc<dyn BlockDevice>> = Vec::new();
         for index in 0..count + journals {
             let slabs = if index < count {
@@ -52,10 +56,16 @@ impl SimDisks {
             };
             let size = data_offset(METADATA_SLOT_MIN_BYTES) + slabs * SLAB_BYTES;
             let memory = Arc::new(MemoryDevice::new(format!("sim:{index}"), size));
-            let crashing = Arc::new(CrashDevice::new(memory));
+            let crashing = Arc::new(CrashDevice::new(memory.clone()));
             let gated = Arc::new(SimDisk::new(world.clone(), crashing.clone(), traits));
             let fault = FaultDevice::new(gated);
+            // Silent faults keep to the slabs: labels and metadata slots
+            // have their own checksums and copies, tested apart.
+            fault
+                .controls()
+                .silent_faults_within(data_offset(METADATA_SLOT_MIN_BYTES)..size);
             faults.push(fault.controls());
+            memories.push(memory);
             crash.push(crashing);
             devices.push(Arc::new(fault));
         }
@@ -64,6 +74,7 @@ impl SimDisks {
             world,
             crash,
             faults,
+            memory: memories,
             devices,
         }
     }

@@ -15,12 +15,18 @@
 //! while writes run) and may come back, taken back while clients write or
 //! found again at the import after a power cut; in a third of the runs
 //! with a write-back log, the journal disks join while clients write.
+//!
+//! Some runs name disks that take silent faults (`silent`): bit flips,
+//! lost and misdirected writes. Within what the layout tolerates every
+//! read still returns the model's data and a scrub at the end repairs
+//! every fault; beyond it, a read may fail but never returns wrong data.
 
 pub mod disks;
 pub mod executor;
 pub mod model;
 pub mod random;
 pub mod run;
+pub mod silent;
 pub mod world;
 
 pub use run::{run, Plan, Report};

@@ -174,6 +174,15 @@ impl Model {
         }
     }
 
+    /// The write failed: its blocks may hold their old content, its own
+    /// or a mix, until they are next read (as after a crash).
+    pub fn failed(&mut self, pending: Pending) {
+        let blocks = pending.first_block..pending.first_block + pending.blocks;
+        for block in blocks {
+            self.settled_at[block as usize] = UNSETTLED;
+        }
+    }
+
     /// A flush is being issued: everything acknowledged so far is covered.
     pub fn flush_point(&self) -> u64 {
         self.next_ack

@@ -22,6 +22,9 @@ fn simulated_runs_keep_every_acknowledged_write() {
                 totals.cleared += report.cleared;
                 totals.journals_added += report.journals_added;
                 totals.scratch_spaces += report.scratch_spaces;
+                totals.silent_runs += report.silent_runs;
+                totals.beyond_runs += report.beyond_runs;
+                totals.silent.add(&report.silent);
             }
             Err(message) => {
                 eprintln!("seed {seed} FAILED: {message}\n  replay: TERRACE_SIM_SEED={seed} cargo test -p terrace-sim");
@@ -46,6 +49,21 @@ fn simulated_runs_keep_every_acknowledged_write() {
         totals.writes,
         totals.reads
     );
+    let silent = &totals.silent;
+    eprintln!(
+        "silent faults in {} runs ({} beyond tolerance): {} injected ({} bit flips, {} lost writes, {} misdirected writes), {} found ({} checksum errors on reads, {} blocks by the scrub); beyond tolerance {} reads and {} writes failed",
+        totals.silent_runs,
+        totals.beyond_runs,
+        silent.injected(),
+        silent.flips,
+        silent.lost_writes,
+        silent.misdirected_writes,
+        silent.found(),
+        silent.checksum_errors,
+        silent.scrubbed_blocks,
+        silent.failed_reads,
+        silent.failed_writes
+    );
     assert!(failures.is_empty(), "failing seeds: {failures:?}");
     if seeds.len() >= 100 {
         assert!(
@@ -68,6 +86,10 @@ fn simulated_runs_keep_every_acknowledged_write() {
         assert!(
             totals.journals_added > 0,
             "the suite must actually add journal disks under the clients"
+        );
+        assert!(
+            totals.silent.injected() > 0 && totals.silent.found() > 0 && totals.beyond_runs > 0,
+            "the suite must actually inject silent faults and find them"
         );
         assert!(
             totals.cached_runs > seeds.len() / 4 && totals.destaged_bytes > 0,
