@@ -234,6 +234,15 @@ fn with_parity(
     let mut wrong = vec![0u64; slot_of.len()];
     let mut heal = RowHeal::default();
     let mut lost_columns = vec![false; data];
+    // The same for every block of the row: computed once.
+    let candidates: Vec<Vec<usize>> = if unreadable.len() <= redundancy {
+        erasure_sets(slot_of.len(), redundancy, &unreadable)
+            .into_iter()
+            .filter(|erased| !erased.is_empty())
+            .collect()
+    } else {
+        Vec::new()
+    };
     for k in 0..check.per_column {
         let range = block_range(k);
         let failing = (0..data).any(|c| {
@@ -244,31 +253,26 @@ fn with_parity(
             continue;
         }
         let mut solved = false;
-        if unreadable.len() <= redundancy {
-            for erased in erasure_sets(slot_of.len(), redundancy, &unreadable) {
-                if erased.is_empty() {
-                    continue;
-                }
-                let mut stripe: Vec<Vec<u8>> =
-                    contents.iter().map(|c| c[range.clone()].to_vec()).collect();
-                let mut views: Vec<&mut [u8]> = stripe.iter_mut().map(|v| &mut v[..]).collect();
-                if terrace_ec::reconstruct(&mut views, redundancy, &erased).is_err() {
-                    continue;
-                }
-                if !(0..data).all(|c| check.passes(c as u32, k, &stripe[c])) {
-                    continue;
-                }
-                for &i in &erased {
-                    if contents[i][range.clone()] != stripe[i][..] {
-                        contents[i][range.clone()].copy_from_slice(&stripe[i]);
-                        if !unreadable.contains(&i) {
-                            wrong[i] += 1;
-                        }
+        for erased in &candidates {
+            let mut stripe: Vec<Vec<u8>> =
+                contents.iter().map(|c| c[range.clone()].to_vec()).collect();
+            let mut views: Vec<&mut [u8]> = stripe.iter_mut().map(|v| &mut v[..]).collect();
+            if terrace_ec::reconstruct(&mut views, redundancy, erased).is_err() {
+                continue;
+            }
+            if !(0..data).all(|c| check.passes(c as u32, k, &stripe[c])) {
+                continue;
+            }
+            for &i in erased {
+                if contents[i][range.clone()] != stripe[i][..] {
+                    contents[i][range.clone()].copy_from_slice(&stripe[i]);
+                    if !unreadable.contains(&i) {
+                        wrong[i] += 1;
                     }
                 }
-                solved = true;
-                break;
             }
+            solved = true;
+            break;
         }
         if !solved {
             for c in 0..data {

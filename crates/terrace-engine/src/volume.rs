@@ -1178,11 +1178,15 @@ async fn write_span(
     let first = io.host.block_of(span);
     let block = BLOCK_BYTES as usize;
     let start = span.request_offset as usize;
-    let bytes = data.slice(start..start + span.length as usize);
-    let new: Vec<u64> = bytes
-        .chunks(block)
+    // Block by block: a view of the payload, copied only for a block that
+    // spans two of its buffers (a whole-span slice of a gathered payload
+    // would copy every byte).
+    let new: Vec<u64> = (0..span.length as usize / block)
         .zip(first..)
-        .map(|(bytes, index)| terrace_meta::sums::block_sum(bytes, index))
+        .map(|(k, index)| {
+            let at = start + k * block;
+            terrace_meta::sums::block_sum(&data.slice(at..at + block), index)
+        })
         .collect();
     let inflight = sums.begin(first, new.len() as u64, Some(new.clone()));
     let result = io.host.layout.write(io, span, data, fua).await;
