@@ -344,6 +344,34 @@ pub struct JobRecord {
 }
 
 impl JobRecord {
+    /// A job of `kind` in `state`, created at `created_ns`, to move
+    /// `bytes_total` by `moves`: nothing done, no reason, no cursor.
+    pub fn new(
+        id: u64,
+        kind: JobKind,
+        state: JobState,
+        created_ns: u64,
+        bytes_total: u64,
+        moves: Vec<MoveRecord>,
+    ) -> JobRecord {
+        JobRecord {
+            id,
+            kind,
+            state,
+            reason: String::new(),
+            created_ns,
+            finished_ns: 0,
+            bytes_total,
+            bytes_done: 0,
+            moves,
+            folded_moves: 0,
+            folded_moves_done: 0,
+            cursor: 0,
+            repaired: 0,
+            unrepaired: 0,
+        }
+    }
+
     pub fn is_active(&self) -> bool {
         matches!(self.state, JobState::Running | JobState::Paused)
     }

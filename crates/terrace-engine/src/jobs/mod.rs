@@ -230,22 +230,14 @@ impl Pool {
         let id = next.next_job_id;
         next.next_job_id += 1;
         let nothing_to_move = moves.is_empty();
-        let job = JobRecord {
+        let job = JobRecord::new(
             id,
             kind,
-            state: JobState::Running,
-            reason: String::new(),
-            created_ns: self.shared.env.wall_clock_ns(),
-            finished_ns: 0,
-            bytes_total: moves.len() as u64 * next.slab_bytes,
-            bytes_done: 0,
+            JobState::Running,
+            self.shared.env.wall_clock_ns(),
+            moves.len() as u64 * next.slab_bytes,
             moves,
-            folded_moves: 0,
-            folded_moves_done: 0,
-            cursor: 0,
-            repaired: 0,
-            unrepaired: 0,
-        };
+        );
         next.jobs.push(job.clone());
         if nothing_to_move {
             let position = next.jobs.len() - 1;

@@ -244,20 +244,16 @@ impl Pool {
         let mut next = control.metadata.clone();
         let now = self.shared.env.wall_clock_ns();
         next.jobs.push(JobRecord {
-            id: next.next_job_id,
-            kind,
-            state: JobState::Failed,
             reason,
-            created_ns: now,
             finished_ns: now,
-            bytes_total,
-            bytes_done: 0,
-            moves: Vec::new(),
-            folded_moves: 0,
-            folded_moves_done: 0,
-            cursor: 0,
-            repaired: 0,
-            unrepaired: 0,
+            ..JobRecord::new(
+                next.next_job_id,
+                kind,
+                JobState::Failed,
+                now,
+                bytes_total,
+                Vec::new(),
+            )
         });
         next.next_job_id += 1;
         trim_history(&mut next);

@@ -170,22 +170,14 @@ impl Pool {
         next.next_job_id += 1;
         let now = self.shared.env.wall_clock_ns();
         next.settings.scrub_last_ns = now;
-        next.jobs.push(JobRecord {
+        next.jobs.push(JobRecord::new(
             id,
-            kind: JobKind::Scrub,
-            state: JobState::Running,
-            reason: String::new(),
-            created_ns: now,
-            finished_ns: 0,
-            bytes_total: units.iter().map(|unit| unit.disk_bytes).sum(),
-            bytes_done: 0,
-            moves: Vec::new(),
-            folded_moves: 0,
-            folded_moves_done: 0,
-            cursor: 0,
-            repaired: 0,
-            unrepaired: 0,
-        });
+            JobKind::Scrub,
+            JobState::Running,
+            now,
+            units.iter().map(|unit| unit.disk_bytes).sum(),
+            Vec::new(),
+        ));
         if units.is_empty() {
             let position = next.jobs.len() - 1;
             self.complete_job(&mut next, position);
