@@ -1,4 +1,5 @@
-//! Taking back disks whose failure has passed (`pool clear`).
+//! Taking back disks whose failure has passed, and setting disks' error
+//! counters back to zero (`pool clear`).
 //!
 //! A disk fails at its first I/O error and is never trusted blindly again;
 //! but a failure may be passing (a cable, an enclosure, a controller
@@ -87,9 +88,22 @@ impl Pool {
     /// and everything else it holds is current (see the module's notes).
     /// A disk that still fails a read and a write of its label stays out,
     /// and its entry says why.
+    ///
+    /// The read, write and checksum error counters of the disks looked at
+    /// (every disk, or `only`) start again from zero.
     pub async fn clear(&self, only: Option<DiskIndex>) -> Result<Vec<DiskCleared>, EngineError> {
         self.shared.check_open()?;
         self.shared.check_writable()?;
+        if let Some(index) = only {
+            if usize::from(index.0) >= self.shared.disks().len() {
+                return Err(EngineError::NoSuchDisk { disk: index.0 });
+            }
+        }
+        for disk in self.shared.disks().iter() {
+            if only.is_none_or(|index| index == disk.index) {
+                disk.clear_errors();
+            }
+        }
         let chosen = self.clear_candidates(only).await?;
         if chosen.is_empty() {
             return Ok(Vec::new());
@@ -248,9 +262,12 @@ impl Pool {
                 if candidate(index).is_some() {
                     return Ok(vec![index]);
                 }
-                let why = if disk.condition() == Condition::Online {
-                    ClearRefusal::InService
-                } else if disk.device().is_none() {
+                if disk.condition() == Condition::Online {
+                    // In service: nothing to take back; its counters are
+                    // all a clear changes.
+                    return Ok(Vec::new());
+                }
+                let why = if disk.device().is_none() {
                     ClearRefusal::NotPresent {
                         reason: disk.reason(),
                     }

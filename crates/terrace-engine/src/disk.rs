@@ -1,17 +1,26 @@
 //! A pool's view of one disk at run time.
 //!
 //! The data path asks a disk two things: "may I use you?" (one atomic load)
-//! and "do this I/O". The first error of a disk latches it failed (the
+//! and "do this I/O". The first write or flush error of a disk, or a read
+//! error that says the device itself is gone, latches it failed (the
 //! [`LatchedDevice`] underneath refuses further I/O) and counts the failure
 //! in the pool's counter it was given ([`DiskContext`]), which the pool
 //! records in a metadata commit before any write that saw it is
 //! acknowledged. A change of condition is told as an event
 //! ([`crate::events`]).
 //!
+//! A read the medium could not serve (an unreadable sector) and a block
+//! that fails its checksum are survived: the rows above rebuild the bytes
+//! from redundancy and rewrite them. Each disk counts its read, write and
+//! checksum errors ([`DiskErrors`]); one whose read and checksum errors
+//! reach the pool's limit within its window ([`ErrorPolicy`]) is failed
+//! as at a write error, and repaired like a missing disk.
+//!
 //! Depends on `terrace_io` and, in the engine, only on
 //! [`crate::condition`] and [`crate::events`]: nothing above it.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use terrace_io::latch::LatchedDevice;
@@ -58,9 +67,64 @@ pub struct Disk {
     /// Moving average of read and write service times, in microseconds
     /// (weight 1/16 per operation): how `pool status` spots a slow disk.
     latency_us: AtomicU64,
-    /// Reads of a row from this disk that failed their checksums (each
-    /// rebuilt from redundancy), since the pool opened.
-    checksum_errors: AtomicU64,
+    /// Errors counted since the pool opened (or `pool clear`).
+    errors: ErrorCounts,
+    /// When a disk's survived errors fail it (shared by the pool's disks).
+    policy: Arc<ErrorPolicy>,
+}
+
+/// A disk's error counters, as `zpool status` shows them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DiskErrors {
+    /// Reads the disk failed (the bytes were rebuilt from redundancy where
+    /// the layout keeps some).
+    pub read: u64,
+    /// Writes and flushes the disk failed (the first fails the disk).
+    pub write: u64,
+    /// Reads of a row from the disk whose blocks failed their checksums.
+    pub checksum: u64,
+}
+
+#[derive(Default)]
+struct ErrorCounts {
+    read: AtomicU64,
+    write: AtomicU64,
+    checksum: AtomicU64,
+    /// When each read or checksum error within the policy's window was
+    /// counted (nanoseconds of the pool's clock), oldest first.
+    recent: Mutex<VecDeque<u64>>,
+}
+
+/// How many read and checksum errors a disk survives: `limit` within
+/// `window_secs` fail it (a limit of 0 never does). A pool setting, shared
+/// by every disk of the pool and changed with it.
+#[derive(Debug)]
+pub struct ErrorPolicy {
+    limit: AtomicU32,
+    window_secs: AtomicU32,
+}
+
+impl Default for ErrorPolicy {
+    fn default() -> ErrorPolicy {
+        ErrorPolicy {
+            limit: AtomicU32::new(terrace_meta::ERROR_LIMIT_DEFAULT),
+            window_secs: AtomicU32::new(terrace_meta::ERROR_WINDOW_SECS_DEFAULT),
+        }
+    }
+}
+
+impl ErrorPolicy {
+    pub fn set(&self, limit: u32, window_secs: u32) {
+        self.limit.store(limit, Ordering::Relaxed);
+        self.window_secs.store(window_secs, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> (u32, u64) {
+        (
+            self.limit.load(Ordering::Relaxed),
+            u64::from(self.window_secs.load(Ordering::Relaxed)),
+        )
+    }
 }
 
 struct Attached {
@@ -74,6 +138,7 @@ pub struct DiskContext {
     pub failures_observed: Arc<AtomicU64>,
     pub env: Arc<dyn Env>,
     pub events: Arc<PoolEvents>,
+    pub errors: Arc<ErrorPolicy>,
 }
 
 impl DiskContext {
@@ -83,6 +148,7 @@ impl DiskContext {
             failures_observed: Arc::new(AtomicU64::new(0)),
             env,
             events: Arc::new(PoolEvents::new(pool_name)),
+            errors: Arc::new(ErrorPolicy::default()),
         }
     }
 }
@@ -99,7 +165,8 @@ impl Disk {
             env: context.env,
             events: context.events,
             latency_us: AtomicU64::new(0),
-            checksum_errors: AtomicU64::new(0),
+            errors: ErrorCounts::default(),
+            policy: context.errors,
             index,
             attached: RwLock::new(Some(Attached {
                 device: Arc::new(LatchedDevice::new(device)),
@@ -116,7 +183,8 @@ impl Disk {
             env: context.env,
             events: context.events,
             latency_us: AtomicU64::new(0),
-            checksum_errors: AtomicU64::new(0),
+            errors: ErrorCounts::default(),
+            policy: context.errors,
             index,
             attached: RwLock::new(None),
             condition: AtomicU8::new(Condition::Missing as u8),
@@ -176,15 +244,62 @@ impl Disk {
             .take();
     }
 
-    /// A row read from this disk failed its checksum.
+    /// A read of a row from this disk returned blocks that failed their
+    /// checksums (rebuilt from redundancy, or not): one error however
+    /// many blocks, as a read error is one however many sectors.
     pub(crate) fn count_checksum_error(&self) {
-        self.checksum_errors.fetch_add(1, Ordering::Relaxed);
+        self.errors.checksum.fetch_add(1, Ordering::Relaxed);
+        self.survived("checksum");
     }
 
-    /// Rows read from this disk that failed their checksums since the pool
-    /// opened.
-    pub fn checksum_errors(&self) -> u64 {
-        self.checksum_errors.load(Ordering::Relaxed)
+    /// The disk's error counters.
+    pub fn errors(&self) -> DiskErrors {
+        DiskErrors {
+            read: self.errors.read.load(Ordering::Relaxed),
+            write: self.errors.write.load(Ordering::Relaxed),
+            checksum: self.errors.checksum.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Set the counters back to zero (`pool clear`).
+    pub fn clear_errors(&self) {
+        self.errors.read.store(0, Ordering::Relaxed);
+        self.errors.write.store(0, Ordering::Relaxed);
+        self.errors.checksum.store(0, Ordering::Relaxed);
+        self.errors
+            .recent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+
+    /// Count a read or checksum error the data path survived; fail the
+    /// disk once those within the pool's window reach its limit.
+    fn survived(&self, what: &str) {
+        let (limit, window_secs) = self.policy.get();
+        let now = self.env.now_ns();
+        let within = {
+            let mut recent = self.errors.recent.lock().unwrap_or_else(|e| e.into_inner());
+            let since = now.saturating_sub(window_secs.saturating_mul(1_000_000_000));
+            while recent.front().is_some_and(|&at| at < since) {
+                recent.pop_front();
+            }
+            recent.push_back(now);
+            // Only the count within the window up to the limit matters.
+            while recent.len() > (limit as usize).max(1) {
+                recent.pop_front();
+            }
+            recent.len() as u64
+        };
+        if limit > 0 && within >= u64::from(limit) && self.is_online() {
+            self.set_condition(
+                Condition::Failed,
+                format!(
+                    "{within} read and checksum errors within {window_secs} s \
+                     (the pool fails a disk at {limit}; the last was a {what} error)"
+                ),
+            );
+        }
     }
 
     /// Take the disk out of service with a reason (first reason wins).
@@ -213,8 +328,19 @@ impl Disk {
     /// write was started before the disk was missing, so nothing recorded
     /// it as missed, and a disk that may lack it must never be taken back
     /// as merely missing and caught up on the recorded extents only.
-    fn on_error<T>(&self, offset: Option<u64>, result: IoResult<T>) -> Result<T, DiskError> {
+    ///
+    /// The error is counted in `counter` (the disk's read or write errors)
+    /// unless it is the refusal of a device failed earlier.
+    fn on_error<T>(
+        &self,
+        counter: &AtomicU64,
+        offset: Option<u64>,
+        result: IoResult<T>,
+    ) -> Result<T, DiskError> {
         result.map_err(|source| {
+            if !matches!(source, IoError::Latched { .. }) {
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
             if matches!(self.condition(), Condition::Online | Condition::Missing) {
                 self.set_condition(Condition::Failed, source.to_string());
             }
@@ -241,7 +367,18 @@ impl Disk {
         let started = self.env.now_ns();
         let (buf, result) = device.read(offset, buf).await;
         self.note_latency(started);
-        (buf, self.on_error(Some(offset), result))
+        match result {
+            Err(source) if source.is_media_read_error() => {
+                // The disk stays in service (unless this error reaches the
+                // limit): the caller rebuilds the bytes and rewrites them.
+                self.errors.read.fetch_add(1, Ordering::Relaxed);
+                self.survived("read");
+                let offset = Some(offset);
+                (buf, Err(DiskError::Device { offset, source }))
+            }
+            // Any other read error (the device is gone) fails the disk.
+            result => (buf, self.on_error(&self.errors.read, Some(offset), result)),
+        }
     }
 
     pub async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), DiskError> {
@@ -249,7 +386,7 @@ impl Disk {
         let started = self.env.now_ns();
         let result = device.write(offset, data, fua).await;
         self.note_latency(started);
-        self.on_error(Some(offset), result)
+        self.on_error(&self.errors.write, Some(offset), result)
     }
 
     fn note_latency(&self, started_ns: u64) {
@@ -272,12 +409,16 @@ impl Disk {
 
     pub async fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> Result<(), DiskError> {
         let device = self.online_device()?;
-        self.on_error(Some(offset), device.write_zeroes(offset, length, fua).await)
+        self.on_error(
+            &self.errors.write,
+            Some(offset),
+            device.write_zeroes(offset, length, fua).await,
+        )
     }
 
     pub async fn flush(&self) -> Result<(), DiskError> {
         let device = self.online_device()?;
-        self.on_error(None, device.flush().await)
+        self.on_error(&self.errors.write, None, device.flush().await)
     }
 }
 

@@ -180,8 +180,6 @@ pub enum EngineError {
 /// Why a disk named to be cleared is not one to clear.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ClearRefusal {
-    #[error("it is in service")]
-    InService,
     /// Its device is absent; `reason`, why it left.
     #[error("it is not present ({reason}): plug it back in")]
     NotPresent { reason: String },

@@ -61,6 +61,17 @@ pub enum PoolEvent {
         blocks: u64,
         rewritten: bool,
     },
+    /// A read of a row failed on `disk`, which stays in service (an
+    /// unreadable sector): the row's bytes were rebuilt from redundancy
+    /// and, if `rewritten`, written back there (the drive remaps the
+    /// sector). `offset` and `length`: the row's place in the space.
+    ReadError {
+        space: String,
+        offset: u64,
+        length: u64,
+        disk: DiskIndex,
+        rewritten: bool,
+    },
     /// Blocks failed their checksums on every copy and no reconstruction
     /// matched: reads of them fail.
     Unrecoverable {
@@ -149,6 +160,21 @@ fn trace(pool: &str, event: &PoolEvent) {
             blocks,
             rewritten,
             "checksum error repaired"
+        ),
+        PoolEvent::ReadError {
+            space,
+            offset,
+            length,
+            disk,
+            rewritten,
+        } => tracing::warn!(
+            pool,
+            space,
+            offset,
+            length,
+            disk = disk.0,
+            rewritten,
+            "read error repaired from redundancy"
         ),
         PoolEvent::Unrecoverable {
             space,

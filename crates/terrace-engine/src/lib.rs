@@ -59,7 +59,7 @@ mod zero;
 pub use admin::{SpaceCreated, LARGEST_FIT};
 pub use clear::{DiskCleared, SpaceCatchUp};
 pub use crash_resync::ResyncProgress;
-pub use disk::Condition;
+pub use disk::{Condition, DiskErrors};
 pub use error::{ClearRefusal, EngineError};
 pub use events::{PoolEvent, EVENTS_QUEUED_MAX};
 pub use jobs::{JobAction, JobStatus, JOB_HISTORY_MAX};

@@ -328,7 +328,12 @@ impl Pool {
         let mut control = self.shared.control.lock().await;
         let mut next = control.metadata.clone();
         next.settings = settings;
-        self.shared.commit(&mut control, next).await
+        self.shared.commit(&mut control, next).await?;
+        self.shared
+            .disk_context
+            .errors
+            .set(settings.error_limit, settings.error_window_secs);
+        Ok(())
     }
 
     /// Destroy the pool: erase the label of each of its disks that can be

@@ -276,6 +276,10 @@ async fn open(
     read_only: Option<String>,
 ) -> Result<Pool, EngineError> {
     let context = DiskContext::new(env.clone(), &metadata.name);
+    let settings = &metadata.settings;
+    context
+        .errors
+        .set(settings.error_limit, settings.error_window_secs);
     let slot_bytes = present
         .first()
         .map(|(_, label)| label.metadata_slot_bytes)

@@ -53,7 +53,13 @@ async fn row_content<H: LayoutHost>(
             .disk
             .read(source.base + offset, aligned_buffer(width))
             .await;
-        return result.map(|()| buffer).map_err(FillError::Source);
+        match result {
+            Ok(()) => return Ok(buffer),
+            // An unreadable sector of a disk still in service: the row
+            // is rebuilt from the others instead, as for a lost source.
+            Err(_) if source.disk.is_online() => {}
+            Err(error) => return Err(FillError::Source(error)),
+        }
     }
     io.host
         .layout()

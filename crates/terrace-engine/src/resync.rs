@@ -80,7 +80,10 @@ pub(crate) async fn read_slots<H: RowHost>(io: &RowIo<'_, H>) -> Vec<Option<Byte
     join_all(reads).await
 }
 
+/// Check (and, but for `Pass::Verify`, repair) the row of `io`, whose lock
+/// the caller holds.
 pub(crate) async fn check_row<H: LayoutHost>(io: &RowIo<'_, H>, pass: Pass) -> RowState {
+    let io = &io.with_lock_held();
     let state = compare_row(io, pass).await;
     // Also where the row could not be checked (a column missing): its
     // data as it reads now is what its sums must say.
@@ -94,6 +97,20 @@ async fn compare_row<H: LayoutHost>(io: &RowIo<'_, H>, pass: Pass) -> RowState {
     let mut slots = read_slots(io).await;
     let mut fixes: Vec<(u32, BytesMut)> = Vec::new();
     let mut problems = Vec::new();
+    let unreadable = io.unreadable_slots();
+    if !unreadable.is_empty() {
+        for &(slot, _) in &unreadable {
+            let role = io.host.layout().role(io.geometry(), io.row, slot);
+            problems.push(Problem {
+                kind: ProblemKind::Unreadable,
+                places: vec![verify::place(io, slot, role)],
+            });
+        }
+        if pass != Pass::Verify {
+            crate::layouts::rewrite_unreadable(io.host.layout(), io).await;
+            slots = read_slots(io).await;
+        }
+    }
     if let Some(sums) = io.host.sums() {
         let healed = heal_row(io, sums, &slots).await;
         for (slot, content, blocks) in healed.fixes {
@@ -180,13 +197,6 @@ async fn compare_row<H: LayoutHost>(io: &RowIo<'_, H>, pass: Pass) -> RowState {
 /// degraded parity read would take it).
 async fn relearn_sums<H: LayoutHost>(io: &RowIo<'_, H>) {
     let Some(sums) = io.host.sums() else { return };
-    let io = &RowIo {
-        host: io.host,
-        extent: io.extent,
-        row: io.row,
-        targets: io.targets,
-        lock_held: true,
-    };
     let geometry = io.geometry();
     let span = geometry.whole_row(io.extent, io.row);
     let bytes = geometry.row_data_bytes();

@@ -13,7 +13,7 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use futures::future::join_all;
 use terrace_io::{Bytes, BytesMut};
@@ -43,6 +43,17 @@ pub(crate) trait RowHost {
 
     /// A write of `extent` failed on `disk`: the disk missed the extent.
     fn missed(&self, disk: DiskIndex, extent: u64);
+
+    /// A read of row `row` of `extent` failed on `disk`, which stays in
+    /// service; `rewritten`: its slot's row was rebuilt from redundancy
+    /// and written back.
+    fn read_failed(&self, _disk: DiskIndex, _extent: u64, _row: u64, _rewritten: bool) {}
+
+    /// Whether rows may be rewritten where they read wrong (not on a
+    /// read-only pool).
+    fn may_rewrite(&self) -> bool {
+        true
+    }
 }
 
 /// Why I/O on one slot of a row failed.
@@ -64,6 +75,12 @@ pub(crate) struct RowIo<'a, H: RowHost> {
     /// The caller already holds this row's lock (a sub-block write reading
     /// its edges and writing them back in one critical section).
     pub lock_held: bool,
+    /// Slots whose read failed on a disk that stays in service (an
+    /// unreadable sector), with that disk: for the rest of this I/O they
+    /// are not read again (the layout rebuilds them as if lost), and they
+    /// are rewritten from redundancy before it ends
+    /// (`layouts::rewrite_unreadable`).
+    pub(crate) unreadable: Mutex<Vec<(u32, DiskIndex)>>,
 }
 
 impl<'a, H: RowHost> RowIo<'a, H> {
@@ -75,7 +92,36 @@ impl<'a, H: RowHost> RowIo<'a, H> {
             row: span.row,
             targets,
             lock_held: false,
+            unreadable: Mutex::new(Vec::new()),
         }
+    }
+
+    /// I/O on the same row for a caller that holds its lock.
+    pub fn with_lock_held(&self) -> RowIo<'a, H> {
+        RowIo {
+            host: self.host,
+            extent: self.extent,
+            row: self.row,
+            targets: self.targets,
+            lock_held: true,
+            unreadable: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn unreadable(&self) -> std::sync::MutexGuard<'_, Vec<(u32, DiskIndex)>> {
+        self.unreadable.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The slots whose reads failed on disks still in service, and those
+    /// disks.
+    pub fn unreadable_slots(&self) -> Vec<(u32, DiskIndex)> {
+        self.unreadable().clone()
+    }
+
+    /// Let `slot` be read again (it was rewritten, or given up on).
+    pub fn forget_unreadable(&self, slot: u32) {
+        self.unreadable()
+            .retain(|&(unreadable, _)| unreadable != slot);
     }
 
     /// Take the row lock unless the caller holds it already.
@@ -123,9 +169,11 @@ impl<'a, H: RowHost> RowIo<'a, H> {
         }
     }
 
-    /// Whether this row of `slot` can be read (some location holds it).
+    /// Whether this row of `slot` can be read (some location holds it, and
+    /// a read of it has not failed in this I/O).
     pub fn online(&self, slot: u32) -> bool {
         self.with_targets(|targets| targets[slot as usize].readable(self.row).is_some())
+            && !self.unreadable().iter().any(|&(s, _)| s == slot)
     }
 
     fn disk_offset(&self, location: &Location, column_offset: u64) -> u64 {
@@ -146,6 +194,14 @@ impl<'a, H: RowHost> RowIo<'a, H> {
         };
         let offset = self.disk_offset(&location, column_offset);
         let (buf, result) = location.disk.read(offset, buf).await;
+        if result.is_err() && location.disk.is_online() {
+            // The disk survived the error: the slot is lost to this I/O
+            // only, and rewritten once the layout has rebuilt it.
+            let mut unreadable = self.unreadable();
+            if !unreadable.iter().any(|&(s, _)| s == slot) {
+                unreadable.push((slot, location.disk.index));
+            }
+        }
         (buf, result.map_err(RowError::Disk))
     }
 

@@ -61,9 +61,9 @@ pub struct DiskStatus {
     pub latency_us: u64,
     /// Far slower than its peers: a drive on its way out, or a bad path.
     pub slow: bool,
-    /// Rows read from it that failed their checksums (each rebuilt from
-    /// redundancy) since the pool opened.
-    pub checksum_errors: u64,
+    /// Its read, write and checksum errors since the pool opened (or
+    /// `pool clear`).
+    pub errors: crate::disk::DiskErrors,
     /// Extents written while it was missing: back, it resyncs only these.
     pub missed_extents: u64,
     /// Lost (failed or missing) with slabs that no running job re-creates
@@ -389,7 +389,7 @@ impl Pool {
                     enclosure: record.enclosure.clone(),
                     node: record.node.clone(),
                     latency_us,
-                    checksum_errors: disk.checksum_errors(),
+                    errors: disk.errors(),
                     // Only a disk in service is slow; one that failed or
                     // went missing says so instead.
                     slow: disk.is_online()

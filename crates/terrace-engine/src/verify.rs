@@ -66,6 +66,9 @@ pub enum ProblemKind {
     /// Blocks of the row failed their sums and nothing could rebuild
     /// them: reads of them fail.
     Unrecoverable { blocks: u64 },
+    /// The slot's row could not be read (a read error on a disk still in
+    /// service): rebuilt from redundancy and rewritten, unless read-only.
+    Unreadable,
 }
 
 impl fmt::Display for ProblemKind {
@@ -98,6 +101,7 @@ impl fmt::Display for ProblemKind {
                 f,
                 "{blocks} blocks fail their checksums and no copy or reconstruction matches"
             ),
+            ProblemKind::Unreadable => write!(f, "a read error (rebuilt from redundancy)"),
         }
     }
 }

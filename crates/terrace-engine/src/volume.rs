@@ -954,6 +954,21 @@ impl RowHost for Volume {
     fn missed(&self, disk: DiskIndex, extent: u64) {
         self.pool.note_failed_write(disk, self.id, extent as u32);
     }
+
+    fn read_failed(&self, disk: DiskIndex, extent: u64, row: u64, rewritten: bool) {
+        let row_bytes = self.geometry.row_data_bytes();
+        self.pool.events.emit(crate::events::PoolEvent::ReadError {
+            space: self.name.clone(),
+            offset: extent * self.geometry.extent_data_bytes() + row * row_bytes,
+            length: row_bytes,
+            disk,
+            rewritten,
+        });
+    }
+
+    fn may_rewrite(&self) -> bool {
+        !self.is_read_only()
+    }
 }
 
 impl LayoutHost for Volume {

@@ -111,7 +111,7 @@ fn row_offset(space: &Space) -> u64 {
 }
 
 async fn checksum_errors(pool: &Pool, disk: usize) -> u64 {
-    pool.status().await.disks[disk].checksum_errors
+    pool.status().await.disks[disk].errors.checksum
 }
 
 #[test]

@@ -27,12 +27,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::future;
+use futures::FutureExt;
 
 use crate::{BlockDevice, BoxFuture, Bytes, BytesMut, IoError, IoResult, Operation};
 
 #[derive(Default)]
 struct Rules {
     reads: Vec<Range<u64>>,
+    /// Unreadable sectors: reads touching one fail until a write covers
+    /// it whole (the drive remaps it), as a real drive's pending sectors.
+    bad_sectors: Vec<Range<u64>>,
     writes: Vec<Range<u64>>,
     /// Writes still to lose silently.
     lose_writes: u64,
@@ -89,6 +93,27 @@ impl FaultControls {
     /// Fail every read that touches a byte of `range`.
     pub fn fail_reads(&self, range: Range<u64>) {
         self.rules().reads.push(range);
+    }
+
+    /// Make `range` unreadable until a write covers it whole: reads that
+    /// touch it fail (a media error, counted as an injected read), and the
+    /// first successful write or write-zeroes over all of it clears it.
+    pub fn bad_sector(&self, range: Range<u64>) {
+        self.rules().bad_sectors.push(range);
+    }
+
+    /// Bad sectors not yet rewritten.
+    pub fn bad_sectors(&self) -> Vec<Range<u64>> {
+        self.rules().bad_sectors.clone()
+    }
+
+    /// A write of `[offset, offset + length)` succeeded: the bad sectors
+    /// it covers whole are remapped.
+    fn rewritten(&self, offset: u64, length: u64) {
+        let end = offset.saturating_add(length);
+        self.rules()
+            .bad_sectors
+            .retain(|range| !(offset <= range.start && range.end <= end));
     }
 
     /// Fail every write and write-zeroes that touches a byte of `range`.
@@ -201,7 +226,8 @@ impl FaultControls {
             match operation {
                 Operation::Read => (
                     &self.shared.injected_reads,
-                    overlaps(&rules.reads, offset, length),
+                    overlaps(&rules.reads, offset, length)
+                        || overlaps(&rules.bad_sectors, offset, length),
                 ),
                 Operation::Write | Operation::WriteZeroes => (
                     &self.shared.injected_writes,
@@ -276,7 +302,19 @@ impl BlockDevice for FaultDevice {
                 .controls
                 .landing(offset, data.len() as u64, self.inner.size_bytes())
             {
-                Landing::Where(at) => self.inner.write(at, data, fua),
+                Landing::Where(at) => {
+                    let controls = self.controls.clone();
+                    let length = data.len() as u64;
+                    self.inner
+                        .write(at, data, fua)
+                        .map(move |result| {
+                            if result.is_ok() {
+                                controls.rewritten(at, length);
+                            }
+                            result
+                        })
+                        .boxed()
+                }
                 Landing::Nowhere => Box::pin(future::ready(Ok(()))),
             },
         }
@@ -289,7 +327,18 @@ impl BlockDevice for FaultDevice {
                 .controls
                 .landing(offset, length, self.inner.size_bytes())
             {
-                Landing::Where(at) => self.inner.write_zeroes(at, length, fua),
+                Landing::Where(at) => {
+                    let controls = self.controls.clone();
+                    self.inner
+                        .write_zeroes(at, length, fua)
+                        .map(move |result| {
+                            if result.is_ok() {
+                                controls.rewritten(at, length);
+                            }
+                            result
+                        })
+                        .boxed()
+                }
                 Landing::Nowhere => Box::pin(future::ready(Ok(()))),
             },
         }
@@ -392,6 +441,24 @@ mod tests {
         controls.restore();
         write(&device, 0, 9).unwrap();
         assert_eq!(memory.read_sync(0, 4096), vec![9u8; 4096]);
+    }
+
+    /// A bad sector fails reads until a write covers it whole; a write of
+    /// part of it leaves it bad.
+    #[test]
+    fn a_bad_sector_reads_again_once_rewritten_whole() {
+        let (_, device, controls) = setup();
+        controls.bad_sector(4096..8192);
+        assert!(read(&device, 4096).is_err());
+        assert!(read(&device, 0).is_ok());
+        write(&device, 0, 1).unwrap();
+        assert!(
+            read(&device, 4096).is_err(),
+            "a write beside it remaps nothing"
+        );
+        write(&device, 4096, 2).unwrap();
+        assert!(read(&device, 4096).is_ok());
+        assert!(controls.bad_sectors().is_empty());
     }
 
     #[test]

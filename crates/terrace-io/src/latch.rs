@@ -5,6 +5,12 @@
 //! cache, and the space would silently diverge. So the first error is kept,
 //! every later operation fails at once with [`IoError::Latched`] naming it, and
 //! the owner (the pool) marks the disk failed and carries on degraded.
+//!
+//! A read the medium could not serve ([`IoError::is_media_read_error`]) is
+//! the exception: it is passed through unlatched, so the owner can count
+//! it, rebuild the bytes from redundancy and rewrite them, as a drive
+//! remaps an unreadable sector on its next write. Whether the device is
+//! still trusted after such errors is the owner's call.
 
 use std::sync::{Arc, Mutex};
 
@@ -75,7 +81,10 @@ impl BlockDevice for LatchedDevice {
         let slot = self.first_error.clone();
         self.inner
             .read(offset, buf)
-            .map(move |(buf, result)| (buf, observe(&slot, result)))
+            .map(move |(buf, result)| match result {
+                Err(error) if error.is_media_read_error() => (buf, Err(error)),
+                result => (buf, observe(&slot, result)),
+            })
             .boxed()
     }
 
@@ -133,5 +142,21 @@ mod tests {
         assert!(matches!(error, IoError::Latched { .. }));
         assert_eq!(memory.read_sync(0, 4096), vec![0u8; 4096]);
         assert_eq!(device.failure().unwrap(), first);
+    }
+
+    /// An unreadable sector is passed through and latches nothing: the
+    /// device still reads elsewhere and takes writes (a rewrite remaps it).
+    #[test]
+    fn a_media_read_error_does_not_latch() {
+        let memory = Arc::new(MemoryDevice::new("memory:0", 16384));
+        let faults = Arc::new(crate::fault::FaultDevice::new(memory));
+        faults.controls().fail_reads(4096..8192);
+        let device = LatchedDevice::new(faults.clone());
+        let (_, result) = block_on(device.read(4096, BytesMut::zeroed(4096)));
+        assert!(result.unwrap_err().is_media_read_error());
+        assert!(device.failure().is_none());
+        let (_, result) = block_on(device.read(8192, BytesMut::zeroed(4096)));
+        assert!(result.is_ok());
+        assert!(block_on(device.write(4096, Bytes::from(vec![1u8; 4096]), false)).is_ok());
     }
 }

@@ -133,6 +133,33 @@ pub enum IoError {
 }
 
 impl IoError {
+    /// A read the medium could not serve (an unreadable sector, data that
+    /// failed the drive's own checks, an injected read fault) while the
+    /// device itself still answers: the owner may rebuild the bytes from
+    /// redundancy and rewrite them (a drive remaps a sector on its next
+    /// write) rather than give the whole device up.
+    pub fn is_media_read_error(&self) -> bool {
+        const EIO: i32 = 5;
+        const ENODATA: i32 = 61;
+        const EBADMSG: i32 = 74;
+        const EILSEQ: i32 = 84;
+        match self {
+            IoError::Os {
+                operation: Operation::Read,
+                source,
+                ..
+            } => matches!(
+                source.raw_os_error(),
+                Some(EIO | ENODATA | EBADMSG | EILSEQ)
+            ),
+            IoError::Injected {
+                operation: Operation::Read,
+                ..
+            } => true,
+            _ => false,
+        }
+    }
+
     /// Build an [`IoError::Os`] from the last OS error or a given one.
     pub fn os(
         device: &str,

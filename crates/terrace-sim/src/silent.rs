@@ -213,5 +213,5 @@ pub fn device_counts(sim: &SimDisks, plan: &SilentPlan) -> SilentCounts {
 /// Blocks the pool's disks counted as failing their sums since it opened.
 pub async fn checksum_errors(pool: &Pool) -> u64 {
     let status = pool.status().await;
-    status.disks.iter().map(|disk| disk.checksum_errors).sum()
+    status.disks.iter().map(|disk| disk.errors.checksum).sum()
 }

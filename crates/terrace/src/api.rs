@@ -139,13 +139,8 @@ pub enum Request {
     },
     PoolSet {
         name: String,
-        retire_missing: Option<String>,
-        repair_policy: Option<String>,
-        repair_rate_bytes: Option<u64>,
-        /// How often a scrub starts by itself: daily, weekly, monthly,
-        /// off or a duration (36h, 10d).
-        #[serde(default)]
-        scrub: Option<String>,
+        #[serde(flatten)]
+        change: SettingsChange,
     },
     /// Start a scrub of the pool: read every row, repair what disagrees.
     PoolScrub {
@@ -286,8 +281,15 @@ pub struct DiskView {
     pub latency_us: u64,
     /// Far slower than its peers.
     pub slow: bool,
-    /// Rows read from it that failed their checksums (each rebuilt from
-    /// redundancy and rewritten) since the pool was opened.
+    /// Reads it failed since the pool was opened or cleared (each rebuilt
+    /// from redundancy and rewritten where the layout keeps some).
+    #[serde(default)]
+    pub read_errors: u64,
+    /// Writes and flushes it failed (the first fails the disk).
+    #[serde(default)]
+    pub write_errors: u64,
+    /// Reads of a row from it whose blocks failed their checksums (each
+    /// rebuilt from redundancy and rewritten).
     #[serde(default)]
     pub checksum_errors: u64,
     /// Extents written while it was missing: back, it resyncs only these.
@@ -362,6 +364,34 @@ pub struct SettingsView {
     pub scrub_last_unix_seconds: Option<u64>,
     #[serde(default)]
     pub scrub_next_unix_seconds: Option<u64>,
+    /// Read and checksum errors within `error_window_seconds` that fail a
+    /// disk (0: never).
+    #[serde(default)]
+    pub error_limit: u32,
+    #[serde(default)]
+    pub error_window_seconds: u32,
+}
+
+/// The settings `pool set` changes (none named: none changed).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SettingsChange {
+    #[serde(default)]
+    pub retire_missing: Option<String>,
+    #[serde(default)]
+    pub repair_policy: Option<String>,
+    #[serde(default)]
+    pub repair_rate_bytes: Option<u64>,
+    /// How often a scrub starts by itself: daily, weekly, monthly, off or
+    /// a duration (36h, 10d).
+    #[serde(default)]
+    pub scrub: Option<String>,
+    /// Read and checksum errors within the window that fail a disk (0:
+    /// never).
+    #[serde(default)]
+    pub error_limit: Option<u32>,
+    /// That window: seconds, or a duration (90s, 10m, 1h, 1d).
+    #[serde(default)]
+    pub error_window: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -10,7 +10,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use crate::api::{
     CandidateView, DiskSpec, ErrorKind, ImportableView, JobView, PoolSummary, PoolView, Request,
-    Response, SpaceCreate, SpaceDetail, SpaceView,
+    Response, SettingsChange, SpaceCreate, SpaceDetail, SpaceView,
 };
 use crate::units::parse_size;
 use crate::{render, CliError};
@@ -137,6 +137,15 @@ pub enum PoolCommand {
         /// (the default, every 28 days), off, or a duration (36h, 10d, 2w).
         #[arg(long)]
         scrub: Option<String>,
+        /// Read and checksum errors a disk survives: this many within the
+        /// window fail it, and it is repaired like a missing disk (default
+        /// 10; 0 = never fail a disk for them).
+        #[arg(long)]
+        error_limit: Option<u32>,
+        /// The window of --error-limit: seconds or a duration (90s, 10m,
+        /// 1h, 1d; default 10m).
+        #[arg(long)]
+        error_window: Option<String>,
     },
     /// Read every block of every space, check that copies and parity
     /// agree, and repair what does not (a job: `job list` shows its
@@ -467,12 +476,18 @@ pub fn pool_request(command: PoolCommand) -> Result<Request, CliError> {
             repair,
             repair_rate,
             scrub,
+            error_limit,
+            error_window,
         } => Request::PoolSet {
             name,
-            retire_missing,
-            repair_policy: repair,
-            repair_rate_bytes: repair_rate,
-            scrub,
+            change: SettingsChange {
+                retire_missing,
+                repair_policy: repair,
+                repair_rate_bytes: repair_rate,
+                scrub,
+                error_limit,
+                error_window,
+            },
         },
         PoolCommand::Scrub { name, rate } => Request::PoolScrub {
             name,

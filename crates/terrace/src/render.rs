@@ -84,7 +84,8 @@ pub fn pool_status(pool: &PoolView) -> String {
     }
     out.push_str("\ndisks:\n");
     let mut disks = table(&[
-        "#", "DEVICE", "STATE", "MEDIA", "USAGE", "SIZE", "USED", "DOMAIN", "NOTE",
+        "#", "DEVICE", "STATE", "READ", "WRITE", "CKSUM", "MEDIA", "USAGE", "SIZE", "USED",
+        "DOMAIN", "NOTE",
     ]);
     for disk in &pool.disks {
         let used = if disk.slabs_total == 0 {
@@ -107,6 +108,9 @@ pub fn pool_status(pool: &PoolView) -> String {
             disk.index.to_string(),
             disk.device.clone(),
             disk.state.clone(),
+            disk.read_errors.to_string(),
+            disk.write_errors.to_string(),
+            disk.checksum_errors.to_string(),
             disk.media.clone(),
             disk.usage.clone(),
             format_size(disk.size_bytes),
@@ -163,6 +167,13 @@ pub fn pool_status(pool: &PoolView) -> String {
         }
     ));
     out.push_str(&scrub_schedule(&pool.settings));
+    out.push_str(&match pool.settings.error_limit {
+        0 => "errors: read and checksum errors never fail a disk\n".to_string(),
+        limit => format!(
+            "errors: a disk fails at {limit} read and checksum errors within {}\n",
+            duration(u64::from(pool.settings.error_window_seconds))
+        ),
+    });
     out
 }
 
@@ -690,7 +701,9 @@ pub fn cleared(result: &serde_json::Value) -> String {
     let pool = result["pool"].as_str().unwrap_or_default();
     let disks = result["disks"].as_array().cloned().unwrap_or_default();
     if disks.is_empty() {
-        return format!("pool {pool}: no failed or stale disk is present; nothing to clear\n");
+        return format!(
+            "pool {pool}: error counters set to zero; no failed or stale disk is present to take back\n"
+        );
     }
     let mut text = String::new();
     for disk in &disks {

@@ -241,3 +241,94 @@ fn damage_in_a_backing_file_is_rebuilt_counted_named_and_scrubbed_in_every_redun
         qemu_io(&daemon, case.name, &["read -P 0x5a 0 32M"]);
     }
 }
+
+fn disk_errors(daemon: &Daemon, pool: &str, disk: usize) -> (String, u64, u64) {
+    let status = daemon.pool_status(pool);
+    let disk = &status["disks"][disk];
+    let count = |name: &str| disk[name].as_u64().expect("a counter");
+    (
+        disk["state"].as_str().expect("state").to_string(),
+        count("read_errors"),
+        count("write_errors"),
+    )
+}
+
+/// A disk whose reads fail below its file (nbdkit's error filter under
+/// nbdfuse: EIO from the kernel, as an unreadable surface returns) is not
+/// failed at its first error: every byte a client reads is rebuilt from
+/// the other copy, the unreadable rows are rewritten, and the disk's READ
+/// count goes up and the log names it. Once its errors reach the pool's
+/// limit it is failed; the space serves on, and `pool clear` takes the
+/// disk back, counters at zero, and it catches up.
+#[test]
+fn read_errors_are_rebuilt_counted_and_fail_a_disk_only_at_the_limit() {
+    if skip_without(
+        "the read error test",
+        &["nbdkit", "nbdfuse", "nbdcopy", "qemu-io"],
+    ) {
+        return;
+    }
+    const MIB: u64 = 1 << 20;
+    let folder = tempfile::tempdir().expect("a folder for the disks");
+    let faulty = common::FaultyDisk::unreadable(folder.path(), "d1", GIB);
+    let mut daemon = Daemon::start();
+    let mut files = daemon.disk_files("reads", 1, GIB);
+    files.push(faulty.file.clone());
+    daemon.create_pool("tank", &files, "16M");
+    daemon.create_space(
+        "tank",
+        "m",
+        &["--layout", "mirror", "--copies", "2", "--cache", "0"],
+        "64M",
+    );
+    daemon.cli_ok(&["pool", "set", "tank", "--error-limit", "0"]);
+    let source = daemon.temp().join("m.src");
+    std::fs::write(&source, common::random_bytes(7, 64 * MIB as usize)).expect("source");
+    common::run_ok(command("nbdcopy").arg(&source).arg(daemon.uri("m")));
+    let copy = daemon.temp().join("m.copy");
+
+    // No limit: every read error is survived and rewritten.
+    faulty.fail();
+    common::run_ok(command("nbdcopy").arg(daemon.uri("m")).arg(&copy));
+    faulty.heal();
+    assert_eq!(
+        common::sha256_file(&copy, None),
+        common::sha256_file(&source, None)
+    );
+    let (state, read, write) = disk_errors(&daemon, "tank", 1);
+    assert_eq!((state.as_str(), write), ("ONLINE", 0), "{state} {write}");
+    assert!(read > 0, "the copy on disk 1 was read from");
+    let log = daemon.log_text();
+    assert!(
+        log.contains("read error on disk 1 in the row at")
+            && log.contains("rebuilt from redundancy and rewritten there"),
+        "{}",
+        daemon.log_tail()
+    );
+    let (code, report) = verify(&daemon, "tank", "m");
+    assert_eq!(code, Some(0), "{report}");
+
+    // A limit of 3: the third error fails the disk; clients see nothing.
+    daemon.cli_ok(&["pool", "set", "tank", "--error-limit", "3"]);
+    faulty.fail();
+    std::fs::remove_file(&copy).expect("remove the copy");
+    common::run_ok(command("nbdcopy").arg(daemon.uri("m")).arg(&copy));
+    faulty.heal();
+    assert_eq!(
+        common::sha256_file(&copy, None),
+        common::sha256_file(&source, None)
+    );
+    let status = daemon.pool_status("tank");
+    assert_eq!(status["disks"][1]["state"], "FAILED", "{status}");
+    let reason = status["disks"][1]["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("read and checksum errors within 600 s"),
+        "{reason}"
+    );
+    let cleared = daemon.cli_ok(&["pool", "clear", "tank"]).stdout;
+    assert!(cleared.contains("taken back"), "{cleared}");
+    let (state, read, _) = disk_errors(&daemon, "tank", 1);
+    assert_eq!(read, 0, "pool clear set the counters to zero ({state})");
+    qemu_io(&daemon, "m", &["read 0 64M"]);
+    daemon.stop();
+}

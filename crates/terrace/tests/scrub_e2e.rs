@@ -132,7 +132,7 @@ fn verify_and_scrub_find_a_mirror_copy_overwritten_and_scrub_repairs_it() {
 }
 
 #[test]
-fn pool_set_scrub_sets_the_schedule_that_pool_status_shows() {
+fn pool_set_sets_the_scrub_schedule_and_error_limit_that_pool_status_shows() {
     let mut daemon = Daemon::start();
     let disks = daemon.disk_files("schedule", 2, GIB);
     daemon.create_pool("tank", &disks, "16M");
@@ -163,6 +163,34 @@ fn pool_set_scrub_sets_the_schedule_that_pool_status_shows() {
     assert!(bad.stderr.contains("at least 1h"), "{}", bad.describe());
     let kept = &daemon.pool_status("tank")["settings"];
     assert_eq!(kept["scrub_interval_seconds"], 36 * 3600, "{kept}");
+
+    // The error limit is a setting beside it, and the disks show their
+    // counters as columns.
+    assert_eq!(kept["error_limit"], 10, "{kept}");
+    assert_eq!(kept["error_window_seconds"], 600, "{kept}");
+    let set = daemon.cli_json(&[
+        "pool",
+        "set",
+        "tank",
+        "--error-limit",
+        "3",
+        "--error-window",
+        "1h",
+    ]);
+    assert_eq!(set["settings"]["error_limit"], 3, "{set}");
+    assert_eq!(set["settings"]["error_window_seconds"], 3600, "{set}");
+    let text = daemon.cli_ok(&["pool", "status", "tank"]).stdout;
+    assert!(
+        text.contains("a disk fails at 3 read and checksum errors within 60m00s"),
+        "{text}"
+    );
+    assert!(text.contains("READ") && text.contains("CKSUM"), "{text}");
+    let disk = &daemon.pool_status("tank")["disks"][0];
+    assert_eq!(disk["read_errors"], 0, "{disk}");
+    let bad = daemon.cli(&["pool", "set", "tank", "--error-window", "soon"]);
+    assert_eq!(bad.code(), Some(2), "{}", bad.describe());
+    let cleared = daemon.cli_ok(&["pool", "clear", "tank"]).stdout;
+    assert!(cleared.contains("error counters set to zero"), "{cleared}");
     daemon.stop();
 }
 

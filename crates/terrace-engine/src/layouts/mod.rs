@@ -154,13 +154,15 @@ impl RowLayout for Layouts {
         span: &RowSpan,
         buffer: BytesMut,
     ) -> (BytesMut, Result<(), EngineError>) {
-        match self {
+        let read = match self {
             Layouts::Simple(layout) => layout.read(io, span, buffer).await,
             Layouts::Mirror(layout) => layout.read(io, span, buffer).await,
             // Boxed: a parity read's state (reconstruction) is far larger
             // than the others', and every read's future would carry it.
             Layouts::Parity(layout) => Box::pin(layout.read(io, span, buffer)).await,
-        }
+        };
+        rewrite_unreadable(self, io).await;
+        read
     }
 
     async fn write<H: RowHost>(
@@ -170,12 +172,14 @@ impl RowLayout for Layouts {
         data: &Payload,
         fua: bool,
     ) -> Result<(), EngineError> {
-        match self {
+        let written = match self {
             Layouts::Simple(layout) => layout.write(io, span, data, fua).await,
             Layouts::Mirror(layout) => layout.write(io, span, data, fua).await,
             // Boxed, as for reads: a parity update's state is the largest.
             Layouts::Parity(layout) => Box::pin(layout.write(io, span, data, fua)).await,
-        }
+        };
+        rewrite_unreadable(self, io).await;
+        written
     }
 
     async fn slot_content<H: RowHost>(
@@ -239,6 +243,40 @@ impl RowLayout for Layouts {
             Layouts::Mirror(layout) => layout.resyncs_while_serving(),
             Layouts::Parity(layout) => layout.resyncs_while_serving(),
         }
+    }
+}
+
+/// Rewrite the row of each slot whose read failed in `io` on a disk still
+/// in service (an unreadable sector), from the row's other slots, under the
+/// row's lock: the drive remaps the sector as it takes the write, and the
+/// next read finds the data there again. A slot nothing rebuilds (no
+/// redundancy left, or a simple layout) is left as it is; a rewrite that
+/// fails fails its disk. Each is told to the host. Called once the layout
+/// has served the I/O from the other slots, and by a parity write before
+/// it lets go of the row: a write that left out a data column whose old
+/// bytes it could not read must not leave that column stale for a reader.
+pub(crate) async fn rewrite_unreadable<L: RowLayout, H: RowHost>(layout: &L, io: &RowIo<'_, H>) {
+    if io.unreadable_slots().is_empty() {
+        return;
+    }
+    let _guard = io.lock().await;
+    rewrite_unreadable_locked(layout, io).await;
+}
+
+/// [`rewrite_unreadable`] for a caller that holds the row's lock.
+pub(crate) async fn rewrite_unreadable_locked<L: RowLayout, H: RowHost>(
+    layout: &L,
+    io: &RowIo<'_, H>,
+) {
+    for (slot, disk) in io.unreadable_slots() {
+        // The other unreadable slots stay out of the rebuild's sources.
+        let rewritten = io.host.may_rewrite()
+            && match layout.slot_content(io, slot).await {
+                Ok(content) => io.write(slot, 0, content.freeze(), true).await.is_ok(),
+                Err(_) => false,
+            };
+        io.forget_unreadable(slot);
+        io.host.read_failed(disk, io.extent, io.row, rewritten);
     }
 }
 

@@ -409,6 +409,12 @@ async fn write<H: RowHost>(
             reconstruct_write(io, span, &columns, &plan, &lost, fua).await?
         };
         if let Attempt::Done = attempt {
+            // Under the row's lock still: a data column whose old bytes
+            // could not be read was left out of the write.
+            let layout = Parity {
+                redundancy: columns.redundancy as u32,
+            };
+            super::rewrite_unreadable_locked(&layout, io).await;
             let lost = columns.lost(io);
             if lost.len() > columns.redundancy {
                 return Err(io.unavailable(span, too_many_lost(&columns, &lost)));

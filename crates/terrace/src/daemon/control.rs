@@ -18,7 +18,8 @@ use super::names;
 use super::registry::{expand_disks, open_device, open_for_import, DiskPath, PoolEntry, Registry};
 use super::{candidates, intake, views, Daemon};
 use crate::api::{
-    DaemonView, DiskSpec, ErrorKind, ImportableView, PoolView, Request, Response, SpaceCreate,
+    DaemonView, DiskSpec, ErrorKind, ImportableView, PoolView, Request, Response, SettingsChange,
+    SpaceCreate,
 };
 use crate::units::format_size;
 
@@ -194,23 +195,7 @@ async fn handle(daemon: &Arc<Daemon>, request: Request) -> Answer {
             new,
             force,
         } => disk_replace(registry, &pool, &old, new, force).await,
-        Request::PoolSet {
-            name,
-            retire_missing,
-            repair_policy,
-            repair_rate_bytes,
-            scrub,
-        } => {
-            pool_set(
-                registry,
-                &name,
-                retire_missing,
-                repair_policy,
-                repair_rate_bytes,
-                scrub,
-            )
-            .await
-        }
+        Request::PoolSet { name, change } => pool_set(registry, &name, change).await,
         Request::PoolScrub { name, rate_bytes } => {
             super::scrub::pool_scrub(registry, &name, rate_bytes).await
         }
@@ -1065,14 +1050,15 @@ async fn disk_replace(
     job_answer(&entry, id).await
 }
 
-async fn pool_set(
-    registry: &Registry,
-    name: &str,
-    retire_missing: Option<String>,
-    repair_policy: Option<String>,
-    repair_rate_bytes: Option<u64>,
-    scrub: Option<String>,
-) -> Answer {
+async fn pool_set(registry: &Registry, name: &str, change: SettingsChange) -> Answer {
+    let SettingsChange {
+        retire_missing,
+        repair_policy,
+        repair_rate_bytes,
+        scrub,
+        error_limit,
+        error_window,
+    } = change;
     let _admin = registry.admin.lock().await;
     let entry = find_pool(registry, name)?;
     let mut settings = entry.pool.metadata().await.settings;
@@ -1114,8 +1100,38 @@ async fn pool_set(
     if let Some(text) = scrub {
         settings.scrub_interval_secs = super::scrub::interval_secs(&text).map_err(usage)?;
     }
+    if let Some(limit) = error_limit {
+        settings.error_limit = limit;
+    }
+    if let Some(text) = error_window {
+        settings.error_window_secs = error_window_secs(&text).map_err(usage)?;
+    }
     entry.pool.set_settings(settings).await.map_err(failure)?;
     value(pool_view(registry, &entry).await)
+}
+
+/// The window of the error limit: seconds, or a number with s, m, h or d;
+/// from a second to a week.
+fn error_window_secs(text: &str) -> Result<u32, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let unit_secs: u64 = match unit {
+        "" | "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86400,
+        _ => 0,
+    };
+    let secs = number.parse::<u64>().unwrap_or(0).saturating_mul(unit_secs);
+    if secs == 0 || secs > 7 * 86400 {
+        return Err(format!(
+            "an error window is a duration from 1s to 7d, such as 600, 90s, 10m or 1h; not {text:?}"
+        ));
+    }
+    Ok(secs as u32)
 }
 
 async fn job_control(registry: &Registry, pool: Option<String>, id: u64, action: &str) -> Answer {

@@ -588,7 +588,7 @@ async fn log_changes(pool: &Pool, before: Option<&Summary>) -> Summary {
     now
 }
 
-/// Log a block that failed its checksum on a read, and a scrub's finding,
+/// Log a block that failed its checksum or could not be read, and a scrub's finding,
 /// repaired or not, as it happens (the status compared for the rest of the
 /// log only counts them).
 fn log_finding(pool: &str, event: &terrace_engine::PoolEvent) {
@@ -614,6 +614,17 @@ fn log_finding(pool: &str, event: &terrace_engine::PoolEvent) {
             "pool {pool}: space {space}: checksum error repaired: {blocks} block(s) of the row at {offset}+{length} on {} failed their checksums, rebuilt from redundancy{}",
             disk.map_or("a disk".to_string(), |disk| format!("disk {}", disk.0)),
             if *rewritten { " and rewritten there" } else { " (not rewritten: the pool is read-only or the write failed)" }
+        )),
+        terrace_engine::PoolEvent::ReadError {
+            space,
+            offset,
+            length,
+            disk,
+            rewritten,
+        } => super::log(format!(
+            "pool {pool}: space {space}: read error on disk {} in the row at {offset}+{length}: {}",
+            disk.0,
+            if *rewritten { "rebuilt from redundancy and rewritten there" } else { "not repaired (no redundancy rebuilt it, the pool is read-only, or the rewrite failed)" }
         )),
         terrace_engine::PoolEvent::Unrecoverable { space, offset, blocks } => super::log(format!(
             "pool {pool}: space {space}: {blocks} block(s) from {offset} fail their checksums on every copy and no reconstruction matches: reads of them fail"

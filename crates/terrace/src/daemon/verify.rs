@@ -53,6 +53,7 @@ fn problem_json(problem: &Problem, devices: &BTreeMap<u16, String>) -> Value {
         ProblemKind::Moving { slot } => ("moving", None, Some(slot)),
         ProblemKind::Checksum { .. } => ("checksum", None, None),
         ProblemKind::Unrecoverable { .. } => ("unrecoverable", None, None),
+        ProblemKind::Unreadable => ("read-error", None, None),
     };
     let parity: Vec<&str> = match problem.kind {
         ProblemKind::Parity { p, q, .. } => [(p, "P"), (q, "Q")]
@@ -63,7 +64,9 @@ fn problem_json(problem: &Problem, devices: &BTreeMap<u16, String>) -> Value {
     };
     let damaged_found = matches!(
         problem.kind,
-        ProblemKind::Parity { damaged: true, .. } | ProblemKind::Checksum { .. }
+        ProblemKind::Parity { damaged: true, .. }
+            | ProblemKind::Checksum { .. }
+            | ProblemKind::Unreadable
     );
     let places: Vec<Value> = problem
         .places

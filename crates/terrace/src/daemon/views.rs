@@ -256,7 +256,9 @@ pub fn pool_view(
             node: non_empty(&disk.node),
             latency_us: disk.latency_us,
             slow: disk.slow,
-            checksum_errors: disk.checksum_errors,
+            read_errors: disk.errors.read,
+            write_errors: disk.errors.write,
+            checksum_errors: disk.errors.checksum,
             missed_extents: disk.missed_extents,
             unrepaired: disk.unrepaired.as_ref().map(|u| u.reason.clone()),
             action: super::actions::disk_action(status, disk),
@@ -332,6 +334,8 @@ pub fn settings_view(settings: &PoolSettings) -> SettingsView {
         // it: not known here.
         scrub_next_unix_seconds: (settings.scrub_last_ns > 0 && settings.scrub_interval_secs > 0)
             .then_some(settings.scrub_last_ns / 1_000_000_000 + settings.scrub_interval_secs),
+        error_limit: settings.error_limit,
+        error_window_seconds: settings.error_window_secs,
     }
 }
 

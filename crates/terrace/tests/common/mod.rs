@@ -879,6 +879,18 @@ pub struct FaultyDisk {
 
 impl FaultyDisk {
     pub fn new(dir: &Path, name: &str, size: u64) -> FaultyDisk {
+        FaultyDisk::serve(dir, name, size, "error")
+    }
+
+    /// A disk whose reads alone fail while [`FaultyDisk::fail`] holds (an
+    /// unreadable surface); writes land.
+    pub fn unreadable(dir: &Path, name: &str, size: u64) -> FaultyDisk {
+        FaultyDisk::serve(dir, name, size, "error-pread")
+    }
+
+    /// `which`: the error filter's parameters to set, `error` (every
+    /// operation) or `error-pread` (reads).
+    fn serve(dir: &Path, name: &str, size: u64, which: &str) -> FaultyDisk {
         std::fs::create_dir_all(dir).expect("faulty disk folder");
         let image = dir.join(format!("{name}.img"));
         sparse_file(&image, size);
@@ -893,8 +905,8 @@ impl FaultyDisk {
             .arg("--filter=error")
             .arg("file")
             .arg(&image)
-            .arg("error-rate=100%")
-            .arg(format!("error-file={}", trigger.display()))
+            .arg(format!("{which}-rate=100%"))
+            .arg(format!("{which}-file={}", trigger.display()))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log);
