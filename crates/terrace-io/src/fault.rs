@@ -62,6 +62,8 @@ struct Shared {
     lost_operations: AtomicU64,
     lost_writes: AtomicU64,
     misdirected_writes: AtomicU64,
+    bad_sectors: AtomicU64,
+    remapped_sectors: AtomicU64,
 }
 
 /// How many operations a [`FaultDevice`] failed on purpose.
@@ -77,6 +79,9 @@ pub struct FaultCounters {
     pub lost_writes: u64,
     /// Writes made at another offset than asked.
     pub misdirected_writes: u64,
+    /// Sectors made unreadable, and those a write has covered since.
+    pub bad_sectors: u64,
+    pub remapped_sectors: u64,
 }
 
 /// The steering handle of a [`FaultDevice`]; clones steer the same device.
@@ -100,6 +105,7 @@ impl FaultControls {
     /// first successful write or write-zeroes over all of it clears it.
     pub fn bad_sector(&self, range: Range<u64>) {
         self.rules().bad_sectors.push(range);
+        self.shared.bad_sectors.fetch_add(1, Ordering::SeqCst);
     }
 
     /// Bad sectors not yet rewritten.
@@ -111,9 +117,15 @@ impl FaultControls {
     /// it covers whole are remapped.
     fn rewritten(&self, offset: u64, length: u64) {
         let end = offset.saturating_add(length);
-        self.rules()
+        let mut rules = self.rules();
+        let before = rules.bad_sectors.len();
+        rules
             .bad_sectors
             .retain(|range| !(offset <= range.start && range.end <= end));
+        let remapped = (before - rules.bad_sectors.len()) as u64;
+        self.shared
+            .remapped_sectors
+            .fetch_add(remapped, Ordering::SeqCst);
     }
 
     /// Fail every write and write-zeroes that touches a byte of `range`.
@@ -204,6 +216,8 @@ impl FaultControls {
             lost: self.shared.lost_operations.load(Ordering::SeqCst),
             lost_writes: self.shared.lost_writes.load(Ordering::SeqCst),
             misdirected_writes: self.shared.misdirected_writes.load(Ordering::SeqCst),
+            bad_sectors: self.shared.bad_sectors.load(Ordering::SeqCst),
+            remapped_sectors: self.shared.remapped_sectors.load(Ordering::SeqCst),
         }
     }
 

@@ -587,14 +587,16 @@ async fn come_back(
 }
 
 /// `disk`'s fault passes and `Pool::clear` is asked to take it back. One
-/// not yet found failed is in service to the pool (refused: its next
-/// error fails it, and its fault is gone); one retired by a repair is no
-/// longer the pool's to clear.
+/// not yet found failed is in service to the pool (nothing to take back,
+/// only its error counters set to zero: its next error fails it, and its
+/// fault is gone); one retired by a repair is no longer the pool's to
+/// clear.
 async fn clear_back(pool: Rc<Pool>, disk: usize, fault: FaultControls, counters: Shared<Counters>) {
     fault.restore();
     match pool.clear(Some(DiskIndex(disk as u16))).await {
         Ok(cleared) => match cleared.as_slice() {
             [entry] if entry.refused.is_none() => counters.borrow_mut().cleared += 1,
+            [] => {}
             _ => {
                 let message = format!("disk {disk} was not cleared: {cleared:?}");
                 counters.borrow_mut().failure.get_or_insert(message);

@@ -9,7 +9,10 @@
 //! * a **lost write**: the disk acknowledges its next writes and never
 //!   makes them;
 //! * a **misdirected write**: the disk's next write lands elsewhere in its
-//!   data area, on whatever slab is there.
+//!   data area, on whatever slab is there;
+//! * an **unreadable sector** (not silent, but as sudden): 4 KiB of a slab
+//!   of the space fail every read until a write covers them; the engine
+//!   must rebuild the bytes, rewrite them and keep the disk in service.
 //!
 //! Lost and misdirected writes keep to the data area (`SimDisks` sets the
 //! fault devices' window), so labels and metadata slots are never hit.
@@ -22,9 +25,7 @@
 
 use std::cell::Cell;
 use std::rc::Rc;
-use std::sync::Arc;
 
-use terrace_engine::io::memory::MemoryDevice;
 use terrace_engine::layout::Layout;
 use terrace_engine::meta::format::{data_offset, METADATA_SLOT_MIN_BYTES};
 use terrace_engine::meta::{ExtentRecord, SpaceRole};
@@ -88,6 +89,9 @@ pub struct SilentCounts {
     pub flips: u64,
     pub lost_writes: u64,
     pub misdirected_writes: u64,
+    /// Sectors made unreadable, and those the engine rewrote by the end.
+    pub bad_sectors: u64,
+    pub bad_sectors_rewritten: u64,
     /// Blocks the disks counted as failing their sums (each rebuilt).
     pub checksum_errors: u64,
     /// Blocks the scrub at the end found failing their sums.
@@ -100,17 +104,19 @@ pub struct SilentCounts {
 
 impl SilentCounts {
     pub fn injected(&self) -> u64 {
-        self.flips + self.lost_writes + self.misdirected_writes
+        self.flips + self.lost_writes + self.misdirected_writes + self.bad_sectors
     }
 
     pub fn found(&self) -> u64 {
-        self.checksum_errors + self.scrubbed_blocks
+        self.checksum_errors + self.scrubbed_blocks + self.bad_sectors_rewritten
     }
 
     pub fn add(&mut self, other: &SilentCounts) {
         self.flips += other.flips;
         self.lost_writes += other.lost_writes;
         self.misdirected_writes += other.misdirected_writes;
+        self.bad_sectors += other.bad_sectors;
+        self.bad_sectors_rewritten += other.bad_sectors_rewritten;
         self.checksum_errors += other.checksum_errors;
         self.scrubbed_blocks += other.scrubbed_blocks;
         self.failed_reads += other.failed_reads;
@@ -118,9 +124,9 @@ impl SilentCounts {
     }
 }
 
-/// Inject one silent fault on one of `plan`'s disks now: a flip (made by a
-/// task that asks the pool where the space's slabs are), or lost or
-/// misdirected writes armed on the disk.
+/// Inject one silent fault on one of `plan`'s disks now: a flip or an
+/// unreadable sector (made by a task that asks the pool where the space's
+/// slabs are), or lost or misdirected writes armed on the disk.
 pub fn inject(
     executor: &mut Executor,
     pool: &Rc<Pool>,
@@ -131,7 +137,7 @@ pub fn inject(
 ) {
     let disk = plan.disks[random.below(plan.disks.len() as u64) as usize];
     let fault = &sim.faults[disk];
-    let kind = random.below(3);
+    let kind = random.below(4);
     if std::env::var_os("TERRACE_SIM_TRACE").is_some() {
         eprintln!("silent fault kind {kind} on disk {disk}");
     }
@@ -144,12 +150,23 @@ pub fn inject(
                 1 + random.below(255) as u8,
             );
             executor.spawn(async move {
-                if flip(&pool, &memory, disk, slab_pick, offset, mask).await {
+                if let Some(at) = space_byte(&pool, disk, slab_pick, offset).await {
+                    let byte = memory.read_sync(at, 1)[0];
+                    memory.write_sync(at, &[byte ^ mask]);
                     flips.set(flips.get() + 1);
                 }
             });
         }
         1 => fault.lose_writes(1 + random.below(3)),
+        2 => {
+            let (pool, fault) = (pool.clone(), fault.clone());
+            let (slab_pick, offset) = (random.next_u64(), random.below(SLAB_BYTES) & !4095);
+            executor.spawn(async move {
+                if let Some(at) = space_byte(&pool, disk, slab_pick, offset).await {
+                    fault.bad_sector(at..at + 4096);
+                }
+            });
+        }
         _ => {
             // Whole sectors away, either way, within a few slabs.
             let sectors = 1 + random.below(4 * SLAB_BYTES / 512) as i64;
@@ -163,21 +180,12 @@ pub fn inject(
     }
 }
 
-/// Flip the bits `mask` of the byte at `offset` in one of the slabs the
-/// space "sim" or its sums hold on `disk` (`pick` chooses which); false if
-/// it holds none there.
-async fn flip(
-    pool: &Pool,
-    memory: &Arc<MemoryDevice>,
-    disk: usize,
-    pick: u64,
-    offset: u64,
-    mask: u8,
-) -> bool {
+/// The disk offset of byte `offset` of one of the slabs the space "sim" or
+/// its sums hold on `disk` (`pick` chooses which); none if it holds none
+/// there.
+async fn space_byte(pool: &Pool, disk: usize, pick: u64, offset: u64) -> Option<u64> {
     let metadata = pool.metadata().await;
-    let Some(space) = metadata.spaces.iter().find(|s| s.name == "sim") else {
-        return false;
-    };
+    let space = metadata.spaces.iter().find(|s| s.name == "sim")?;
     let slabs: Vec<u64> = metadata
         .spaces
         .iter()
@@ -187,16 +195,13 @@ async fn flip(
         .map(|slab| u64::from(slab.slab.0))
         .collect();
     if slabs.is_empty() {
-        return false;
+        return None;
     }
     let slab = slabs[(pick % slabs.len() as u64) as usize];
-    let at = data_offset(METADATA_SLOT_MIN_BYTES) + slab * SLAB_BYTES + offset;
-    let byte = memory.read_sync(at, 1)[0];
-    memory.write_sync(at, &[byte ^ mask]);
     if std::env::var_os("TERRACE_SIM_TRACE").is_some() {
-        eprintln!("flipped disk {disk} slab {slab} offset {offset}");
+        eprintln!("fault on disk {disk} slab {slab} offset {offset}");
     }
-    true
+    Some(data_offset(METADATA_SLOT_MIN_BYTES) + slab * SLAB_BYTES + offset)
 }
 
 /// What the fault devices of `plan`'s disks did (flips are counted apart).
@@ -206,6 +211,8 @@ pub fn device_counts(sim: &SimDisks, plan: &SilentPlan) -> SilentCounts {
         let counters = sim.faults[disk].counters();
         counts.lost_writes += counters.lost_writes;
         counts.misdirected_writes += counters.misdirected_writes;
+        counts.bad_sectors += counters.bad_sectors;
+        counts.bad_sectors_rewritten += counters.remapped_sectors;
     }
     counts
 }

@@ -51,16 +51,18 @@ fn simulated_runs_keep_every_acknowledged_write() {
     );
     let silent = &totals.silent;
     eprintln!(
-        "silent faults in {} runs ({} beyond tolerance): {} injected ({} bit flips, {} lost writes, {} misdirected writes), {} found ({} checksum errors on reads, {} blocks by the scrub); beyond tolerance {} reads and {} writes failed",
+        "silent faults in {} runs ({} beyond tolerance): {} injected ({} bit flips, {} lost writes, {} misdirected writes, {} unreadable sectors), {} found ({} checksum errors on reads, {} blocks by the scrub, {} unreadable sectors rewritten); beyond tolerance {} reads and {} writes failed",
         totals.silent_runs,
         totals.beyond_runs,
         silent.injected(),
         silent.flips,
         silent.lost_writes,
         silent.misdirected_writes,
+        silent.bad_sectors,
         silent.found(),
         silent.checksum_errors,
         silent.scrubbed_blocks,
+        silent.bad_sectors_rewritten,
         silent.failed_reads,
         silent.failed_writes
     );
