@@ -276,7 +276,7 @@ pub enum SpaceCommand {
         export: Option<String>,
         /// Keep a checksum of every 4 KiB block, checked on every read, so
         /// a damaged copy is found and rebuilt (on, the default), or not.
-        #[arg(long, default_value = "on", value_parser = parse_on_off)]
+        #[arg(long, default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
         checksums: bool,
     },
     /// Check that every row's copies or parity agree with its data.
@@ -853,5 +853,29 @@ mod tests {
             let error = disk_spec(text, &defaults).unwrap_err();
             assert!(matches!(error, CliError::Usage(_)), "{text}: {error}");
         }
+    }
+
+    #[test]
+    fn checksums_take_on_or_off_and_default_to_on() {
+        #[derive(clap::Parser)]
+        struct Line {
+            #[command(subcommand)]
+            command: SpaceCommand,
+        }
+        let checksums = |extra: &[&str]| {
+            let line = [
+                "terrace", "create", "p", "s", "--layout", "simple", "--size", "1G",
+            ];
+            let parsed = <Line as clap::Parser>::try_parse_from(line.iter().chain(extra));
+            match parsed.map(|line| line.command) {
+                Ok(SpaceCommand::Create { checksums, .. }) => Ok(checksums),
+                Ok(_) => unreachable!(),
+                Err(error) => Err(error.to_string()),
+            }
+        };
+        assert_eq!(checksums(&[]), Ok(true));
+        assert_eq!(checksums(&["--checksums", "on"]), Ok(true));
+        assert_eq!(checksums(&["--checksums", "off"]), Ok(false));
+        assert!(checksums(&["--checksums", "maybe"]).is_err());
     }
 }
