@@ -11,8 +11,12 @@
 # outstanding I/Os; default 4 KiB random writes and reads at 1 and 32,
 # 1 MiB sequential writes and reads at 8), the on and off spaces one after
 # the other (which first alternates by round), fio's nbd engine, 1 s ramp
-# then the given seconds. Prints each run's MB/s, then per layout and
-# pattern the medians and their ratio (on / off). Needs fio.
+# then the given seconds. Prints each run's MB/s and the daemon's CPU
+# seconds per GB moved (its CPU time over the ramp and the run, over the
+# bytes of the run scaled to both), then per layout and pattern the
+# medians and the min, median and max of the rounds' ratios (on / off).
+# On a shared machine MB/s move with the load of others; CPU per GB
+# much less, so it is what tells a few per cent apart. Needs fio.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -47,18 +51,23 @@ for entry in "${layout_specs[@]}"; do
     done
 done
 
+# fio on a space; prints "MB/s CPU-s/GB".
 mbs() {
-    local space="$1" rw="$2" bs="$3" depth="$4"
-    fio --name=cs --ioengine=nbd --uri="nbd+unix:///$space?socket=$work/nbd.sock" \
+    local space="$1" rw="$2" bs="$3" depth="$4" before after mbs
+    before=$(awk '{print $14 + $15}' "/proc/$daemon/stat")
+    mbs=$(fio --name=cs --ioengine=nbd --uri="nbd+unix:///$space?socket=$work/nbd.sock" \
         --rw="$rw" --bs="$bs" --iodepth="$depth" --size=1G --time_based \
         --runtime="$seconds" --ramp_time=1 --output-format=json 2>/dev/null |
-        python3 -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print("%.1f" % ((j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 1e6))'
+        python3 -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print("%.1f" % ((j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 1e6))')
+    after=$(awk '{print $14 + $15}' "/proc/$daemon/stat")
+    python3 -c 'import sys; t, hz, mbs, s = map(float, sys.argv[1:]); print("%s %.3f" % (sys.argv[3], t / hz / (mbs * (s + 1) / 1000)))' \
+        "$((after - before))" "$(getconf CLK_TCK)" "$mbs" "$seconds"
 }
 
 results="$work/results"
 : >"$results"
-echo "| round | layout | pattern | on MB/s | off MB/s |"
-echo "|---|---|---|---|---|"
+echo "| round | layout | pattern | on MB/s | off MB/s | on CPU s/GB | off CPU s/GB |"
+echo "|---|---|---|---|---|---|---|"
 for round in $(seq "$rounds"); do
     for name in "${names[@]}"; do
         for spec in "${specs[@]}"; do
@@ -68,22 +77,27 @@ for round in $(seq "$rounds"); do
             for sums in $order; do
                 got[$sums]=$(mbs "$name-$sums" "$rw" "$bs" "$depth")
             done
-            echo "| $round | $name | $spec | ${got[on]} | ${got[off]} |"
-            echo "$name|$spec|${got[on]}|${got[off]}" >>"$results"
+            read -r on_mbs on_cpu <<<"${got[on]}"
+            read -r off_mbs off_cpu <<<"${got[off]}"
+            echo "| $round | $name | $spec | $on_mbs | $off_mbs | $on_cpu | $off_cpu |"
+            echo "$name|$spec|$on_mbs|$off_mbs|$on_cpu|$off_cpu" >>"$results"
         done
     done
 done
 echo
-echo "| layout | pattern | on MB/s (median) | off MB/s (median) | on / off |"
-echo "|---|---|---|---|---|"
+echo "| layout | pattern | on MB/s | off MB/s | MB/s on / off: min | median | max | on CPU s/GB | off CPU s/GB | CPU on / off: min | median | max |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 python3 - "$results" <<'EOF'
 import statistics, sys
 rows = {}
 for line in open(sys.argv[1]):
-    name, spec, on, off = line.strip().split("|")
-    rows.setdefault((name, spec), []).append((float(on), float(off)))
+    name, spec, *figures = line.strip().split("|")
+    rows.setdefault((name, spec), []).append([float(f) for f in figures])
 for (name, spec), runs in rows.items():
-    on = statistics.median(r[0] for r in runs)
-    off = statistics.median(r[1] for r in runs)
-    print(f"| {name} | {spec} | {on:.1f} | {off:.1f} | {on / off:.2f} |")
+    median = [statistics.median(r[i] for r in runs) for i in range(4)]
+    speed = sorted(r[0] / r[1] for r in runs)
+    cpu = sorted(r[2] / r[3] for r in runs)
+    print(f"| {name} | {spec} | {median[0]:.1f} | {median[1]:.1f} | {speed[0]:.2f} | "
+          f"{statistics.median(speed):.2f} | {speed[-1]:.2f} | {median[2]:.2f} | {median[3]:.2f} | "
+          f"{cpu[0]:.2f} | {statistics.median(cpu):.2f} | {cpu[-1]:.2f} |")
 EOF

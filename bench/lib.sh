@@ -33,7 +33,9 @@
 #                        socket by fio at DEPTH outstanding I/Os (2 s ramp,
 #                        then SECONDS); prints MB/s
 #
-# The binary is built and taken from $CARGO_TARGET_DIR (default target/).
+# The binary is built and taken from $CARGO_TARGET_DIR (default target/);
+# bench_daemon takes $TERRACE instead where it is set (as the A/B scripts
+# take BINS), without building.
 
 bench_cleanup() {
     set +e
@@ -89,10 +91,14 @@ bench_daemon() {
     trap bench_cleanup EXIT
     trap 'exit 130' INT
     trap 'exit 143' TERM
-    cargo build --release -q -p terrace
-    local target_dir="${CARGO_TARGET_DIR:-target}"
-    case "$target_dir" in /*) ;; *) target_dir="$(pwd)/$target_dir" ;; esac
-    terrace="$target_dir/release/terrace"
+    if [ -n "${TERRACE:-}" ]; then
+        terrace="$TERRACE"
+    else
+        cargo build --release -q -p terrace
+        local target_dir="${CARGO_TARGET_DIR:-target}"
+        case "$target_dir" in /*) ;; *) target_dir="$(pwd)/$target_dir" ;; esac
+        terrace="$target_dir/release/terrace"
+    fi
     ctl=(--control "$work/ctl.sock")
     nbd="$work/nbd.sock"
     daemon_in "$terrace" "$work"
