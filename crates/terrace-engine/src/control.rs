@@ -58,6 +58,9 @@ pub struct PoolShared {
     pub(crate) control: futures::lock::Mutex<Control>,
     pub(crate) disks: RwLock<Vec<Arc<Disk>>>,
     pub(crate) closed: AtomicBool,
+    /// When a client's read or write last reached one of the pool's spaces
+    /// (`Env::now_ns`; 0: never): a scrub slows down while clients are busy.
+    pub(crate) client_io_ns: AtomicU64,
     /// Disk failures and the extents disks missed, until commits record
     /// them (see [`FailureRecords`]).
     pub(crate) failures: FailureRecords,
@@ -117,6 +120,12 @@ impl Drop for IntentGuard<'_> {
 }
 
 impl PoolShared {
+    /// A client's request reached a space now.
+    pub(crate) fn note_client_io(&self) {
+        self.client_io_ns
+            .store(self.env.now_ns(), Ordering::Relaxed);
+    }
+
     /// Set `slabs` aside until the reservation drops: allocations made
     /// meanwhile (through [`PoolShared::allocator`]) leave them alone.
     pub(crate) fn reserve(&self, slabs: impl IntoIterator<Item = SlabRef>) -> Reservation<'_> {
@@ -193,6 +202,7 @@ impl PoolShared {
             }),
             disks: RwLock::new(disks),
             closed: AtomicBool::new(false),
+            client_io_ns: AtomicU64::new(0),
             job_runtime: crate::job_runtime::JobRuntime::default(),
             slab_holds: Default::default(),
             departures: Default::default(),
