@@ -225,6 +225,20 @@ fn run(cli: Cli) -> Result<(), CliError> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if !matches!(
+        cli.command,
+        Command::Daemon { .. } | Command::Demo { .. } | Command::Bench(_)
+    ) {
+        // A command's output piped into `head` or `grep -q` ends quietly
+        // when the reader goes, as other tools do, rather than panicking
+        // in `print!`. The servers keep SIGPIPE ignored: a client that
+        // hangs up is an error on its socket, not the end of the daemon.
+        // SAFETY: restoring a signal's default disposition, before any
+        // thread is started.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
