@@ -336,6 +336,21 @@ impl Pool {
         Ok(())
     }
 
+    /// Bring the pool up to this version's format (`pool upgrade`): every
+    /// space that keeps checksums but has none yet (a pool from before
+    /// them, or one that had no room when the space was made) gets its
+    /// sums volume where the pool has room, as an import does, and the
+    /// metadata is written in the current slot format at once. A space
+    /// that still has none says so in its status (`Checksums::NoRoom`).
+    pub async fn upgrade(&self) -> Result<(), EngineError> {
+        self.shared.check_open()?;
+        self.shared.check_writable()?;
+        self.add_missing_sums().await?;
+        let mut control = self.shared.control.lock().await;
+        let next = control.metadata.clone();
+        self.shared.commit(&mut control, next).await
+    }
+
     /// Destroy the pool: erase the label of each of its disks that can be
     /// written, so each reads as blank again, and close it. All data in
     /// the pool is gone. Refused, changing nothing, while the pool is

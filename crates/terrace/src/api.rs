@@ -142,6 +142,11 @@ pub enum Request {
         #[serde(flatten)]
         change: SettingsChange,
     },
+    /// Bring the pool up to this version's format: checksums for the
+    /// spaces that have none yet.
+    PoolUpgrade {
+        name: String,
+    },
     /// Start a scrub of the pool: read every row, repair what disagrees.
     PoolScrub {
         name: String,

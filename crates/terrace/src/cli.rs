@@ -147,6 +147,11 @@ pub enum PoolCommand {
         #[arg(long)]
         error_window: Option<String>,
     },
+    /// Bring the pool up to this version's format: spaces from before
+    /// block checksums get them (where the pool has room), and the
+    /// metadata is written in the current format. An import does the
+    /// same; this says per space what it has.
+    Upgrade { name: String },
     /// Read every block of every space, check that copies and parity
     /// agree, and repair what does not (a job: `job list` shows its
     /// progress and, at its end, what it repaired).
@@ -489,6 +494,7 @@ pub fn pool_request(command: PoolCommand) -> Result<Request, CliError> {
                 error_window,
             },
         },
+        PoolCommand::Upgrade { name } => Request::PoolUpgrade { name },
         PoolCommand::Scrub { name, rate } => Request::PoolScrub {
             name,
             rate_bytes: rate.filter(|&rate| rate > 0),
@@ -770,6 +776,7 @@ pub fn render(request: &Request, result: serde_json::Value) -> Result<String, Cl
         | Request::DiskReplace { .. }
         | Request::PoolScrub { .. } => render::jobs(&[parse::<JobView>(result)?]),
         Request::PoolSet { .. } => render::pool_status(&parse::<PoolView>(result)?),
+        Request::PoolUpgrade { .. } => render::upgraded(&parse::<PoolView>(result)?),
         Request::PoolClear { .. } => render::cleared(&result),
         Request::SpaceVerify { .. } => render::verify(&result),
         Request::SpaceCreate(_) | Request::SpaceResize { .. } | Request::SpaceCache { .. } => {

@@ -177,6 +177,23 @@ pub fn pool_status(pool: &PoolView) -> String {
     out
 }
 
+/// What `pool upgrade` left: the format, and each space's checksums.
+pub fn upgraded(pool: &PoolView) -> String {
+    let mut text = format!(
+        "pool {}: metadata in the current format\n",
+        pool.summary.name
+    );
+    for space in &pool.spaces {
+        let state = match space.checksums.as_str() {
+            "on" => "checksums on",
+            "off" => "checksums off, as asked at creation",
+            _ => "no checksums yet: the pool has no room for them (add a disk and upgrade again)",
+        };
+        text += &format!("  space {}: {state}\n", space.name);
+    }
+    text
+}
+
 /// The scrub schedule: how often, when the last started and when the
 /// next is due, from now.
 fn scrub_schedule(settings: &crate::api::SettingsView) -> String {

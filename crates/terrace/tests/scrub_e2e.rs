@@ -191,6 +191,23 @@ fn pool_set_sets_the_scrub_schedule_and_error_limit_that_pool_status_shows() {
     assert_eq!(bad.code(), Some(2), "{}", bad.describe());
     let cleared = daemon.cli_ok(&["pool", "clear", "tank"]).stdout;
     assert!(cleared.contains("error counters set to zero"), "{cleared}");
+
+    // A pool already current: an upgrade changes nothing and says what
+    // each space keeps.
+    daemon.create_space("tank", "on", &["--layout", "mirror"], "16M");
+    daemon.create_space(
+        "tank",
+        "off",
+        &["--layout", "simple", "--checksums", "off"],
+        "16M",
+    );
+    let upgraded = daemon.cli_ok(&["pool", "upgrade", "tank"]).stdout;
+    assert!(
+        upgraded.contains("metadata in the current format")
+            && upgraded.contains("space on: checksums on")
+            && upgraded.contains("space off: checksums off, as asked"),
+        "{upgraded}"
+    );
     daemon.stop();
 }
 

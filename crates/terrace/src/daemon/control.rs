@@ -196,6 +196,12 @@ async fn handle(daemon: &Arc<Daemon>, request: Request) -> Answer {
             force,
         } => disk_replace(registry, &pool, &old, new, force).await,
         Request::PoolSet { name, change } => pool_set(registry, &name, change).await,
+        Request::PoolUpgrade { name } => {
+            let _admin = registry.admin.lock().await;
+            let entry = find_pool(registry, &name)?;
+            entry.pool.upgrade().await.map_err(failure)?;
+            value(pool_view(registry, &entry).await)
+        }
         Request::PoolScrub { name, rate_bytes } => {
             super::scrub::pool_scrub(registry, &name, rate_bytes).await
         }
