@@ -122,7 +122,7 @@ impl Pool {
         drop(reservation);
         let space = Arc::new(space);
         if let Some(sums) = sums {
-            crate::placement::attach_sums(&space, &sums, true);
+            crate::placement::attach_sums(&space, &sums, true, true);
             self.register_sums(&sums);
         }
         self.spaces
@@ -331,7 +331,7 @@ impl Pool {
                 self.shared.commit(&mut control, current).await?;
             }
             drop(reservation);
-            crate::placement::attach_sums(space.volume(), &sums, true);
+            crate::placement::attach_sums(space.volume(), &sums, true, false);
             self.register_sums(&sums);
         }
         Ok(())

@@ -307,15 +307,17 @@ impl Pool {
                 return Ok(false);
             }
         }
-        journal::replay(space.volume().as_ref(), &*log, &recovered.blocks).await?;
         // Rows the log touched may have been cut mid-update (a destage or a
-        // direct write): make their redundancy agree with their data. The
-        // replay itself may have read-modify-written torn parity.
+        // direct write): make their redundancy agree with their data (each
+        // block first rebuilt where its stored sum says so) before the
+        // replay updates them: a parity update reads old data and parity,
+        // checked against the sums, and torn parity would go into it.
         let mut ranges = recovered.dirty.clone();
         ranges.extend(journal::block_runs(&recovered.blocks));
         for (offset, length) in ranges {
             crate::redundancy::resync_range(&space, offset, length).await?;
         }
+        journal::replay(space.volume().as_ref(), &*log, &recovered.blocks).await?;
         self.shared.flush_disks().await?;
         let epoch = self.shared.env.random_u64();
         self.shared
@@ -636,6 +638,14 @@ impl HomeIo for Volume {
 
     fn read(&self, offset: u64, length: u64) -> BoxFuture<'_, Result<BytesMut, EngineError>> {
         Box::pin(Volume::read(self, offset, length))
+    }
+
+    fn read_copies(
+        &self,
+        offset: u64,
+        length: u64,
+    ) -> BoxFuture<'_, Vec<Result<BytesMut, EngineError>>> {
+        Box::pin(Volume::read_copies(self, offset, length))
     }
 
     async fn write_home(

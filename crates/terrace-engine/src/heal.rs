@@ -14,6 +14,13 @@
 //!   rebuilt that differ from what was read are rewritten;
 //! - **simple**: nothing to rebuild from: a block that fails stays failed.
 //!
+//! After a crash (`resync`), a mirror block no copy of which matches its
+//! stored sum (a write cut by the crash left the copies new and the sum
+//! old, and a disk damaged one of them) takes the content most copies
+//! agree on, where more than half of the readable copies do: a copy
+//! damaged before the crash is outvoted rather than copied over the rest
+//! and its sum learned from it.
+//!
 //! A block whose sum is not known (0: never written since its space had
 //! sums) is not checked, and a block matching the sum of a write still in
 //! flight passes (see [`SpaceSums`]). A block no copy or combination
@@ -27,7 +34,7 @@
 
 use terrace_io::{aligned_buffer, BytesMut};
 use terrace_layout::{Geometry, BLOCK_BYTES};
-use terrace_meta::sums::{block_sum, UNKNOWN};
+use terrace_meta::sums::{block_matches, block_sum};
 
 use crate::layouts::{LayoutHost, Layouts};
 use crate::row::RowIo;
@@ -52,11 +59,13 @@ pub(crate) fn first_block(geometry: &Geometry, extent: u64, row: u64) -> u64 {
 }
 
 /// Check the row of `io`, read whole into `slots` (`None`: unreadable),
-/// against `sums`, and say what it should hold.
+/// against `sums`, and say what it should hold; `resync`: after a crash
+/// (see the module's comment).
 pub(crate) async fn heal_row<H: LayoutHost>(
     io: &RowIo<'_, H>,
     sums: &SpaceSums,
     slots: &[Option<BytesMut>],
+    resync: bool,
 ) -> RowHeal {
     let geometry = io.geometry();
     let first = first_block(geometry, io.extent, io.row);
@@ -67,6 +76,7 @@ pub(crate) async fn heal_row<H: LayoutHost>(
         expected: &expected,
         first,
         per_column: geometry.interleave_bytes() / BLOCK_BYTES,
+        resync,
     };
     match io.host.layout() {
         Layouts::Simple(_) => simple(geometry, io.row, slots, &check),
@@ -84,6 +94,9 @@ struct Check<'a> {
     expected: &'a [u64],
     first: u64,
     per_column: u64,
+    /// After a crash: a mirror block no copy of which passes takes the
+    /// content most copies hold.
+    resync: bool,
 }
 
 impl Check<'_> {
@@ -97,11 +110,10 @@ impl Check<'_> {
     fn passes(&self, column: u32, k: u64, bytes: &[u8]) -> bool {
         let block = self.block(column, k);
         let expected = self.expected[(block - self.first) as usize];
-        if expected == UNKNOWN {
+        if block_matches(bytes, block, expected) {
             return true;
         }
-        let sum = block_sum(bytes, block);
-        sum == expected || self.sums.in_flight(block, sum)
+        self.sums.in_flight(block, block_sum(bytes, block))
     }
 }
 
@@ -152,7 +164,13 @@ fn mirrored(
                         .is_some_and(|content| check.passes(column, k, &content[range.clone()]))
                 })
                 .collect();
-            let Some(good) = passing.iter().position(|&passes| passes) else {
+            let good = passing.iter().position(|&passes| passes).or_else(|| {
+                check
+                    .resync
+                    .then(|| majority(&contents, range.clone()))
+                    .flatten()
+            });
+            let Some(good) = good else {
                 if contents.iter().any(Option::is_some) {
                     heal.unrecoverable.push(check.block(column, k));
                 }
@@ -162,8 +180,10 @@ fn mirrored(
             let Some(truth) = truth else { continue };
             for (copy, content) in contents.iter_mut().enumerate() {
                 if let (Some(content), false) = (content.as_mut(), passing[copy]) {
-                    content[range.clone()].copy_from_slice(&truth);
-                    wrong[copy] += 1;
+                    if content[range.clone()] != truth[..] {
+                        content[range.clone()].copy_from_slice(&truth);
+                        wrong[copy] += 1;
+                    }
                 }
             }
         }
@@ -177,6 +197,20 @@ fn mirrored(
         heal.columns.push(contents.into_iter().flatten().next());
     }
     heal
+}
+
+/// The copy whose bytes over `range` more than half of the readable
+/// copies hold (at least two), if one is.
+fn majority(contents: &[Option<BytesMut>], range: std::ops::Range<usize>) -> Option<usize> {
+    let readable: Vec<(usize, &[u8])> = contents
+        .iter()
+        .enumerate()
+        .filter_map(|(copy, content)| Some((copy, &content.as_ref()?[range.clone()])))
+        .collect();
+    readable.iter().find_map(|&(copy, bytes)| {
+        let agreeing = readable.iter().filter(|(_, other)| *other == bytes).count();
+        (agreeing >= 2 && agreeing * 2 > readable.len()).then_some(copy)
+    })
 }
 
 /// The combinations of at most `most` of `count` columns that include all

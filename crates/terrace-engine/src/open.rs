@@ -418,7 +418,7 @@ async fn open(
             .get(&sums)
             .cloned();
         if let Some(sums) = sums {
-            crate::placement::attach_sums(space.volume(), &sums, false);
+            crate::placement::attach_sums(space.volume(), &sums, false, false);
         }
     }
     // Jobs' moves before anything reads or writes the disks: a slot that

@@ -223,16 +223,19 @@ pub(crate) fn plan_sums(
 
 /// Make `sums` (a sums space's volume, built from its record) keep the
 /// sums of `space`'s blocks.
-/// `fresh`: its slabs were zeroed just now.
-pub(crate) fn attach_sums(space: &Volume, sums: &Arc<Volume>, fresh: bool) {
+/// `fresh`: its slabs were zeroed just now; `zeroes`: so were the space's
+/// (a space created with its sums: a block not written since is zero).
+pub(crate) fn attach_sums(space: &Volume, sums: &Arc<Volume>, fresh: bool, zeroes: bool) {
     // One writer per page at a time (the page cache's write-back): no
     // write intent; a page's copies are settled by its generation.
     sums.set_disjoint_writes();
-    space.attach_sums(Arc::new(crate::sums::SpaceSums::new(
+    let space_sums = crate::sums::SpaceSums::new(
         space.id(),
         sums.clone() as Arc<dyn crate::sums::SumsStore>,
         fresh,
-    )));
+    );
+    space_sums.set_blank_zeroes(fresh && zeroes);
+    space.attach_sums(Arc::new(space_sums));
 }
 
 /// How many disks serve logs.

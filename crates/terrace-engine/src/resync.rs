@@ -112,7 +112,7 @@ async fn compare_row<H: LayoutHost>(io: &RowIo<'_, H>, pass: Pass) -> RowState {
         }
     }
     if let Some(sums) = io.host.sums() {
-        let healed = heal_row(io, sums, &slots).await;
+        let healed = heal_row(io, sums, &slots, pass == Pass::Resync).await;
         for (slot, content, blocks) in healed.fixes {
             let role = io.host.layout().role(io.geometry(), io.row, slot);
             problems.push(Problem {

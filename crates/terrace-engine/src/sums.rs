@@ -22,7 +22,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use futures::future::BoxFuture;
 use terrace_io::{Bytes, BytesMut};
-use terrace_meta::sums::{page_of, SumsPage, SUMS_PER_PAGE};
+use terrace_meta::sums::{page_of, SumsPage, SUMS_PER_PAGE, ZEROES};
 use terrace_meta::SpaceId;
 
 use crate::error::EngineError;
@@ -58,6 +58,10 @@ struct State {
     /// the pages written since. Any other page is blank, known without
     /// reading it. `None`: sums that were there when the pool opened.
     written: Option<std::collections::BTreeSet<u64>>,
+    /// A blank page (above) covers blocks known to be zero (the space was
+    /// created with its sums, its slabs zeroed): its sums are [`ZEROES`],
+    /// not unknown.
+    blank_zeroes: bool,
 }
 
 /// The cached sums of one space.
@@ -136,7 +140,11 @@ impl Sums {
             if page.is_none() && any_written {
                 state.refused += 1;
             }
-            let page = page.unwrap_or_else(|| SumsPage::unknown(self.space, index));
+            let page = match page {
+                Some(page) => page,
+                None if blank && state.blank_zeroes => SumsPage::filled(self.space, index, ZEROES),
+                None => SumsPage::unknown(self.space, index),
+            };
             state.clock += 1;
             let used = state.clock;
             state.pages.insert(
@@ -194,24 +202,25 @@ impl Sums {
         }
     }
 
-    /// Forget the sums of `blocks` (a range zeroed or trimmed): pages they
-    /// cover whole become unknown without being read first.
-    pub(crate) async fn forget(&self, store: &dyn SumsStore, blocks: Range<u64>) {
+    /// Set every sum of `blocks` to `sum` (unknown: a range trimmed, or
+    /// [`ZEROES`]: zeroed): pages they cover whole are replaced without
+    /// being read first.
+    pub(crate) async fn fill(&self, store: &dyn SumsStore, blocks: Range<u64>, sum: u64) {
         if blocks.is_empty() {
             return;
         }
         let per = SUMS_PER_PAGE as u64;
         let whole = blocks.start.div_ceil(per)..blocks.end / per;
         if whole.is_empty() {
-            let unknown = vec![0; (blocks.end - blocks.start) as usize];
-            return self.set(store, blocks.start, &unknown).await;
+            let filled = vec![sum; (blocks.end - blocks.start) as usize];
+            return self.set(store, blocks.start, &filled).await;
         }
         let head = blocks.start..whole.start * per;
         let tail = whole.end * per..blocks.end;
         for part in [head, tail] {
             if !part.is_empty() {
-                let unknown = vec![0; (part.end - part.start) as usize];
-                self.set(store, part.start, &unknown).await;
+                let filled = vec![sum; (part.end - part.start) as usize];
+                self.set(store, part.start, &filled).await;
             }
         }
         let mut state = self.state();
@@ -221,7 +230,7 @@ impl Sums {
             state.pages.insert(
                 index,
                 Cached {
-                    page: SumsPage::unknown(self.space, index),
+                    page: SumsPage::filled(self.space, index, sum),
                     dirty: true,
                     used,
                 },
@@ -421,9 +430,22 @@ impl SpaceSums {
             })
     }
 
-    /// Forget the sums of `blocks` (see [`Sums::forget`]).
+    /// Forget the sums of `blocks` (see [`Sums::fill`]).
     pub(crate) async fn forget(&self, blocks: Range<u64>) {
-        self.cache.forget(&*self.store, blocks).await
+        self.cache
+            .fill(&*self.store, blocks, terrace_meta::sums::UNKNOWN)
+            .await
+    }
+
+    /// Know `blocks` as zeroed (see [`Sums::fill`]).
+    pub(crate) async fn zeroed(&self, blocks: Range<u64>) {
+        self.cache.fill(&*self.store, blocks, ZEROES).await
+    }
+
+    /// Take a blank page of a space created with its sums as its blocks
+    /// being zero (see `State::blank_zeroes`).
+    pub(crate) fn set_blank_zeroes(&self, zeroes: bool) {
+        self.cache.state().blank_zeroes = zeroes;
     }
 
     /// Write every dirty page to every copy of the sums, and flush.
@@ -565,7 +587,7 @@ mod tests {
         *store.limit.lock().unwrap() = 1;
         let sums = Sums::new(SPACE, 8, false);
         block_on(sums.set(&store, PER_PAGE - 1, &[7, 8, 9]));
-        block_on(sums.forget(&store, 0..4 * PER_PAGE));
+        block_on(sums.fill(&store, 0..4 * PER_PAGE, 0));
         block_on(sums.set(&store, PER_PAGE - 1, &[7, 8, 9]));
         block_on(sums.write_back(&store, None)).unwrap();
         assert_eq!(

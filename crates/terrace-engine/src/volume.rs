@@ -436,9 +436,82 @@ impl Volume {
             join_buffer(parts)
         };
         match self.sums.get() {
-            Some(sums) => self.verified(map, sums, offset, buffer).await,
+            Some(sums) => self.verified(map, sums, offset, buffer, false).await,
             None => Ok(buffer),
         }
+    }
+
+    /// Read the whole blocks of `span` (within one row) through `io`, whose
+    /// caller holds the row lock, and check them against their sums as a
+    /// read does (healing the row under that same lock): what a write is
+    /// about to fold into parity or write back must be the truth, not a
+    /// silently damaged copy.
+    async fn read_verified(
+        &self,
+        map: &SpaceMap,
+        io: &RowIo<'_, Volume>,
+        span: &RowSpan,
+    ) -> Result<BytesMut, EngineError> {
+        debug_assert!(io.lock_held);
+        let buffer = read_span(io, span, aligned_buffer(span.length as usize)).await?;
+        match self.sums.get() {
+            Some(sums) => {
+                let offset = self.block_of(span) * BLOCK_BYTES;
+                Box::pin(self.verified(map, sums, offset, buffer, true)).await
+            }
+            None => Ok(buffer),
+        }
+    }
+
+    /// `[offset, offset + length)` as each copy of a mirror holds it, read
+    /// on its own (one result per copy: copy `c` of every column); one
+    /// read as [`Volume::read`] gives it for other layouts. A log reads
+    /// its records so when the copy a read chose fails the record's
+    /// checksums: a silently damaged copy must not cut recovery short or
+    /// be taken for the data.
+    pub(crate) async fn read_copies(
+        &self,
+        offset: u64,
+        length: u64,
+    ) -> Vec<Result<BytesMut, EngineError>> {
+        let copies = self.geometry.layout().copies();
+        if copies < 2 {
+            return vec![self.read(offset, length).await];
+        }
+        let map = match self.check(offset, length, Access::Read) {
+            Ok(map) => map,
+            Err(error) => return vec![Err(error)],
+        };
+        let reads = (0..copies).map(|copy| {
+            let map = &map;
+            async move {
+                let mut whole = aligned_buffer(length as usize);
+                for span in self.geometry.split_rows(offset, length) {
+                    let io = self.row_io(map, &span);
+                    for piece in self.geometry.split_columns(span) {
+                        let column = self.geometry.physical_column(span.row, piece.data_column);
+                        let slot = self.geometry.slot(column, copy);
+                        let (buffer, result) = io
+                            .read(
+                                slot,
+                                piece.column_offset,
+                                aligned_buffer(piece.length as usize),
+                            )
+                            .await;
+                        result.map_err(|error| EngineError::Unavailable {
+                            space: self.name.clone(),
+                            offset,
+                            length,
+                            reason: error.to_string(),
+                        })?;
+                        let at = piece.request_offset as usize;
+                        whole[at..at + buffer.len()].copy_from_slice(&buffer);
+                    }
+                }
+                Ok(whole)
+            }
+        });
+        join_all(reads).await
     }
 
     /// The space block index of the first block of `span`.
@@ -451,13 +524,15 @@ impl Volume {
     /// matches its sum: a block that does not is rebuilt from the rest of
     /// its row (see [`crate::heal`]), the damaged copy rewritten in place,
     /// and the good bytes put in its stead. A block nothing rebuilds fails
-    /// the read: wrong data is never returned.
+    /// the read: wrong data is never returned. `lock_held`: the caller
+    /// holds the lock of the (one) row the buffer lies in.
     async fn verified(
         &self,
         map: &SpaceMap,
         sums: &SpaceSums,
         offset: u64,
         mut buffer: BytesMut,
+        lock_held: bool,
     ) -> Result<BytesMut, EngineError> {
         let first = offset / BLOCK_BYTES;
         let count = buffer.len() as u64 / BLOCK_BYTES;
@@ -465,12 +540,13 @@ impl Volume {
         let block = BLOCK_BYTES as usize;
         let mut rows: Vec<(u64, u64)> = Vec::new();
         for (i, &sum) in expected.iter().enumerate() {
-            if sum == terrace_meta::sums::UNKNOWN {
+            let index = first + i as u64;
+            let bytes = &buffer[i * block..(i + 1) * block];
+            if terrace_meta::sums::block_matches(bytes, index, sum) {
                 continue;
             }
-            let index = first + i as u64;
-            let actual = terrace_meta::sums::block_sum(&buffer[i * block..(i + 1) * block], index);
-            if actual != sum && !sums.in_flight(index, actual) {
+            let actual = terrace_meta::sums::block_sum(bytes, index);
+            if !sums.in_flight(index, actual) {
                 let row = self.geometry.locate(index * BLOCK_BYTES);
                 let key = (row.extent, row.row);
                 if rows.last() != Some(&key) {
@@ -480,7 +556,7 @@ impl Volume {
         }
         let end = offset + buffer.len() as u64;
         for (extent, row) in rows {
-            let healed = Box::pin(self.heal_row(map, sums, extent, row)).await?;
+            let healed = Box::pin(self.heal_row(map, sums, extent, row, lock_held)).await?;
             if let Some(&bad) = healed
                 .unrecoverable
                 .iter()
@@ -522,24 +598,83 @@ impl Volume {
         Ok(buffer)
     }
 
+    /// Check, under the row lock `io` holds, the old data a parity update
+    /// of `span` (part of a row) is about to read, so that a block damaged
+    /// in silence is healed before it is folded into new parity (where
+    /// parity would then hold the damage, and rebuild it as the truth).
+    /// Which data that is follows the layout's choice (`layouts/parity.rs`):
+    /// with every slot online and the span's own bytes plus parity the
+    /// cheaper read, a read-modify-write reads the span's old bytes; else a
+    /// reconstruct-write reads the band the span covers of every data
+    /// column it does not cover whole.
+    async fn check_parity_reads(&self, map: &SpaceMap, io: &RowIo<'_, Volume>, span: &RowSpan) {
+        let geometry = &self.geometry;
+        let pieces: Vec<terrace_layout::ColumnPiece> = geometry.split_columns(*span).collect();
+        let low = pieces.iter().map(|p| p.column_offset).min().unwrap_or(0);
+        let high = pieces
+            .iter()
+            .map(|p| p.column_offset + p.length)
+            .max()
+            .unwrap_or(0);
+        let width = high - low;
+        let covers = |column: u32| {
+            pieces
+                .iter()
+                .any(|p| p.data_column == column && p.column_offset == low && p.length == width)
+        };
+        let untouched: Vec<u32> = (0..geometry.data_columns())
+            .filter(|&column| !covers(column))
+            .collect();
+        let redundancy = u64::from(geometry.layout().failures_tolerated());
+        let modify_bytes = span.length + redundancy * width;
+        let reconstruct_bytes = untouched.len() as u64 * width;
+        let all_online = (0..geometry.slots_per_extent()).all(|slot| io.online(slot));
+        let reads: Vec<RowSpan> = if all_online && modify_bytes < reconstruct_bytes {
+            vec![*span]
+        } else {
+            let interleave = geometry.interleave_bytes();
+            untouched
+                .iter()
+                .map(|&column| RowSpan {
+                    row_offset: u64::from(column) * interleave + low,
+                    length: width,
+                    request_offset: 0,
+                    ..*span
+                })
+                .collect()
+        };
+        // A block nothing rebuilds is left as it is: parity encoded from
+        // it, or updated over it, still rebuilds nothing that passes its
+        // sum, and its reads still fail. The update itself goes on (and
+        // fails where its own reads do).
+        for read in &reads {
+            let _ = self.read_verified(map, io, read).await;
+        }
+    }
+
     /// Rebuild the blocks of one row that fail their sums, under the row's
-    /// lock: rewrite each damaged copy in place (unless the pool is
-    /// read-only), tell each repair, and give what the row holds.
+    /// lock (taken here unless the caller holds it: `lock_held`): rewrite
+    /// each damaged copy in place (unless the pool is read-only), tell each
+    /// repair, and give what the row holds.
     async fn heal_row(
         &self,
         map: &SpaceMap,
         sums: &SpaceSums,
         extent: u64,
         row: u64,
+        lock_held: bool,
     ) -> Result<crate::heal::RowHeal, EngineError> {
         let span = self.geometry.whole_row(extent, row);
-        let _guard = self.locks.lock((extent, row)).await;
+        let _guard = match lock_held {
+            true => None,
+            false => Some(self.locks.lock((extent, row)).await),
+        };
         let io = RowIo {
             lock_held: true,
             ..self.row_io(map, &span)
         };
         let slots = crate::resync::read_slots(&io).await;
-        let healed = crate::heal::heal_row(&io, sums, &slots).await;
+        let healed = crate::heal::heal_row(&io, sums, &slots, false).await;
         let row_offset =
             extent * self.geometry.extent_data_bytes() + row * self.geometry.row_data_bytes();
         for (slot, content, blocks) in &healed.fixes {
@@ -635,12 +770,13 @@ impl Volume {
             lock_held: true,
             ..self.row_io(map, &span)
         };
-        let mut merged = read_span(&io, &span, aligned_buffer((end - start) as usize)).await?;
+        // Checked: the gaps between the pieces are written back as read.
+        let mut merged = self.read_verified(map, &io, &span).await?;
         for (offset, data) in pieces {
             let at = (offset - start) as usize;
             data.copy_to(&mut merged[at..at + data.len()]);
         }
-        let result = write_span(&io, &span, &Payload::from(merged.freeze()), false).await;
+        let result = write_span(map, &io, &span, &Payload::from(merged.freeze()), false).await;
         self.note_failed_during(map, start, end - start);
         result
     }
@@ -753,7 +889,7 @@ impl Volume {
     ) -> Result<(), EngineError> {
         let (start, end) = (span.row_offset, span.row_offset + span.length);
         if start.is_multiple_of(BLOCK_BYTES) && end.is_multiple_of(BLOCK_BYTES) {
-            return write_span(&self.row_io(map, &span), &span, data, fua).await;
+            return write_span(map, &self.row_io(map, &span), &span, data, fua).await;
         }
         let _guard = self.locks.lock((span.extent, span.row)).await;
         let io = RowIo {
@@ -769,23 +905,15 @@ impl Volume {
             request_offset: 0,
             ..span
         };
+        // The edges are checked: their bytes outside the write are
+        // written back with a new sum.
         if start != aligned_start {
-            let head = read_span(
-                &io,
-                &block(aligned_start),
-                aligned_buffer(BLOCK_BYTES as usize),
-            )
-            .await?;
+            let head = self.read_verified(map, &io, &block(aligned_start)).await?;
             merged[..BLOCK_BYTES as usize].copy_from_slice(&head);
         }
         let tail_start = aligned_end - BLOCK_BYTES;
         if end != aligned_end && (tail_start != aligned_start || start == aligned_start) {
-            let tail = read_span(
-                &io,
-                &block(tail_start),
-                aligned_buffer(BLOCK_BYTES as usize),
-            )
-            .await?;
+            let tail = self.read_verified(map, &io, &block(tail_start)).await?;
             merged[(tail_start - aligned_start) as usize..].copy_from_slice(&tail);
         }
         let source =
@@ -798,7 +926,7 @@ impl Volume {
             request_offset: 0,
             ..span
         };
-        write_span(&io, &expanded, &Payload::from(merged.freeze()), fua).await
+        write_span(map, &io, &expanded, &Payload::from(merged.freeze()), fua).await
     }
 
     /// Whole blocks go to the zeroing path; partial edge blocks are written
@@ -845,13 +973,26 @@ impl Volume {
                 )
                 .await;
             };
-            // Zeroed or trimmed blocks read as zeroes, or (a trim left
-            // undone) as they were: their sums are forgotten.
+            if let (Layouts::Parity(_), zero::Mode::Zeroes { fua }) = (&self.layout, mode) {
+                // Parity zeroes through its write path (as its layout
+                // does): a part of a row updates parity from old data,
+                // which that path checks first; the blocks get their sums.
+                let length = body_end - body_start;
+                let zeroes = Payload::from(Bytes::from(vec![0u8; length as usize]));
+                let rows = self.geometry.split_rows(body_start, length);
+                return all_ok(rows.map(|span| self.write_row(map, span, &zeroes, fua))).await;
+            }
+            // Zeroed blocks read as zeroes, and are known so; trimmed
+            // blocks as zeroes or (a trim left undone) as they were, and a
+            // failed zeroing may have left either: their sums are forgotten.
             let blocks = body_start / BLOCK_BYTES..body_end / BLOCK_BYTES;
             let _inflight = sums.begin(blocks.start, blocks.end - blocks.start, None);
             let result =
                 zero::zero_range(self, &map.extents, body_start, body_end - body_start, mode).await;
-            sums.forget(blocks).await;
+            match (&result, mode) {
+                (Ok(()), zero::Mode::Zeroes { .. }) => sums.zeroed(blocks).await,
+                _ => sums.forget(blocks).await,
+            }
             result
         };
         let (edges, body) = futures::join!(join_all(edges), body);
@@ -1182,6 +1323,7 @@ async fn read_span(
 /// its blocks' sums (named in flight until the write is done, see
 /// [`SpaceSums`]; unknown if it failed, when copies may hold either).
 async fn write_span(
+    map: &SpaceMap,
     io: &RowIo<'_, Volume>,
     span: &RowSpan,
     data: &Payload,
@@ -1190,6 +1332,24 @@ async fn write_span(
     let Some(sums) = io.host.sums.get() else {
         return io.host.layout.write(io, span, data, fua).await;
     };
+    // A parity update of part of a row reads old data; it is checked first,
+    // under the row lock the update then runs under.
+    let partial = matches!(io.host.layout, Layouts::Parity(_))
+        && span.length < io.geometry().row_data_bytes();
+    let _guard = match partial && !io.lock_held {
+        true => Some(io.host.locks.lock((io.extent, io.row)).await),
+        false => None,
+    };
+    let io = &RowIo {
+        host: io.host,
+        extent: io.extent,
+        row: io.row,
+        targets: io.targets,
+        lock_held: io.lock_held || partial,
+    };
+    if partial {
+        io.host.check_parity_reads(map, io, span).await;
+    }
     let first = io.host.block_of(span);
     let block = BLOCK_BYTES as usize;
     let start = span.request_offset as usize;

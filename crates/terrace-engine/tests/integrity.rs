@@ -318,3 +318,60 @@ fn a_degraded_row_written_before_a_crash_reads_back_after_it() {
         assert!(space.read(offset, length).await.is_ok());
     });
 }
+
+/// A write over part of a row reads old data: the edges of a block it
+/// covers only in part, the old data a parity update folds into parity
+/// (every data column but the first written whole: parity is encoded
+/// from the first column's old bytes), a destage's merged row. Damaged on
+/// its disk, that data is healed before it is used: written back as read,
+/// or folded into parity, it would become the truth (a mirror's copies
+/// all holding the damage, parity agreeing with a damaged column).
+#[test]
+fn a_write_over_part_of_a_row_heals_the_old_data_it_reads_first() {
+    block_on(async {
+        for case in cases() {
+            let disks = Disks::new(6, DISK_BYTES);
+            let pool = create_pool(&disks).await;
+            let (space, mut data) = written(&pool, &case).await;
+            let slot = data_slot(&space, &case, 0, 0);
+            damage(&disks, &pool, &space, slot).await;
+            let offset = row_offset(&space);
+            let length = space.geometry().row_data_bytes();
+            let mut writes = vec![(offset + 4096 + 1000, 100)];
+            if length > INTERLEAVE {
+                writes.push((offset + INTERLEAVE, length - INTERLEAVE));
+            }
+            for (at, count) in writes {
+                let new = SplitMix64::new(at).bytes(count as usize);
+                data[at as usize..(at + count) as usize].copy_from_slice(&new);
+                space.write(at, bytes(new), false).await.unwrap();
+            }
+            if let Some(journal) = space.journal() {
+                while journal.destage(&space, true).await.unwrap() {}
+            }
+            let got = space.read(offset, length).await;
+            let got = got.unwrap_or_else(|e| panic!("{}: {e}", case.name));
+            assert!(
+                got[..] == data[offset as usize..(offset + length) as usize],
+                "{}: the row reads as written",
+                case.name
+            );
+            // What the write did not read (a mirror read the other copy)
+            // is the scrub's to repair, and all of it is repairable.
+            let report = repair_space(&space).await.unwrap();
+            assert!(
+                report.unrepaired_rows.is_empty()
+                    && report
+                        .findings
+                        .iter()
+                        .flat_map(|finding| &finding.problems)
+                        .all(|problem| matches!(problem.kind, ProblemKind::Checksum { .. })),
+                "{}: {report:?}",
+                case.name
+            );
+            let again = repair_space(&space).await.unwrap();
+            assert!(again.mismatched_rows.is_empty(), "{}: {again:?}", case.name);
+            pool.close().await.unwrap();
+        }
+    });
+}

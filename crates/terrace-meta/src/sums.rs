@@ -5,8 +5,11 @@
 //! the space ([`block_sum`]), so a block that holds another block's bytes
 //! (a write that landed at the wrong offset) does not pass, and 0 means
 //! "not known" (a block not written since its space had sums, or whose
-//! write a crash may have cut): such a block is not checked. A sum that
-//! comes out 0 is stored as 1.
+//! write a crash may have cut): such a block is not checked. [`ZEROES`]
+//! (all bits set) means "every byte zero" (a block of a space created in
+//! this run not written since, or one written with zeroes): such a block
+//! is checked by its bytes. A sum that comes out 0 is stored as 1, one that
+//! comes out [`ZEROES`] as one less.
 //!
 //! A page ([`SumsPage`], [`SUMS_PAGE_BYTES`]) holds the sums of
 //! [`SUMS_PER_PAGE`] consecutive blocks, with a header naming its space,
@@ -33,11 +36,24 @@ const CRC_AT: usize = SUMS_PAGE_BYTES - 4;
 pub const SUMS_PER_PAGE: usize = (CRC_AT - ENTRIES_AT) / 8;
 /// A block's sum when it is not known.
 pub const UNKNOWN: u64 = 0;
+/// A block's sum when every byte of it is zero.
+pub const ZEROES: u64 = u64::MAX;
+
+/// Whether `data`, as block `block`, is what `expected` says it holds
+/// (any content where the sum is not known).
+pub fn block_matches(data: &[u8], block: u64, expected: u64) -> bool {
+    match expected {
+        UNKNOWN => true,
+        ZEROES => data.iter().all(|&byte| byte == 0),
+        sum => block_sum(data, block) == sum,
+    }
+}
 
 /// The sum of the 4 KiB block at index `block` of a space holding `data`.
 pub fn block_sum(data: &[u8], block: u64) -> u64 {
     match xxhash_rust::xxh3::xxh3_64_with_seed(data, block) {
         UNKNOWN => 1,
+        ZEROES => ZEROES - 1,
         sum => sum,
     }
 }
@@ -72,11 +88,16 @@ pub enum SumsPageError {
 impl SumsPage {
     /// A page that knows no sum.
     pub fn unknown(space: SpaceId, index: u64) -> SumsPage {
+        SumsPage::filled(space, index, UNKNOWN)
+    }
+
+    /// A page whose every sum is `sum` (such as [`ZEROES`]).
+    pub fn filled(space: SpaceId, index: u64, sum: u64) -> SumsPage {
         SumsPage {
             space,
             index,
             generation: 0,
-            sums: Box::new([UNKNOWN; SUMS_PER_PAGE]),
+            sums: Box::new([sum; SUMS_PER_PAGE]),
         }
     }
 

@@ -195,6 +195,10 @@ impl<H: HomeIo> Journal<H> {
                 let from = (HEADER_BYTES + i as u64 * BLOCK_BYTES) as usize;
                 let held = Held {
                     at: at.offset + from as u64,
+                    sum: terrace_meta::sums::block_sum(
+                        &record[from..from + BLOCK_BYTES as usize],
+                        block,
+                    ),
                     data: resident.then(|| Block {
                         buffer: record.clone(),
                         from,

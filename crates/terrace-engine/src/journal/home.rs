@@ -42,6 +42,15 @@ pub trait HomeIo: Send + Sync + 'static {
     /// its log, a volume too, so the future's type would contain itself. One box per read request
     /// (a log read-back is one request per run of blocks), none per block.
     fn read(&self, offset: u64, length: u64) -> BoxFuture<'_, Result<BytesMut, EngineError>>;
+    /// The range as each copy holds it, read on its own (a mirror: one
+    /// result per copy); by default one [`HomeIo::read`].
+    fn read_copies(
+        &self,
+        offset: u64,
+        length: u64,
+    ) -> BoxFuture<'_, Vec<Result<BytesMut, EngineError>>> {
+        Box::pin(async move { vec![self.read(offset, length).await] })
+    }
     /// Write straight to the disks, past any journal in front.
     fn write_home(
         &self,

@@ -179,7 +179,14 @@ mod tests {
             3,
             Entry {
                 reserved: sequence,
-                committed: Some((sequence, Held { at: k, data: None })),
+                committed: Some((
+                    sequence,
+                    Held {
+                        at: k,
+                        sum: 0,
+                        data: None,
+                    },
+                )),
             },
         );
         state.dirty_bytes = k;

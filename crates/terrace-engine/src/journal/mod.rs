@@ -215,11 +215,13 @@ impl Block {
 }
 
 /// Where a block's newest logged data lies (its byte offset in the log
-/// space), and the data itself unless its record was logged beyond the
-/// pool's log memory.
+/// space), its sum (`terrace_meta::sums::block_sum`: a block read back
+/// from the log is checked against it, every copy tried), and the data
+/// itself unless its record was logged beyond the pool's log memory.
 #[derive(Clone)]
 struct Held {
     at: u64,
+    sum: u64,
     data: Option<Block>,
 }
 
@@ -535,10 +537,12 @@ impl<H: HomeIo> Journal<H> {
                 .map(|(_, sequence, _)| *sequence)
                 .min();
             let held = logged.iter().map(|(block, _, held)| (*block, held));
-            let mut read = read_unheld(&*self.log, held).await?;
+            let read = read_unheld(&*self.log, held).await;
             // Read back from ring the tail has passed since (the blocks
-            // went home), it may hold a newer record: look again.
+            // went home), it may hold a newer record (whose bytes then
+            // fail the blocks' sums): look again.
             if oldest.is_none_or(|sequence| self.still_logged(sequence)) {
+                let mut read = read?;
                 return Ok(logged
                     .into_iter()
                     .filter_map(|(block, _, held)| {

@@ -216,6 +216,7 @@ mod tests {
         state.durable_below = 10;
         let block = || Held {
             at: 0,
+            sum: 0,
             data: Some(Block {
                 buffer: Bytes::from(vec![0; k as usize]),
                 from: 0,
@@ -270,7 +271,14 @@ mod tests {
                 let entry = state.index.get_mut(&block).expect("reserved");
                 if entry.committed.as_ref().is_none_or(|(s, _)| s <= sequence) {
                     let fresh = entry.committed.is_none();
-                    entry.committed = Some((*sequence, Held { at: 0, data: None }));
+                    entry.committed = Some((
+                        *sequence,
+                        Held {
+                            at: 0,
+                            sum: 0,
+                            data: None,
+                        },
+                    ));
                     if fresh {
                         state.dirty_bytes += k;
                     }

@@ -10,6 +10,15 @@
 //! instead. Read-back serves the same purpose for a running journal whose
 //! records were logged beyond the pool's log memory.
 //!
+//! The log keeps no block sums of its own, and a log disk can return wrong
+//! data without an error (a lost or misdirected write, a flipped bit): a
+//! record whose copy read first fails its checksums is read again from
+//! each copy of the log on its own, and only a record no copy holds whole
+//! ends the scan. Each logged block's sum (`block_sum`, as the space's) is
+//! kept with its place in the log, from the record's bytes when it was
+//! written or found by the scan, and a block read back must match it
+//! (every copy tried): a damaged copy is never written home as the data.
+//!
 //! Depends on: `home` (the log and home are [`HomeIo`]s), `format`, and
 //! the journal's root for its index types and destage writing.
 
@@ -39,8 +48,8 @@ const READ_BACK_PARALLEL: usize = 8;
 /// Everything recovery found in a log.
 pub(crate) struct Recovered {
     /// Where the newest logged data of each block lies in the log (byte
-    /// offset, after invalidations).
-    pub blocks: BTreeMap<u64, u64>,
+    /// offset, after invalidations), and the block's sum.
+    pub blocks: BTreeMap<u64, (u64, u64)>,
     /// Ranges written straight to the disks whose redundancy may disagree.
     pub dirty: Vec<(u64, u64)>,
 }
@@ -51,48 +60,36 @@ pub(crate) async fn scan<H: HomeIo>(
     log: &H,
     cache: &CacheRecord,
 ) -> Result<Recovered, EngineError> {
-    let mut blocks: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut blocks: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
     let mut dirty = Vec::new();
     let mut position = cache.checkpoint_hint;
     let mut offset = cache.checkpoint_offset;
     let mut expected_sequence: Option<u64> = None;
     let size = log.size_bytes();
     while offset + HEADER_BYTES <= size {
-        let header_block = match log.read(offset, HEADER_BYTES).await {
-            Ok(block) => block,
-            Err(_) => break,
+        let accept = |header: &Header| {
+            header.epoch == cache.epoch
+                && header.position == position
+                && expected_sequence.is_none_or(|s| header.sequence == s)
+                && header.record_bytes >= HEADER_BYTES
+                && offset + header.record_bytes <= size
         };
-        let Some(header) = Header::decode(&header_block) else {
+        let Some((header, payload)) = read_record(log, offset, &accept).await else {
             break;
         };
-        let in_order = expected_sequence.is_none_or(|s| header.sequence == s);
-        if header.epoch != cache.epoch || header.position != position || !in_order {
-            break;
-        }
-        if offset + header.record_bytes > size {
-            break;
-        }
-        let payload_bytes = header.record_bytes - HEADER_BYTES;
-        let payload: BytesMut = if payload_bytes > 0 {
-            match log.read(offset + HEADER_BYTES, payload_bytes).await {
-                Ok(payload) => payload,
-                Err(_) => break,
-            }
-        } else {
-            BytesMut::new()
-        };
-        if crc32c::crc32c(&payload) != header.payload_checksum {
-            break;
-        }
-        drop(payload);
         expected_sequence = Some(header.sequence + 1);
         match header.kind {
             Kind::Writes | Kind::RowImage => {
                 let mut at = offset + HEADER_BYTES;
+                let mut from = 0;
                 for [start, length, _] in &header.entries {
                     for i in 0..length / BLOCK_BYTES {
-                        blocks.insert(start / BLOCK_BYTES + i, at);
+                        let block = start / BLOCK_BYTES + i;
+                        let bytes = &payload[from..from + BLOCK_BYTES as usize];
+                        let sum = terrace_meta::sums::block_sum(bytes, block);
+                        blocks.insert(block, (at, sum));
                         at += BLOCK_BYTES;
+                        from += BLOCK_BYTES as usize;
                     }
                 }
                 position += header.record_bytes;
@@ -129,6 +126,60 @@ pub(crate) async fn scan<H: HomeIo>(
     Ok(Recovered { blocks, dirty })
 }
 
+/// The record at `offset` of `log` that `accept` takes, with its payload,
+/// if one copy of the log holds it whole: first as a plain read gives it,
+/// then each copy on its own (see the module's comment).
+async fn read_record<H: HomeIo>(
+    log: &H,
+    offset: u64,
+    accept: &dyn Fn(&Header) -> bool,
+) -> Option<(Header, BytesMut)> {
+    let whole = |header: &Header, payload: &BytesMut| {
+        payload.len() as u64 == header.record_bytes - HEADER_BYTES
+            && crc32c::crc32c(payload) == header.payload_checksum
+    };
+    if let Some(header) = log
+        .read(offset, HEADER_BYTES)
+        .await
+        .ok()
+        .and_then(|block| Header::decode(&block))
+        .filter(|header| accept(header))
+    {
+        if let Some(payload) = read_payload(log, offset, &header).await {
+            if whole(&header, &payload) {
+                return Some((header, payload));
+            }
+        }
+    }
+    let headers = log.read_copies(offset, HEADER_BYTES).await;
+    for block in headers.into_iter().flatten() {
+        let Some(header) = Header::decode(&block).filter(|header| accept(header)) else {
+            continue;
+        };
+        let payload_bytes = header.record_bytes - HEADER_BYTES;
+        let payloads = match payload_bytes {
+            0 => vec![Ok(BytesMut::new())],
+            _ => log.read_copies(offset + HEADER_BYTES, payload_bytes).await,
+        };
+        if let Some(payload) = payloads
+            .into_iter()
+            .flatten()
+            .find(|payload| whole(&header, payload))
+        {
+            return Some((header, payload));
+        }
+    }
+    None
+}
+
+/// The payload of the record `header` at `offset`, as a plain read gives it.
+async fn read_payload<H: HomeIo>(log: &H, offset: u64, header: &Header) -> Option<BytesMut> {
+    match header.record_bytes - HEADER_BYTES {
+        0 => Some(BytesMut::new()),
+        bytes => log.read(offset + HEADER_BYTES, bytes).await.ok(),
+    }
+}
+
 /// Byte ranges of runs of contiguous blocks.
 pub(crate) fn block_runs<T>(blocks: &BTreeMap<u64, T>) -> Vec<(u64, u64)> {
     let keys: Vec<u64> = blocks.keys().copied().collect();
@@ -143,16 +194,16 @@ pub(crate) fn block_runs<T>(blocks: &BTreeMap<u64, T>) -> Vec<(u64, u64)> {
 pub(crate) async fn replay<H: HomeIo>(
     home: &H,
     log: &H,
-    blocks: &BTreeMap<u64, u64>,
+    blocks: &BTreeMap<u64, (u64, u64)>,
 ) -> Result<(), EngineError> {
     let mut from = 0;
     loop {
-        let part: Vec<(u64, u64)> = blocks
+        let part: Vec<(u64, u64, u64)> = blocks
             .range(from..)
             .take((READ_BACK_ROUND_BYTES / BLOCK_BYTES) as usize)
-            .map(|(&block, &at)| (block, at))
+            .map(|(&block, &(at, sum))| (block, at, sum))
             .collect();
-        let Some(&(last, _)) = part.last() else {
+        let Some(&(last, _, _)) = part.last() else {
             break;
         };
         from = last + 1;
@@ -169,15 +220,22 @@ pub(crate) async fn replay<H: HomeIo>(
 
 /// A read-only pool cannot replay: serve the recovered blocks from the log
 /// (it is not written while the pool is read-only).
-pub(crate) fn load_read_only<H: HomeIo>(journal: &Journal<H>, blocks: BTreeMap<u64, u64>) {
+pub(crate) fn load_read_only<H: HomeIo>(journal: &Journal<H>, blocks: BTreeMap<u64, (u64, u64)>) {
     let mut state = journal.state();
-    for (block, at) in blocks {
+    for (block, (at, sum)) in blocks {
         state.dirty_bytes += BLOCK_BYTES;
         state.index.insert(
             block,
             Entry {
                 reserved: 0,
-                committed: Some((0, Held { at, data: None })),
+                committed: Some((
+                    0,
+                    Held {
+                        at,
+                        sum,
+                        data: None,
+                    },
+                )),
             },
         );
     }
@@ -189,26 +247,32 @@ pub(super) async fn read_unheld<'a, H: HomeIo>(
     log: &H,
     held: impl Iterator<Item = (u64, &'a Held)>,
 ) -> Result<BTreeMap<u64, Block>, EngineError> {
-    let wanted: Vec<(u64, u64)> = held
+    let wanted: Vec<(u64, u64, u64)> = held
         .filter(|(_, held)| held.data.is_none())
-        .map(|(block, held)| (block, held.at))
+        .map(|(block, held)| (block, held.at, held.sum))
         .collect();
     read_back(log, &wanted).await
 }
 
 /// Read blocks back from `log`: `wanted` holds (block, byte offset in the
-/// log); neighbouring offsets are read as one, a few reads at a time.
+/// log, sum); neighbouring offsets are read as one, a few reads at a time.
+/// A block that fails its sum is read from each copy of the log, and the
+/// read fails if none matches.
 async fn read_back<H: HomeIo>(
     log: &H,
-    wanted: &[(u64, u64)],
+    wanted: &[(u64, u64, u64)],
 ) -> Result<BTreeMap<u64, Block>, EngineError> {
     if wanted.is_empty() {
         return Ok(BTreeMap::new());
     }
+    let sums: BTreeMap<u64, (u64, u64)> = wanted
+        .iter()
+        .map(|&(block, at, sum)| (block, (at, sum)))
+        .collect();
     // By place in the log (in blocks), cut into runs of neighbours.
     let mut places: Vec<(u64, u64)> = wanted
         .iter()
-        .map(|&(block, at)| (at / BLOCK_BYTES, block))
+        .map(|&(block, at, _)| (at / BLOCK_BYTES, block))
         .collect();
     places.sort_unstable();
     let log_blocks: Vec<u64> = places.iter().map(|&(place, _)| place).collect();
@@ -233,9 +297,45 @@ async fn read_back<H: HomeIo>(
         let (blocks, buffer) = result?;
         for (i, block) in blocks.into_iter().enumerate() {
             let from = i * BLOCK_BYTES as usize;
-            let buffer = buffer.clone();
-            read.insert(block, Block { buffer, from });
+            let (at, sum) = sums[&block];
+            let bytes = &buffer[from..from + BLOCK_BYTES as usize];
+            let data = if terrace_meta::sums::block_sum(bytes, block) == sum {
+                Block {
+                    buffer: buffer.clone(),
+                    from,
+                }
+            } else {
+                read_copy_matching(log, block, at, sum).await?
+            };
+            read.insert(block, data);
         }
     }
     Ok(read)
+}
+
+/// Block `block`, logged at `at` with sum `sum`, from the first copy of
+/// the log that holds it as logged.
+async fn read_copy_matching<H: HomeIo>(
+    log: &H,
+    block: u64,
+    at: u64,
+    sum: u64,
+) -> Result<Block, EngineError> {
+    let copies = log.read_copies(at, BLOCK_BYTES).await;
+    copies
+        .into_iter()
+        .flatten()
+        .find(|copy| terrace_meta::sums::block_sum(copy, block) == sum)
+        .map(|copy| Block {
+            buffer: copy.freeze(),
+            from: 0,
+        })
+        .ok_or_else(|| EngineError::Unavailable {
+            space: log.name().to_string(),
+            offset: at,
+            length: BLOCK_BYTES,
+            reason: format!(
+                "block {block} logged here fails its checksum on every copy of the log"
+            ),
+        })
 }
