@@ -505,6 +505,52 @@ impl PoolShared {
     }
 
     /// Copy run-time disk conditions (failed, missing) into the metadata.
+    /// Fail each disk whose read and checksum errors reached the pool's
+    /// limit, if it is the only disk in service with such errors counted
+    /// and every extent of every space (logs and sums included) keeps its
+    /// data without it and the disks already out. Otherwise it stays in
+    /// service, its errors repaired as they come: a disk that returns some
+    /// bad blocks is better than none, and where two disks return bad
+    /// blocks, the good copy of one's may be on the other.
+    fn fail_disks_over_error_limit(&self, metadata: &PoolMetadata) {
+        let disks = self.disks();
+        let erring = |disk: &Disk| {
+            let errors = disk.errors();
+            disk.is_online() && errors.read + errors.checksum > 0
+        };
+        if disks.iter().filter(|disk| erring(disk)).count() != 1 {
+            return;
+        }
+        for disk in disks.iter().filter(|disk| disk.over_error_limit()) {
+            let out = |index: DiskIndex| {
+                index == disk.index
+                    || disks
+                        .get(usize::from(index.0))
+                        .is_none_or(|other| !other.is_online())
+            };
+            let keeps_data = metadata.spaces.iter().all(|space| {
+                let Ok(geometry) = space.geometry(metadata.slab_bytes) else {
+                    return true;
+                };
+                space
+                    .extents
+                    .iter()
+                    .filter_map(|e| e.slabs.as_ref())
+                    .all(|slabs| {
+                        !slabs.iter().any(|slab| slab.disk == disk.index)
+                            || geometry
+                                .remaining_tolerance(|slot| {
+                                    slabs.get(slot as usize).is_none_or(|slab| out(slab.disk))
+                                })
+                                .is_some()
+                    })
+            });
+            if keeps_data {
+                disk.fail_for_errors();
+            }
+        }
+    }
+
     fn absorb_conditions(&self, metadata: &mut PoolMetadata) {
         for disk in self.disks() {
             if let Some(state) = unrecorded_state(&disk, metadata) {
@@ -583,6 +629,7 @@ impl PoolShared {
 
     async fn persist_observed(&self, observed: u64) -> Result<(), EngineError> {
         let mut control = self.control.lock().await;
+        self.fail_disks_over_error_limit(&control.metadata);
         if self.read_only.is_none() {
             let mut next = control.metadata.clone();
             self.absorb_conditions(&mut next);

@@ -14,7 +14,8 @@
 //! from redundancy and rewrite them. Each disk counts its read, write and
 //! checksum errors ([`DiskErrors`]); one whose read and checksum errors
 //! reach the pool's limit within its window ([`ErrorPolicy`]) is failed
-//! as at a write error, and repaired like a missing disk.
+//! as at a write error, and repaired like a missing disk, unless a space
+//! would lose data without it (the pool decides, seeing every space).
 //!
 //! Depends on `terrace_io` and, in the engine, only on
 //! [`crate::condition`] and [`crate::events`]: nothing above it.
@@ -71,6 +72,10 @@ pub struct Disk {
     errors: ErrorCounts,
     /// When a disk's survived errors fail it (shared by the pool's disks).
     policy: Arc<ErrorPolicy>,
+    /// Its survived errors reached the limit: the pool fails it at its next
+    /// look (`PoolShared::persist_failures`) if every space keeps its data
+    /// without it.
+    over_limit: std::sync::atomic::AtomicBool,
 }
 
 /// A disk's error counters, as `zpool status` shows them.
@@ -167,6 +172,7 @@ impl Disk {
             latency_us: AtomicU64::new(0),
             errors: ErrorCounts::default(),
             policy: context.errors,
+            over_limit: std::sync::atomic::AtomicBool::new(false),
             index,
             attached: RwLock::new(Some(Attached {
                 device: Arc::new(LatchedDevice::new(device)),
@@ -185,6 +191,7 @@ impl Disk {
             latency_us: AtomicU64::new(0),
             errors: ErrorCounts::default(),
             policy: context.errors,
+            over_limit: std::sync::atomic::AtomicBool::new(false),
             index,
             attached: RwLock::new(None),
             condition: AtomicU8::new(Condition::Missing as u8),
@@ -263,6 +270,7 @@ impl Disk {
 
     /// Set the counters back to zero (`pool clear`).
     pub fn clear_errors(&self) {
+        self.over_limit.store(false, Ordering::Release);
         self.errors.read.store(0, Ordering::Relaxed);
         self.errors.write.store(0, Ordering::Relaxed);
         self.errors.checksum.store(0, Ordering::Relaxed);
@@ -292,14 +300,27 @@ impl Disk {
             recent.len() as u64
         };
         if limit > 0 && within >= u64::from(limit) && self.is_online() {
-            self.set_condition(
-                Condition::Failed,
-                format!(
-                    "{within} read and checksum errors within {window_secs} s \
-                     (the pool fails a disk at {limit}; the last was a {what} error)"
-                ),
+            *self.reason.lock().unwrap_or_else(|e| e.into_inner()) = format!(
+                "{within} read and checksum errors within {window_secs} s \
+                 (the pool fails a disk at {limit}; the last was a {what} error)"
             );
+            self.over_limit.store(true, Ordering::Release);
+            // The pool looks at failures before the request completes.
+            self.failures_observed.fetch_add(1, Ordering::AcqRel);
         }
+    }
+
+    /// Its read and checksum errors reached the pool's limit (and it is
+    /// still in service).
+    pub(crate) fn over_error_limit(&self) -> bool {
+        self.over_limit.load(Ordering::Acquire) && self.is_online()
+    }
+
+    /// Fail it for the errors that reached the limit.
+    pub(crate) fn fail_for_errors(&self) {
+        self.over_limit.store(false, Ordering::Release);
+        let reason = self.reason();
+        self.set_condition(Condition::Failed, reason);
     }
 
     /// Take the disk out of service with a reason (first reason wins).

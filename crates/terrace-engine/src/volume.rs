@@ -1340,12 +1340,12 @@ async fn write_span(
         true => Some(io.host.locks.lock((io.extent, io.row)).await),
         false => None,
     };
-    let io = &RowIo {
-        host: io.host,
-        extent: io.extent,
-        row: io.row,
-        targets: io.targets,
-        lock_held: io.lock_held || partial,
+    let held;
+    let io = if partial {
+        held = io.with_lock_held();
+        &held
+    } else {
+        io
     };
     if partial {
         io.host.check_parity_reads(map, io, span).await;

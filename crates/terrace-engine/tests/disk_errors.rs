@@ -242,3 +242,34 @@ fn a_disk_that_reaches_the_error_limit_is_failed_and_clear_resets_its_counters()
         }
     });
 }
+
+/// The limit never takes the last copy: once one disk of a mirror failed
+/// for its errors, the other, reaching the limit too, stays in service
+/// (a disk with some unreadable sectors serves the rest of its data).
+#[test]
+fn the_error_limit_never_fails_the_last_copy() {
+    block_on(async {
+        let disks = Disks::new(2, DISK_BYTES);
+        let pool = create_pool(&disks).await;
+        let mut settings = pool.metadata().await.settings;
+        settings.error_limit = 1;
+        pool.set_settings(settings).await.unwrap();
+        let (space, data) = written(&pool, Layout::Mirror { copies: 2 }, 1).await;
+        let geometry = space.geometry();
+        let first = read_slot(&space, 0);
+        let disk = bad_sector(&disks, &pool, &space, first, 0).await;
+        assert!(read_row(&space, 0).await.unwrap() == expected(&space, &data, 0));
+        assert_eq!(pool.status().await.disks[disk].condition, Condition::Failed);
+        let other = geometry.slot(0, 1 - first % 2);
+        let last = bad_sector(&disks, &pool, &space, other, 1).await;
+        assert_ne!(last, disk);
+        assert!(
+            read_row(&space, 1).await.is_err(),
+            "no copy left to rebuild from"
+        );
+        let status = pool.status().await;
+        assert_eq!(status.disks[last].condition, Condition::Online);
+        assert_eq!(status.disks[last].errors.read, 1);
+        assert!(read_row(&space, 2).await.unwrap() == expected(&space, &data, 2));
+    });
+}

@@ -721,6 +721,15 @@ impl Pool {
         let Some(job) = next.jobs.iter_mut().find(|job| job.id == job_id) else {
             return;
         };
+        if matches!(
+            job.state,
+            JobState::Done | JobState::Cancelled | JobState::Failed
+        ) {
+            // It ended while the work that failed was under way (a move
+            // whose destination failed after the job was cancelled or
+            // done): its end stands.
+            return;
+        }
         // Its progress as it was when it failed, not as last persisted.
         self.save_watermarks(job);
         job.state = JobState::Failed;
@@ -753,6 +762,13 @@ impl Pool {
             return Err(EngineError::JobNotActive {
                 id: job_id,
                 state: "the returning disk failed again".into(),
+            });
+        }
+        if index >= old.moves.len() {
+            // Its moves were let go meanwhile (the job ended).
+            return Err(EngineError::JobNotActive {
+                id: job_id,
+                state: format!("{:?}", old.state).to_lowercase(),
             });
         }
         let target = super::plan::retarget(&next, &old, index, &self.shared.reserved_slabs())?;
