@@ -132,7 +132,7 @@ pub(crate) async fn scan<H: HomeIo>(
 async fn read_record<H: HomeIo>(
     log: &H,
     offset: u64,
-    accept: &dyn Fn(&Header) -> bool,
+    accept: &(dyn Fn(&Header) -> bool + Sync),
 ) -> Option<(Header, BytesMut)> {
     let whole = |header: &Header, payload: &BytesMut| {
         payload.len() as u64 == header.record_bytes - HEADER_BYTES
