@@ -12,7 +12,6 @@ use std::sync::Arc;
 
 use common::*;
 use terrace_engine::layout::Layout;
-use terrace_engine::meta::format::{data_offset, METADATA_SLOT_MIN_BYTES};
 use terrace_engine::{repair_space, Condition, Pool, ProblemKind, Space, SpaceConfig, SpaceSize};
 
 const DISK_BYTES: u64 = 16 << 20;
@@ -57,15 +56,7 @@ fn read_slot(space: &Space, row: u64) -> u32 {
 
 /// Make 4 KiB of `slot`'s part of `row` unreadable on its disk; the disk.
 async fn bad_sector(disks: &Disks, pool: &Pool, space: &Space, slot: u32, row: u64) -> usize {
-    let metadata = pool.metadata().await;
-    let slab = metadata.space(space.name()).unwrap().extents[EXTENT as usize]
-        .slabs
-        .as_ref()
-        .unwrap()[slot as usize];
-    let offset = data_offset(METADATA_SLOT_MIN_BYTES)
-        + u64::from(slab.slab.0) * SLAB
-        + space.geometry().slab_offset(row, 0);
-    let disk = usize::from(slab.disk.0);
+    let (disk, offset) = row_place(pool, space, EXTENT, row, slot).await;
     disks.faults[disk].bad_sector(offset..offset + 4096);
     disk
 }

@@ -12,7 +12,6 @@ use std::sync::Arc;
 
 use common::*;
 use terrace_engine::layout::Layout;
-use terrace_engine::meta::format::{data_offset, METADATA_SLOT_MIN_BYTES};
 use terrace_engine::{
     repair_space, ImportOptions, Pool, ProblemKind, Space, SpaceConfig, SpaceSize,
 };
@@ -78,15 +77,7 @@ async fn written(pool: &Pool, case: &Case) -> (Arc<Space>, Vec<u8>) {
 
 /// Where `slot` of `ROW` of `EXTENT` lies: its disk and byte offset.
 async fn place(pool: &Pool, space: &Space, slot: u32) -> (usize, u64) {
-    let metadata = pool.metadata().await;
-    let slab = metadata.space(space.name()).unwrap().extents[EXTENT as usize]
-        .slabs
-        .as_ref()
-        .unwrap()[slot as usize];
-    let offset = data_offset(METADATA_SLOT_MIN_BYTES)
-        + u64::from(slab.slab.0) * SLAB
-        + space.geometry().slab_offset(ROW, 0);
-    (usize::from(slab.disk.0), offset)
+    row_place(pool, space, EXTENT, ROW, slot).await
 }
 
 /// Overwrite 8 KiB of `slot`'s part of the row, 4 KiB in, on its disk.

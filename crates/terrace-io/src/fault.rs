@@ -297,6 +297,25 @@ impl FaultDevice {
         self.controls
             .verdict(self.inner.name(), operation, offset, length)
     }
+
+    /// `write` of `[at, at + length)`, which remaps the bad sectors it
+    /// covers once it succeeds.
+    fn remapping(
+        &self,
+        at: u64,
+        length: u64,
+        write: BoxFuture<IoResult<()>>,
+    ) -> BoxFuture<IoResult<()>> {
+        let controls = self.controls.clone();
+        write
+            .map(move |result| {
+                if result.is_ok() {
+                    controls.rewritten(at, length);
+                }
+                result
+            })
+            .boxed()
+    }
 }
 
 impl BlockDevice for FaultDevice {
@@ -317,17 +336,8 @@ impl BlockDevice for FaultDevice {
                 .landing(offset, data.len() as u64, self.inner.size_bytes())
             {
                 Landing::Where(at) => {
-                    let controls = self.controls.clone();
                     let length = data.len() as u64;
-                    self.inner
-                        .write(at, data, fua)
-                        .map(move |result| {
-                            if result.is_ok() {
-                                controls.rewritten(at, length);
-                            }
-                            result
-                        })
-                        .boxed()
+                    self.remapping(at, length, self.inner.write(at, data, fua))
                 }
                 Landing::Nowhere => Box::pin(future::ready(Ok(()))),
             },
@@ -342,16 +352,7 @@ impl BlockDevice for FaultDevice {
                 .landing(offset, length, self.inner.size_bytes())
             {
                 Landing::Where(at) => {
-                    let controls = self.controls.clone();
-                    self.inner
-                        .write_zeroes(at, length, fua)
-                        .map(move |result| {
-                            if result.is_ok() {
-                                controls.rewritten(at, length);
-                            }
-                            result
-                        })
-                        .boxed()
+                    self.remapping(at, length, self.inner.write_zeroes(at, length, fua))
                 }
                 Landing::Nowhere => Box::pin(future::ready(Ok(()))),
             },

@@ -525,3 +525,23 @@ pub async fn set_repair_rate(pool: &Pool, rate: u64) {
     .await
     .unwrap();
 }
+
+/// Where row `row` of `slot` of `extent` of `space` lies: its disk and the
+/// byte offset of the row's part on it.
+pub async fn row_place(
+    pool: &Pool,
+    space: &terrace_engine::Space,
+    extent: u64,
+    row: u64,
+    slot: u32,
+) -> (usize, u64) {
+    let metadata = pool.metadata().await;
+    let slab = metadata.space(space.name()).unwrap().extents[extent as usize]
+        .slabs
+        .as_ref()
+        .unwrap()[slot as usize];
+    let offset = terrace_engine::meta::format::data_offset(METADATA_SLOT_MIN_BYTES)
+        + u64::from(slab.slab.0) * SLAB
+        + space.geometry().slab_offset(row, 0);
+    (usize::from(slab.disk.0), offset)
+}
