@@ -21,7 +21,7 @@
 //! [`crate::condition`] and [`crate::events`]: nothing above it.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use terrace_io::latch::LatchedDevice;
@@ -75,7 +75,7 @@ pub struct Disk {
     /// Its survived errors reached the limit: the pool fails it at its next
     /// look (`PoolShared::persist_failures`) if every space keeps its data
     /// without it.
-    over_limit: std::sync::atomic::AtomicBool,
+    over_limit: AtomicBool,
 }
 
 /// A disk's error counters, as `zpool status` shows them.
@@ -172,7 +172,7 @@ impl Disk {
             latency_us: AtomicU64::new(0),
             errors: ErrorCounts::default(),
             policy: context.errors,
-            over_limit: std::sync::atomic::AtomicBool::new(false),
+            over_limit: AtomicBool::new(false),
             index,
             attached: RwLock::new(Some(Attached {
                 device: Arc::new(LatchedDevice::new(device)),
@@ -191,7 +191,7 @@ impl Disk {
             latency_us: AtomicU64::new(0),
             errors: ErrorCounts::default(),
             policy: context.errors,
-            over_limit: std::sync::atomic::AtomicBool::new(false),
+            over_limit: AtomicBool::new(false),
             index,
             attached: RwLock::new(None),
             condition: AtomicU8::new(Condition::Missing as u8),
@@ -281,8 +281,9 @@ impl Disk {
             .clear();
     }
 
-    /// Count a read or checksum error the data path survived; fail the
-    /// disk once those within the pool's window reach its limit.
+    /// Count a read or checksum error the data path survived; once those
+    /// within the pool's window reach its limit, flag the disk for the
+    /// pool to fail (`PoolShared::fail_disks_over_error_limit`).
     fn survived(&self, what: &str) {
         let (limit, window_secs) = self.policy.get();
         let now = self.env.now_ns();

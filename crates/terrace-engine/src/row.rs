@@ -13,6 +13,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::future::join_all;
@@ -80,7 +81,47 @@ pub(crate) struct RowIo<'a, H: RowHost> {
     /// are not read again (the layout rebuilds them as if lost), and they
     /// are rewritten from redundancy before it ends
     /// (`layouts::rewrite_unreadable`).
-    pub(crate) unreadable: Mutex<Vec<(u32, DiskIndex)>>,
+    pub(crate) unreadable: Unreadable,
+}
+
+/// The slots of one row's I/O whose reads failed on disks still in
+/// service. Almost always empty: every planning step asks it, so an empty
+/// set answers with one atomic load and no lock.
+#[derive(Default)]
+pub(crate) struct Unreadable {
+    any: AtomicBool,
+    slots: Mutex<Vec<(u32, DiskIndex)>>,
+}
+
+impl Unreadable {
+    fn slots(&self) -> std::sync::MutexGuard<'_, Vec<(u32, DiskIndex)>> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn contains(&self, slot: u32) -> bool {
+        self.any.load(Ordering::Acquire) && self.slots().iter().any(|&(s, _)| s == slot)
+    }
+
+    fn insert(&self, slot: u32, disk: DiskIndex) {
+        let mut slots = self.slots();
+        if !slots.iter().any(|&(s, _)| s == slot) {
+            slots.push((slot, disk));
+        }
+        self.any.store(true, Ordering::Release);
+    }
+
+    fn list(&self) -> Vec<(u32, DiskIndex)> {
+        if !self.any.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        self.slots().clone()
+    }
+
+    fn forget(&self, slot: u32) {
+        let mut slots = self.slots();
+        slots.retain(|&(s, _)| s != slot);
+        self.any.store(!slots.is_empty(), Ordering::Release);
+    }
 }
 
 impl<'a, H: RowHost> RowIo<'a, H> {
@@ -92,7 +133,7 @@ impl<'a, H: RowHost> RowIo<'a, H> {
             row: span.row,
             targets,
             lock_held: false,
-            unreadable: Mutex::new(Vec::new()),
+            unreadable: Unreadable::default(),
         }
     }
 
@@ -104,24 +145,19 @@ impl<'a, H: RowHost> RowIo<'a, H> {
             row: self.row,
             targets: self.targets,
             lock_held: true,
-            unreadable: Mutex::new(Vec::new()),
+            unreadable: Unreadable::default(),
         }
-    }
-
-    fn unreadable(&self) -> std::sync::MutexGuard<'_, Vec<(u32, DiskIndex)>> {
-        self.unreadable.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The slots whose reads failed on disks still in service, and those
     /// disks.
     pub fn unreadable_slots(&self) -> Vec<(u32, DiskIndex)> {
-        self.unreadable().clone()
+        self.unreadable.list()
     }
 
     /// Let `slot` be read again (it was rewritten, or given up on).
     pub fn forget_unreadable(&self, slot: u32) {
-        self.unreadable()
-            .retain(|&(unreadable, _)| unreadable != slot);
+        self.unreadable.forget(slot);
     }
 
     /// Take the row lock unless the caller holds it already.
@@ -173,7 +209,7 @@ impl<'a, H: RowHost> RowIo<'a, H> {
     /// a read of it has not failed in this I/O).
     pub fn online(&self, slot: u32) -> bool {
         self.with_targets(|targets| targets[slot as usize].readable(self.row).is_some())
-            && !self.unreadable().iter().any(|&(s, _)| s == slot)
+            && !self.unreadable.contains(slot)
     }
 
     fn disk_offset(&self, location: &Location, column_offset: u64) -> u64 {
@@ -197,10 +233,7 @@ impl<'a, H: RowHost> RowIo<'a, H> {
         if result.is_err() && location.disk.is_online() {
             // The disk survived the error: the slot is lost to this I/O
             // only, and rewritten once the layout has rebuilt it.
-            let mut unreadable = self.unreadable();
-            if !unreadable.iter().any(|&(s, _)| s == slot) {
-                unreadable.push((slot, location.disk.index));
-            }
+            self.unreadable.insert(slot, location.disk.index);
         }
         (buf, result.map_err(RowError::Disk))
     }
