@@ -259,8 +259,16 @@ impl Pool {
     /// it names as written straight to the disks, and start a fresh ring
     /// (or, read-only, serve what the log holds from memory). Gives whether
     /// the log accounts for every write the space may have had in flight,
-    /// so that the space needs no full resync after a crash.
-    pub(crate) async fn recover_cache(&self, record: &SpaceRecord) -> Result<bool, EngineError> {
+    /// so that the space needs no full resync after a crash. `crashed`:
+    /// the pool was not closed cleanly, so the sums of the rows the log
+    /// names may lag their data and are learned again; after a clean
+    /// close they are right, and a block failing them is rebuilt or stays
+    /// failed.
+    pub(crate) async fn recover_cache(
+        &self,
+        record: &SpaceRecord,
+        crashed: bool,
+    ) -> Result<bool, EngineError> {
         let Some(cache) = record.cache else {
             return Ok(false);
         };
@@ -315,7 +323,11 @@ impl Pool {
         let mut ranges = recovered.dirty.clone();
         ranges.extend(journal::block_runs(&recovered.blocks));
         for (offset, length) in ranges {
-            crate::redundancy::resync_range(&space, offset, length).await?;
+            if crashed {
+                crate::redundancy::resync_range(&space, offset, length).await?;
+            } else {
+                crate::redundancy::repair_range(&space, offset, length).await?;
+            }
         }
         journal::replay(space.volume().as_ref(), &*log, &recovered.blocks).await?;
         self.shared.flush_disks().await?;

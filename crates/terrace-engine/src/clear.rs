@@ -230,8 +230,10 @@ impl Pool {
                 continue;
             };
             // Nothing serves it meanwhile: recovery writes home under the
-            // hold, attaches a fresh log, then lifts the hold.
-            self.recover_cache(record).await?;
+            // hold, attaches a fresh log, then lifts the hold. Whether the
+            // pool's last close was clean is not kept: its sums are
+            // learned again as after a crash.
+            self.recover_cache(record, true).await?;
         }
         Ok(())
     }

@@ -433,7 +433,7 @@ async fn open(
     // full resync after a crash.
     let mut accounted = std::collections::BTreeSet::new();
     for record in &metadata.spaces {
-        if pool.recover_cache(record).await? {
+        if pool.recover_cache(record, !was_clean).await? {
             accounted.insert(record.name.clone());
         }
     }

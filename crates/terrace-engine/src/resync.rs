@@ -48,6 +48,20 @@ pub struct RedundancyReport {
     pub unsynced_rows: u64,
 }
 
+impl RedundancyReport {
+    /// Count what `other`, a pass over more rows, found too (findings
+    /// kept to [`FINDINGS_MAX`](crate::verify::FINDINGS_MAX)).
+    pub(crate) fn add(&mut self, other: RedundancyReport) {
+        self.rows += other.rows;
+        self.mismatched_rows.extend(other.mismatched_rows);
+        self.unrepaired_rows.extend(other.unrepaired_rows);
+        let room = crate::verify::FINDINGS_MAX.saturating_sub(self.findings.len());
+        self.findings.extend(other.findings.into_iter().take(room));
+        self.skipped_rows += other.skipped_rows;
+        self.unsynced_rows += other.unsynced_rows;
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Pass {
     /// Check, write nothing.
@@ -84,17 +98,48 @@ pub(crate) async fn read_slots<H: RowHost>(io: &RowIo<'_, H>) -> Vec<Option<Byte
 /// the caller holds.
 pub(crate) async fn check_row<H: LayoutHost>(io: &RowIo<'_, H>, pass: Pass) -> RowState {
     let io = &io.with_lock_held();
-    let state = compare_row(io, pass).await;
+    let (state, row) = compare_row(io, pass).await;
     // Also where the row could not be checked (a column missing): its
     // data as it reads now is what its sums must say.
     if pass == Pass::Resync {
-        relearn_sums(io).await;
+        relearn_sums(io, &row).await;
     }
     state
 }
 
-async fn compare_row<H: LayoutHost>(io: &RowIo<'_, H>, pass: Pass) -> RowState {
-    let mut slots = read_slots(io).await;
+/// Also returns every slot's content as the row now holds it (`None`:
+/// unreadable), fixes included.
+async fn compare_row<H: LayoutHost>(
+    io: &RowIo<'_, H>,
+    pass: Pass,
+) -> (RowState, Vec<Option<BytesMut>>) {
+    let slots = read_slots(io).await;
+    compare_slots(io, pass, slots).await
+}
+
+/// Check the row of `io` as `slots` hold it, read without its lock and
+/// in one request per slot with the rows around it (a scrub of an idle
+/// pool): nothing is written, and a row that does not plainly agree —
+/// a slot unread, a copy or sum that fails, a slot moving — is for the
+/// caller to check again under its lock.
+pub(crate) async fn row_agrees_as_read<H: LayoutHost>(
+    io: &RowIo<'_, H>,
+    slots: Vec<Option<BytesMut>>,
+) -> bool {
+    if slots.iter().any(Option::is_none) {
+        return false;
+    }
+    matches!(
+        compare_slots(io, Pass::Verify, slots).await.0,
+        RowState::Agrees
+    )
+}
+
+async fn compare_slots<H: LayoutHost>(
+    io: &RowIo<'_, H>,
+    pass: Pass,
+    mut slots: Vec<Option<BytesMut>>,
+) -> (RowState, Vec<Option<BytesMut>>) {
     let mut fixes: Vec<(u32, BytesMut)> = Vec::new();
     let mut problems = Vec::new();
     let unreadable = io.unreadable_slots();
@@ -146,7 +191,7 @@ async fn compare_row<H: LayoutHost>(io: &RowIo<'_, H>, pass: Pass) -> RowState {
         Compared::NoRedundancy => false,
         Compared::Unreadable => {
             if problems.is_empty() {
-                return RowState::Skipped;
+                return (RowState::Skipped, slots);
             }
             true
         }
@@ -175,6 +220,9 @@ async fn compare_row<H: LayoutHost>(io: &RowIo<'_, H>, pass: Pass) -> RowState {
         (true, true) => RowState::Skipped,
         (true, false) => RowState::Agrees,
     };
+    for (slot, bytes) in &fixes {
+        slots[*slot as usize] = Some(bytes.clone());
+    }
     if pass != Pass::Verify {
         // Durable before the row counts as done: a read may return the
         // source's version at once, and a power cut that dropped the fix
@@ -188,26 +236,50 @@ async fn compare_row<H: LayoutHost>(io: &RowIo<'_, H>, pass: Pass) -> RowState {
         )
         .await;
     }
-    state
+    (state, slots)
 }
 
 /// Learn the sums of the row's data blocks from the data as it is (after
-/// a crash, once the row's redundancy agrees). A block that cannot be
-/// read gets no sum (unknown). The caller holds the row's lock (a
-/// degraded parity read would take it).
-async fn relearn_sums<H: LayoutHost>(io: &RowIo<'_, H>) {
+/// a crash, once the row's redundancy agrees): from `row`, the slots as
+/// the check left them, not from a new read, so that a disk that damaged
+/// a block since the check has that damage found by the next read rather
+/// than taken for the data. A row missing a data column is read through
+/// its layout (rebuilt); a block that cannot be read gets no sum
+/// (unknown). The caller holds the row's lock (a degraded parity read
+/// would take it).
+async fn relearn_sums<H: LayoutHost>(io: &RowIo<'_, H>, row: &[Option<BytesMut>]) {
     let Some(sums) = io.host.sums() else { return };
     let geometry = io.geometry();
-    let span = geometry.whole_row(io.extent, io.row);
     let bytes = geometry.row_data_bytes();
-    let (data, result) = io
-        .host
-        .layout()
-        .read(io, &span, aligned_buffer(bytes as usize))
-        .await;
+    let width = geometry.interleave_bytes() as usize;
+    let copies = geometry.layout().copies();
+    let columns: Option<Vec<&BytesMut>> = (0..geometry.data_columns())
+        .map(|column| {
+            let physical = geometry.physical_column(io.row, column);
+            (0..copies).find_map(|copy| row[geometry.slot(physical, copy) as usize].as_ref())
+        })
+        .collect();
+    let data = match columns {
+        Some(columns) => Ok(columns.iter().fold(
+            BytesMut::with_capacity(bytes as usize),
+            |mut data, column| {
+                data.extend_from_slice(&column[..width]);
+                data
+            },
+        )),
+        None => {
+            let span = geometry.whole_row(io.extent, io.row);
+            let (data, result) = io
+                .host
+                .layout()
+                .read(io, &span, aligned_buffer(bytes as usize))
+                .await;
+            result.map(|()| data)
+        }
+    };
     let first = crate::heal::first_block(geometry, io.extent, io.row);
-    let learned: Vec<u64> = match result {
-        Ok(()) => data
+    let learned: Vec<u64> = match data {
+        Ok(data) => data
             .chunks(terrace_layout::BLOCK_BYTES as usize)
             .zip(first..)
             .map(|(block, index)| terrace_meta::sums::block_sum(block, index))

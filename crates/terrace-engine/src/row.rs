@@ -82,6 +82,60 @@ pub(crate) struct RowIo<'a, H: RowHost> {
     /// are rewritten from redundancy before it ends
     /// (`layouts::rewrite_unreadable`).
     pub(crate) unreadable: Unreadable,
+    /// Parts of slots this I/O read and checked against their sums (a
+    /// parity update's old data): read again in the same I/O, they are
+    /// served from here, not from the disk, where a repair's rewrite the
+    /// disk lost (acknowledged, never made) would leave the old damage
+    /// to be folded into parity.
+    pub(crate) known: Known,
+}
+
+/// Checked bytes of slots of one row's I/O (see `RowIo::known`); almost
+/// always empty, answered then with one atomic load.
+#[derive(Default)]
+pub(crate) struct Known {
+    any: AtomicBool,
+    /// (slot, column offset, bytes).
+    pieces: Mutex<Vec<(u32, u64, Bytes)>>,
+}
+
+impl Known {
+    fn pieces(&self) -> std::sync::MutexGuard<'_, Vec<(u32, u64, Bytes)>> {
+        self.pieces.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Copy `[offset, offset + buf.len())` of `slot` into `buf` if it is
+    /// known whole.
+    fn fill(&self, slot: u32, offset: u64, buf: &mut [u8]) -> bool {
+        if !self.any.load(Ordering::Acquire) {
+            return false;
+        }
+        let pieces = self.pieces();
+        let end = offset + buf.len() as u64;
+        let Some((_, at, bytes)) = pieces
+            .iter()
+            .find(|(s, at, bytes)| *s == slot && *at <= offset && end <= at + bytes.len() as u64)
+        else {
+            return false;
+        };
+        let from = (offset - at) as usize;
+        buf.copy_from_slice(&bytes[from..from + buf.len()]);
+        true
+    }
+
+    fn insert(&self, slot: u32, offset: u64, bytes: Bytes) {
+        self.pieces().push((slot, offset, bytes));
+        self.any.store(true, Ordering::Release);
+    }
+
+    fn forget(&self, slot: u32) {
+        if !self.any.load(Ordering::Acquire) {
+            return;
+        }
+        let mut pieces = self.pieces();
+        pieces.retain(|(s, _, _)| *s != slot);
+        self.any.store(!pieces.is_empty(), Ordering::Release);
+    }
 }
 
 /// The slots of one row's I/O whose reads failed on disks still in
@@ -134,6 +188,7 @@ impl<'a, H: RowHost> RowIo<'a, H> {
             targets,
             lock_held: false,
             unreadable: Unreadable::default(),
+            known: Known::default(),
         }
     }
 
@@ -146,6 +201,7 @@ impl<'a, H: RowHost> RowIo<'a, H> {
             targets: self.targets,
             lock_held: true,
             unreadable: Unreadable::default(),
+            known: Known::default(),
         }
     }
 
@@ -216,12 +272,22 @@ impl<'a, H: RowHost> RowIo<'a, H> {
         location.base + self.geometry().slab_offset(self.row, column_offset)
     }
 
+    /// Serve later reads of `bytes` of `slot` at `column_offset` from
+    /// them, not from the disk, until the slot is written (see
+    /// [`RowIo::known`]).
+    pub(crate) fn remember(&self, slot: u32, column_offset: u64, bytes: Bytes) {
+        self.known.insert(slot, column_offset, bytes);
+    }
+
     pub async fn read(
         &self,
         slot: u32,
         column_offset: u64,
-        buf: BytesMut,
+        mut buf: BytesMut,
     ) -> (BytesMut, Result<(), RowError>) {
+        if self.known.fill(slot, column_offset, &mut buf) {
+            return (buf, Ok(()));
+        }
         let location =
             self.with_targets(|targets| targets[slot as usize].readable(self.row).cloned());
         let Some(location) = location else {
@@ -248,6 +314,7 @@ impl<'a, H: RowHost> RowIo<'a, H> {
         data: Bytes,
         fua: bool,
     ) -> Result<(), RowError> {
+        self.known.forget(slot);
         let (first, more) = self.with_targets(|targets| {
             let mut locations = targets[slot as usize].writable(self.row);
             let first = locations.next().cloned();

@@ -646,9 +646,23 @@ impl Volume {
         // A block nothing rebuilds is left as it is: parity encoded from
         // it, or updated over it, still rebuilds nothing that passes its
         // sum, and its reads still fail. The update itself goes on (and
-        // fails where its own reads do).
+        // fails where its own reads do). What passed is what the update
+        // reads: a repair's rewrite the disk acknowledged and lost leaves
+        // the damage on the disk, and reading it again would fold it in.
         for read in &reads {
-            let _ = self.read_verified(map, io, read).await;
+            let Ok(checked) = self.read_verified(map, io, read).await else {
+                continue;
+            };
+            let checked = checked.freeze();
+            for piece in geometry.split_columns(*read) {
+                let column = geometry.physical_column(span.row, piece.data_column);
+                let at = (piece.request_offset - read.request_offset) as usize;
+                io.remember(
+                    geometry.slot(column, 0),
+                    piece.column_offset,
+                    checked.slice(at..at + piece.length as usize),
+                );
+            }
         }
     }
 

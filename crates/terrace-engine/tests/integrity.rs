@@ -366,3 +366,50 @@ fn a_write_over_part_of_a_row_heals_the_old_data_it_reads_first() {
         }
     });
 }
+
+/// A parity update of part of a row checks the other columns it encodes
+/// parity from, and rebuilds the damaged one; when the disk acknowledges
+/// that repair and never makes it (a lost write), the update still
+/// encodes parity from the rebuilt bytes, not from the damage it would
+/// read again: the row still rebuilds the column and reads as written.
+#[test]
+fn a_parity_update_encodes_what_it_checked_when_the_repair_is_lost() {
+    block_on(async {
+        let case = Case {
+            name: "parity1",
+            layout: Layout::Parity { redundancy: 1 },
+            columns: 4,
+            cache_bytes: 0,
+        };
+        let disks = Disks::new(6, DISK_BYTES);
+        let pool = create_pool(&disks).await;
+        let (space, mut data) = written(&pool, &case).await;
+        let (disk, at) = damage(&disks, &pool, &space, data_slot(&space, &case, 0, 0)).await;
+        disks.faults[disk].silent_faults_within(at..at + INTERLEAVE);
+        disks.faults[disk].lose_writes(1);
+        // Columns 1 and 2: reading the two others (reconstruct-write)
+        // reads less than their old bytes and parity.
+        let offset = row_offset(&space);
+        let new = SplitMix64::new(3).bytes(2 * INTERLEAVE as usize);
+        let start = (offset + INTERLEAVE) as usize;
+        data[start..start + new.len()].copy_from_slice(&new);
+        space
+            .write(offset + INTERLEAVE, bytes(new), false)
+            .await
+            .unwrap();
+        assert_eq!(
+            disks.faults[disk].counters().lost_writes,
+            1,
+            "the repair of column 0 was lost"
+        );
+        let length = space.geometry().row_data_bytes();
+        let got = space.read(offset, length).await.unwrap();
+        assert!(
+            got[..] == data[offset as usize..(offset + length) as usize],
+            "the row reads as written"
+        );
+        let report = repair_space(&space).await.unwrap();
+        assert!(report.unrepaired_rows.is_empty(), "{report:?}");
+        pool.close().await.unwrap();
+    });
+}

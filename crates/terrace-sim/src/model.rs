@@ -41,6 +41,34 @@ pub enum Content {
     Bytes(Vec<u8>),
 }
 
+/// Whether `TERRACE_SIM_BLOCK` (a block, or `first..last`) names
+/// `block`: its writes and reads are printed as the model sees them.
+fn trace_block(block: u64) -> bool {
+    static TRACED: std::sync::OnceLock<Option<(u64, u64)>> = std::sync::OnceLock::new();
+    let traced = TRACED.get_or_init(|| {
+        let asked = std::env::var("TERRACE_SIM_BLOCK").ok()?;
+        let (first, last) = asked.split_once("..").unwrap_or((&asked, &asked));
+        Some((first.parse().ok()?, last.parse().ok()?))
+    });
+    traced.is_some_and(|(first, last)| (first..=last).contains(&block))
+}
+
+/// Tags (below `max`) whose sector `sector` of `block` starts as `bytes`
+/// does, and the offsets in it that differ from the first of them: what a
+/// sector read holds, for a failure's message.
+fn describe(block: u64, sector: usize, bytes: &[u8], max: u64) -> String {
+    let tags: Vec<u64> = (0..max)
+        .filter(|&tag| bytes[..8] == word(tag, block, sector).to_le_bytes())
+        .collect();
+    let differ: Vec<usize> = tags.first().map_or_else(Vec::new, |&tag| {
+        let expected = word(tag, block, sector).to_le_bytes();
+        (0..bytes.len())
+            .filter(|&i| bytes[i] != expected[i % 8])
+            .collect()
+    });
+    format!("starts as tags {tags:?}, differing at {differ:?}")
+}
+
 /// The 8-byte word repeated through one sector of a tagged block.
 fn word(tag: u64, block: u64, sector: usize) -> u64 {
     let z = spread(tag)
@@ -137,6 +165,16 @@ impl Model {
                 block,
                 &mut data[index * BLOCK_BYTES as usize..][..BLOCK_BYTES as usize],
             );
+            if trace_block(block) {
+                eprintln!(
+                    "model: block {block} write issued {content:?} (sector 0 word {:x})",
+                    u64::from_le_bytes(
+                        data[index * BLOCK_BYTES as usize..][..8]
+                            .try_into()
+                            .expect("8 bytes")
+                    )
+                );
+            }
             self.blocks[block as usize].push(Entry {
                 content,
                 acked: None,
@@ -167,6 +205,9 @@ impl Model {
                 .find(|e| e.acked.is_none())
                 .expect("a pending entry");
             entry.acked = Some(sequence);
+            if trace_block(block) {
+                eprintln!("model: block {block} acked {:?} fua {fua}", entry.content);
+            }
             if fua {
                 let keep_from = history.len() - 1;
                 history.drain(..keep_from);
@@ -179,6 +220,9 @@ impl Model {
     pub fn failed(&mut self, pending: Pending) {
         let blocks = pending.first_block..pending.first_block + pending.blocks;
         for block in blocks {
+            if trace_block(block) {
+                eprintln!("model: block {block} write failed");
+            }
             self.settled_at[block as usize] = UNSETTLED;
         }
     }
@@ -216,7 +260,10 @@ impl Model {
         let current = self.current(block);
         for (sector, chunk) in bytes.chunks(SECTOR_BYTES).enumerate() {
             if !current.sector_matches(block, sector, chunk) {
-                return Err(format!("block {block} sector {sector}: read does not match the last acknowledged write {current:?}"));
+                return Err(format!(
+                    "block {block} sector {sector}: read does not match the last acknowledged write {current:?} (it {})",
+                    describe(block, sector, chunk, self.next_tag + 1)
+                ));
             }
         }
         Ok(())
@@ -230,6 +277,13 @@ impl Model {
     /// A read of `block` returned `bytes`: the current content, or, if the
     /// block is unsettled, any of its history (see [`Model::recover`]).
     pub fn observe(&mut self, block: u64, bytes: &[u8]) -> Result<(), String> {
+        if trace_block(block) {
+            eprintln!(
+                "model: block {block} read (settled: {}), sector 0 {}",
+                self.settled_at[block as usize] != UNSETTLED,
+                describe(block, 0, &bytes[..SECTOR_BYTES], self.next_tag + 1)
+            );
+        }
         if self.settled_at[block as usize] == UNSETTLED {
             self.recover(block, bytes)
         } else {
@@ -248,7 +302,8 @@ impl Model {
             {
                 let contents: Vec<&Content> = history.iter().map(|e| &e.content).collect();
                 return Err(format!(
-                    "block {block} sector {sector} after a crash holds data never written there since it was last durable (history {contents:?})"
+                    "block {block} sector {sector} after a crash holds data never written there since it was last durable (history {contents:?}; it {})",
+                    describe(block, sector, chunk, self.next_tag + 1)
                 ));
             }
         }

@@ -249,6 +249,8 @@ struct Run {
     /// that runs without them keep their trajectories.
     silent_random: Random,
     silent_injected: usize,
+    /// Lost or misdirected writes armed so far (see `silent`).
+    silent_writes_armed: u64,
     flips: Rc<Cell<u64>>,
     /// Checksum errors the disks counted in pools since closed or cut.
     checksum_errors: u64,
@@ -288,6 +290,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
         crashes: 0,
         silent_random,
         silent_injected: 0,
+        silent_writes_armed: 0,
         flips: Rc::new(Cell::new(0)),
         checksum_errors: 0,
         plan,
@@ -471,6 +474,7 @@ impl Run {
                     &self.plan.silent,
                     &mut self.silent_random,
                     &self.flips,
+                    &mut self.silent_writes_armed,
                 );
                 self.silent_injected += 1;
             }
@@ -832,6 +836,11 @@ async fn client_task(
                 6..=8 => read_and_check(&space, &model, start, count).await,
                 _ => flush(&space, &model).await,
             };
+            if let (Err(Failed::Request(message)), true) =
+                (&result, std::env::var_os("TERRACE_SIM_TRACE").is_some())
+            {
+                eprintln!("client {client}: {message}");
+            }
             let mut counters = counters.borrow_mut();
             match result {
                 Ok(()) if operation <= 5 => counters.writes += 1,

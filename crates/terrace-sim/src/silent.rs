@@ -21,7 +21,11 @@
 //! most what the layout survives) every read must return the model's data
 //! and a scrub at the end must repair every fault. Beyond it (a smaller
 //! share of runs, and any run of a layout that tolerates nothing), a read
-//! may fail but must never return wrong data.
+//! may fail but must never return wrong data; there a run arms lost or
+//! misdirected writes once at most (flips and unreadable sectors take the
+//! other faults): two writes lost from the one copy left — a block's and
+//! then its sums page's — leave both old and agreeing, which no sum kept
+//! on those same disks can tell from current data.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -134,10 +138,18 @@ pub fn inject(
     plan: &SilentPlan,
     random: &mut Random,
     flips: &Rc<Cell<u64>>,
+    writes_armed: &mut u64,
 ) {
     let disk = plan.disks[random.below(plan.disks.len() as u64) as usize];
     let fault = &sim.faults[disk];
-    let kind = random.below(4);
+    let mut kind = random.below(4);
+    if kind % 2 == 1 {
+        if plan.beyond && *writes_armed > 0 {
+            kind = 0;
+        } else {
+            *writes_armed += 1;
+        }
+    }
     if std::env::var_os("TERRACE_SIM_TRACE").is_some() {
         eprintln!("silent fault kind {kind} on disk {disk}");
     }

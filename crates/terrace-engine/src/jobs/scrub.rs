@@ -4,11 +4,14 @@
 //! A scrub moves nothing; it walks the pool by a cursor. Its unit is an
 //! extent of a space (data spaces and hidden ones: logs, sums), visited in
 //! disk order ([`place_key`]), so each disk is read mostly from its start
-//! to its end. Each extent's rows are checked in steps, a few rows at once
-//! (so that each disk streams; one while clients are busy), each row under its lock as every pass over
-//! a space does ([`crate::redundancy`]), by `check_row` with
-//! `Pass::Repair`; a fix is durable before its row counts as done, so the
-//! cursor never claims a row whose repair a power cut could undo.
+//! to its end. Each extent's rows are checked in steps: on an idle pool a
+//! step reads each slot's part of its rows in one request (so that each
+//! disk streams) and checks them as read, and only rows that do not agree
+//! are read again and repaired under their locks; while clients are busy,
+//! one row at a time, each under its lock as every pass over a space does
+//! ([`crate::redundancy`]), by `check_row` with `Pass::Repair`. A fix is
+//! durable before its row counts as done, so the cursor never claims a row
+//! whose repair a power cut could undo.
 //!
 //! ```text
 //!  start: refused beside another scrub or a repair or catch-up; the job
@@ -35,37 +38,25 @@
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 
-use futures::stream::{self, StreamExt, TryStreamExt};
 use terrace_meta::{JobKind, JobRecord, JobState, PoolMetadata, SpaceId};
 
 use crate::error::EngineError;
 use crate::job_runtime::ScrubMark;
 use crate::pool::Pool;
-use crate::redundancy::{place_key, repair_rows};
-use crate::resync::RedundancyReport;
+use crate::redundancy::{place_key, repair_rows, repair_rows_streaming, streaming_step_rows};
 use crate::verify::Finding;
 use crate::PoolEvent;
 
-/// Bytes a scrub reads between looks at its job's state and its pace:
-/// small enough to pause within a fraction of a second (a tenth of one
-/// on a single hard disk), large enough that the looks cost nothing and
-/// that the rows in flight drain rarely (at the end of each step).
-const STEP_BYTES: u64 = 16 << 20;
-/// Rows a step checks at most (small interleaves).
-const STEP_ROWS_MAX: u64 = 64;
-/// Rows a step checks at once. One at a time, each disk idles while a
-/// row's slots are compared and its sums computed, and again until the
-/// next row's read reaches it: a scrub of hard disks read at about half
-/// their sequential rate. With the next rows' reads queued behind the one
-/// it serves, each disk streams (they start where the last one ended).
-/// Only while no client is busy (see [`CLIENT_QUIET_NS`]).
-const ROWS_IN_FLIGHT: usize = 4;
 /// How long after a client's last request the pool counts as busy: a
 /// step then checks one row at a time, so a client's requests queue
-/// behind at most one of the scrub's on each disk (as ZFS slows its scan
-/// after client I/O within `zfs_scan_idle`). Longer than the gaps between
-/// a busy client's requests, short enough that a scrub of an idle pool
-/// runs at full speed a moment after the client stops.
+/// behind at most one row's read on each disk (as ZFS slows its scan
+/// after client I/O within `zfs_scan_idle`). On an idle pool a step reads
+/// each slot's part of its rows in one request
+/// ([`repair_rows_streaming`]): read a row at a time, each disk idles
+/// while the row is compared and until the next read reaches it (hard
+/// disks were scrubbed at about half their sequential rate). Longer than
+/// the gaps between a busy client's requests, short enough that a scrub
+/// of an idle pool runs at full speed a moment after the client stops.
 const CLIENT_QUIET_NS: u64 = 250_000_000;
 /// How often a running scrub commits its cursor: a crash repeats at most
 /// this much work (and the extent it was in), and commits stay rare.
@@ -300,9 +291,13 @@ impl Pool {
         let Some(space) = self.space_by_id(unit.space) else {
             return Ok(true); // deleted since: nothing to check
         };
+        // A step's bytes: small enough to pause within a fraction of a
+        // second (a tenth of one on a single hard disk), large enough that
+        // the looks at the job and its pace cost nothing and that each
+        // disk's reads are long.
         let geometry = *space.geometry();
         let row_disk_bytes = geometry.interleave_bytes() * u64::from(geometry.slots_per_extent());
-        let step = (STEP_BYTES / row_disk_bytes).clamp(1, STEP_ROWS_MAX);
+        let step = streaming_step_rows(&geometry);
         let mut from = 0;
         while from < unit.rows {
             let to = (from + step).min(unit.rows);
@@ -316,13 +311,8 @@ impl Pool {
             }
             let now = self.shared.env.now_ns();
             let last_client = self.shared.client_io_ns.load(Ordering::Relaxed);
-            let in_flight = if last_client > 0 && now.saturating_sub(last_client) < CLIENT_QUIET_NS
-            {
-                1
-            } else {
-                ROWS_IN_FLIGHT
-            };
-            self.scrub_rows(job, &space, unit.extent, from..to, in_flight, mark)
+            let idle = last_client == 0 || now.saturating_sub(last_client) >= CLIENT_QUIET_NS;
+            self.scrub_rows(job, &space, unit.extent, from..to, idle, mark)
                 .await?;
             from = to;
         }
@@ -347,34 +337,23 @@ impl Pool {
             })
     }
 
-    /// Check and repair `rows` of `extent`, `in_flight` at once, counting
-    /// and telling what was found.
+    /// Check and repair `rows` of `extent` (`idle`: no client is busy,
+    /// so read them in one request per slot), counting and telling what
+    /// was found.
     async fn scrub_rows(
         &self,
         job: u64,
         space: &crate::volume::Volume,
         extent: u64,
         rows: Range<u64>,
-        in_flight: usize,
+        idle: bool,
         mark: &mut ScrubMark,
     ) -> Result<(), EngineError> {
-        // Row by row, several at once; what they found is told in order.
-        let reports: Vec<_> = stream::iter(rows)
-            .map(|row| repair_rows(space, extent, row..row + 1))
-            .buffered(in_flight)
-            .try_collect()
-            .await?;
-        let report = reports
-            .into_iter()
-            .fold(RedundancyReport::default(), |mut all, one| {
-                all.rows += one.rows;
-                all.mismatched_rows.extend(one.mismatched_rows);
-                all.unrepaired_rows.extend(one.unrepaired_rows);
-                all.findings.extend(one.findings);
-                all.skipped_rows += one.skipped_rows;
-                all.unsynced_rows += one.unsynced_rows;
-                all
-            });
+        let report = if idle {
+            repair_rows_streaming(space, extent, rows).await?
+        } else {
+            repair_rows(space, extent, rows).await?
+        };
         mark.skipped += report.skipped_rows;
         mark.unrepaired += report.unrepaired_rows.len() as u64;
         mark.repaired += (report.mismatched_rows.len() - report.unrepaired_rows.len()) as u64;
