@@ -59,8 +59,10 @@ pub struct PoolShared {
     pub(crate) disks: RwLock<Vec<Arc<Disk>>>,
     pub(crate) closed: AtomicBool,
     /// When a client's read or write last reached one of the pool's spaces
-    /// (`Env::now_ns`; 0: never): a scrub slows down while clients are busy.
+    /// or ended (`Env::now_ns`; 0: never), and how many are under way: a
+    /// scrub slows down while clients are busy.
     pub(crate) client_io_ns: AtomicU64,
+    pub(crate) client_io_in_flight: AtomicU64,
     /// Disk failures and the extents disks missed, until commits record
     /// them (see [`FailureRecords`]).
     pub(crate) failures: FailureRecords,
@@ -119,11 +121,36 @@ impl Drop for IntentGuard<'_> {
     }
 }
 
+/// A client's request under way (see [`PoolShared::client_io`]).
+pub(crate) struct ClientIo<'a>(&'a PoolShared);
+
+impl Drop for ClientIo<'_> {
+    fn drop(&mut self) {
+        self.0
+            .client_io_ns
+            .store(self.0.env.now_ns(), Ordering::Relaxed);
+        self.0.client_io_in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 impl PoolShared {
-    /// A client's request reached a space now.
-    pub(crate) fn note_client_io(&self) {
+    /// A client's request reached a space now; it is under way until the
+    /// guard drops.
+    pub(crate) fn client_io(&self) -> ClientIo<'_> {
+        self.client_io_in_flight.fetch_add(1, Ordering::Relaxed);
         self.client_io_ns
             .store(self.env.now_ns(), Ordering::Relaxed);
+        ClientIo(self)
+    }
+
+    /// No client's request is under way, and none reached a space or
+    /// ended within `quiet_ns`.
+    pub(crate) fn clients_idle(&self, quiet_ns: u64) -> bool {
+        if self.client_io_in_flight.load(Ordering::Relaxed) > 0 {
+            return false;
+        }
+        let last = self.client_io_ns.load(Ordering::Relaxed);
+        last == 0 || self.env.now_ns().saturating_sub(last) >= quiet_ns
     }
 
     /// Set `slabs` aside until the reservation drops: allocations made
@@ -203,6 +230,7 @@ impl PoolShared {
             disks: RwLock::new(disks),
             closed: AtomicBool::new(false),
             client_io_ns: AtomicU64::new(0),
+            client_io_in_flight: AtomicU64::new(0),
             job_runtime: crate::job_runtime::JobRuntime::default(),
             slab_holds: Default::default(),
             departures: Default::default(),

@@ -12,6 +12,7 @@ use std::ops::Range;
 
 use terrace_meta::{DiskIndex, SlabIndex};
 
+use futures::stream::{FuturesOrdered, StreamExt};
 use terrace_io::{aligned_buffer, BytesMut};
 
 use crate::error::EngineError;
@@ -95,57 +96,75 @@ pub(crate) async fn repair_rows(
     walk_rows(space, Pass::Repair, rows.map(|row| (extent, row))).await
 }
 
-/// A scrub's step over rows `rows` of `extent` on an idle pool: each
-/// slot's part of them is read in a few long requests (so each disk
-/// streams, as row-sized reads with gaps between them do not), each read
-/// while the rows of the one before are checked, without their locks and
+/// A scrub's pass over rows `rows` of `extent` on an idle pool: each
+/// slot's part of them is read in long requests (so each disk streams,
+/// as row-sized reads with gaps between them do not), each read while
+/// the rows of the one before are checked, without their locks and
 /// without writing; only the rows that do not plainly agree are checked
 /// again, read anew under their locks, and repaired as [`repair_rows`]
 /// does. A row checked unlocked while a client wrote it may look torn,
-/// and is then checked again; one that agrees had no fault to find.
-/// Where a slot is moving, every row takes the locked way, as do the rows
-/// of a read that failed.
-pub(crate) async fn repair_rows_streaming(
+/// and is then checked again; one that agrees had no fault to find; the
+/// rows of a read that failed take the locked way too.
+///
+/// Before each read `go_on` is asked, with the bytes it reads from disks,
+/// whether to go on (a scrub paces itself there, and stops when paused
+/// or when clients come back). Gives what was found and the row it
+/// stopped at (`rows.end` when done); `None` where a slot is moving
+/// (two places to read): the caller checks row by row.
+pub(crate) async fn repair_rows_streaming<F, Go>(
     space: &Volume,
     extent: u64,
     rows: Range<u64>,
-) -> Result<RedundancyReport, EngineError> {
+    mut go_on: F,
+) -> Result<Option<(RedundancyReport, u64)>, EngineError>
+where
+    F: FnMut(u64) -> Go,
+    Go: std::future::Future<Output = bool>,
+{
     if space.geometry.layout().failures_tolerated() == 0 && space.sums().is_none() {
-        return Ok(RedundancyReport::default()); // nothing to check against
+        // Nothing to check against.
+        return Ok(Some((RedundancyReport::default(), rows.end)));
     }
     let map = space.map();
     let geometry = &space.geometry;
-    let plain = extent < map.extents.len() as u64
-        && !rows.is_empty()
-        && map.extents[extent as usize]
-            .iter()
-            .all(|target| target.locations.len() == 1);
-    if !plain {
-        return repair_rows(space, extent, rows).await;
+    if extent >= map.extents.len() as u64 || rows.is_empty() {
+        return Ok(Some((RedundancyReport::default(), rows.end)));
     }
     let targets = &map.extents[extent as usize];
-    let per_read = (rows.end - rows.start).div_ceil(READS_PER_STEP).max(1);
-    let chunks: Vec<Range<u64>> = rows
-        .clone()
-        .step_by(per_read as usize)
-        .map(|first| first..(first + per_read).min(rows.end))
-        .collect();
-    let mut again = Vec::new();
-    let mut slots = read_rows(targets, geometry, chunks[0].clone()).await;
-    for (index, chunk) in chunks.iter().enumerate() {
-        let following = chunks.get(index + 1).cloned();
-        let read_next = async {
-            match following {
-                Some(next) => read_rows(targets, geometry, next).await,
-                None => None,
-            }
-        };
-        let check = rows_to_check_again(space, &map, extent, chunk.clone(), slots);
-        let (next_slots, rows_again) = futures::join!(read_next, check);
-        again.extend(rows_again);
-        slots = next_slots;
+    if targets.iter().any(|target| target.locations.len() != 1) {
+        return Ok(None);
     }
-    let agreed = (rows.end - rows.start) - again.len() as u64;
+    let per_read = (STREAMING_READ_BYTES / geometry.interleave_bytes()).max(1);
+    let read_bytes = |chunk: &Range<u64>| {
+        (chunk.end - chunk.start) * geometry.interleave_bytes() * targets.len() as u64
+    };
+    let chunk_at = |first: u64| first..(first + per_read).min(rows.end);
+    let mut again = Vec::new();
+    let mut done = rows.start;
+    let mut reads = FuturesOrdered::new();
+    let mut next = rows.start;
+    let mut stopped = false;
+    loop {
+        while reads.len() < STREAMING_READS && !stopped && next < rows.end {
+            let chunk = chunk_at(next);
+            if !go_on(read_bytes(&chunk)).await {
+                stopped = true;
+                break;
+            }
+            next = chunk.end;
+            reads.push_back(async move {
+                let slots = read_rows(targets, geometry, chunk.clone()).await;
+                (chunk, slots)
+            });
+        }
+        // The reads behind this one go on while it is checked.
+        let Some((chunk, slots)) = reads.next().await else {
+            break;
+        };
+        again.extend(rows_to_check_again(space, &map, extent, chunk.clone(), slots).await);
+        done = chunk.end;
+    }
+    let agreed = (done - rows.start) - again.len() as u64;
     let mut report = walk_rows(
         space,
         Pass::Repair,
@@ -153,23 +172,18 @@ pub(crate) async fn repair_rows_streaming(
     )
     .await?;
     report.rows += agreed;
-    Ok(report)
+    Ok(Some((report, done)))
 }
 
-/// Long reads a streaming scrub step makes of each slot, one checked
-/// while the next is read.
-const READS_PER_STEP: u64 = 4;
-
-/// Bytes a streaming step reads from disks, at most: 4 MiB reads of each
-/// of four disks.
-pub(crate) const STREAMING_STEP_BYTES: u64 = 16 << 20;
-
-/// Rows of a streaming step of `geometry` (at least one, at most 4,096
-/// for the smallest interleaves).
-pub(crate) fn streaming_step_rows(geometry: &terrace_layout::Geometry) -> u64 {
-    let row_disk_bytes = geometry.interleave_bytes() * u64::from(geometry.slots_per_extent());
-    (STREAMING_STEP_BYTES / row_disk_bytes).clamp(1, 4096)
-}
+/// Bytes of a slot a streaming pass reads in one request (more for an
+/// interleave larger than this): long enough that a hard disk streams,
+/// short enough that pacing and pausing between reads stay fine-grained.
+const STREAMING_READ_BYTES: u64 = 1 << 20;
+/// Reads a streaming pass keeps in flight on each disk: two stay queued
+/// while the rows of a third are checked, so a disk has its next read
+/// when one ends (with one, a hard disk idled between them and read at
+/// about 0.8 of its media rate).
+const STREAMING_READS: usize = 3;
 
 /// Of `rows`, read as `slots` (each slot's part of them; `None`: a read
 /// failed), those that do not plainly agree as read, or that a crash left
@@ -246,12 +260,12 @@ async fn walk(space: &Volume, pass: Pass) -> Result<RedundancyReport, EngineErro
     let mut report = if pass == Pass::Repair {
         // As a scrub of an idle pool reads: long reads, rows that do not
         // agree checked again under their locks.
-        let step = streaming_step_rows(&space.geometry);
         let mut report = RedundancyReport::default();
         for (_, extent) in extents {
-            for first in (0..per_extent).step_by(step as usize) {
-                let rows = first..(first + step).min(per_extent);
-                report.add(repair_rows_streaming(space, extent, rows).await?);
+            let rows = 0..per_extent;
+            match repair_rows_streaming(space, extent, rows.clone(), |_| async { true }).await? {
+                Some((found, _)) => report.add(found),
+                None => report.add(repair_rows(space, extent, rows).await?),
             }
         }
         report

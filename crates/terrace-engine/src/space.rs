@@ -145,7 +145,7 @@ impl Space {
     pub async fn read(&self, offset: u64, length: u64) -> Result<BytesMut, EngineError> {
         let map = self.check(offset, length, Access::Read)?;
         self.check_held(offset, length)?;
-        self.volume.pool.note_client_io();
+        let _client = self.volume.pool.client_io();
         let start = offset / BLOCK_BYTES * BLOCK_BYTES;
         let end = (offset + length).next_multiple_of(BLOCK_BYTES);
         // Logged data is snapshotted before the disks are read: a block
@@ -165,7 +165,7 @@ impl Space {
     /// durable on return.
     pub async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), EngineError> {
         self.check_held(offset, data.len() as u64)?;
-        self.volume.pool.note_client_io();
+        let _client = self.volume.pool.client_io();
         match self.journal() {
             None => self.write_home(offset, data, fua).await,
             // Boxed: the logged path's state would otherwise enlarge the

@@ -4,10 +4,10 @@
 //! A scrub moves nothing; it walks the pool by a cursor. Its unit is an
 //! extent of a space (data spaces and hidden ones: logs, sums), visited in
 //! disk order ([`place_key`]), so each disk is read mostly from its start
-//! to its end. Each extent's rows are checked in steps: on an idle pool a
-//! step reads each slot's part of its rows in one request (so that each
-//! disk streams) and checks them as read, and only rows that do not agree
-//! are read again and repaired under their locks; while clients are busy,
+//! to its end. While no client is busy an extent's rows stream: each
+//! slot's part of them is read in long requests, checked as read, and
+//! only rows that do not agree are read again and repaired under their
+//! locks ([`repair_rows_streaming`]); while clients are busy, in steps,
 //! one row at a time, each under its lock as every pass over a space does
 //! ([`crate::redundancy`]), by `check_row` with `Pass::Repair`. A fix is
 //! durable before its row counts as done, so the cursor never claims a row
@@ -17,9 +17,10 @@
 //!  start: refused beside another scrub or a repair or catch-up; the job
 //!         is recorded with cursor 0 and the bytes it reads from disks;
 //!         the pool's last scrub is now (the schedule counts from it)
-//!  run:   extents by place key, from the first whose key >= cursor:
-//!         rows in steps (paced, stopping when paused or cancelled) ─
-//!         cursor = key + 1 ─ committed about once a second
+//!  run:   extents by place key, from the first whose key >= cursor,
+//!         those on disjoint disks at once: rows streamed or in steps
+//!         (paced, stopping when paused or cancelled) ─
+//!         cursor = last key + 1 ─ committed about once a second
 //!  end:   done: bytes read, rows repaired and not repaired
 //! ```
 //!
@@ -35,28 +36,32 @@
 //! from when the runner started), and no scrub,
 //! repair or catch-up is active. Time is the pool's `Env` clock.
 
-use std::ops::Range;
 use std::sync::atomic::Ordering;
 
-use terrace_meta::{JobKind, JobRecord, JobState, PoolMetadata, SpaceId};
+use futures::future::join_all;
+use terrace_meta::{DiskIndex, JobKind, JobRecord, JobState, PoolMetadata, SpaceId};
 
 use crate::error::EngineError;
 use crate::job_runtime::ScrubMark;
 use crate::pool::Pool;
-use crate::redundancy::{place_key, repair_rows, repair_rows_streaming, streaming_step_rows};
+use crate::redundancy::{place_key, repair_rows, repair_rows_streaming};
+use crate::resync::RedundancyReport;
 use crate::verify::Finding;
 use crate::PoolEvent;
 
-/// How long after a client's last request the pool counts as busy: a
-/// step then checks one row at a time, so a client's requests queue
-/// behind at most one row's read on each disk (as ZFS slows its scan
-/// after client I/O within `zfs_scan_idle`). On an idle pool a step reads
-/// each slot's part of its rows in one request
-/// ([`repair_rows_streaming`]): read a row at a time, each disk idles
-/// while the row is compared and until the next read reaches it (hard
-/// disks were scrubbed at about half their sequential rate). Longer than
-/// the gaps between a busy client's requests, short enough that a scrub
-/// of an idle pool runs at full speed a moment after the client stops.
+/// Bytes a scrub reads in one step while clients are busy (see
+/// `Pool::scrub_extent`).
+const STEP_BYTES: u64 = 16 << 20;
+/// Rows such a step checks at most (small interleaves).
+const STEP_ROWS_MAX: u64 = 64;
+/// How long after a client's last request began or ended the pool counts
+/// as busy (as it does while one is under way): the scrub then checks one
+/// row at a time, so a client's requests queue behind at most one row's
+/// read on each disk (as ZFS slows its scan after client I/O within
+/// `zfs_scan_idle`); on an idle pool it streams
+/// ([`repair_rows_streaming`]). Longer than the gaps between a busy
+/// client's requests, short enough that a scrub of an idle pool runs at
+/// full speed a moment after the client stops.
 const CLIENT_QUIET_NS: u64 = 250_000_000;
 /// How often a running scrub commits its cursor: a crash repeats at most
 /// this much work (and the extent it was in), and commits stay rare.
@@ -73,6 +78,24 @@ struct Unit {
     rows: u64,
     /// Bytes it reads from disks: every slot's slab.
     disk_bytes: u64,
+    /// The disks its slots lie on.
+    disks: Vec<DiskIndex>,
+}
+
+/// `units` (in disk order) in runs whose extents lie on disjoint disks.
+fn disjoint_batches<'a>(units: &[&'a Unit]) -> Vec<Vec<&'a Unit>> {
+    let mut batches: Vec<Vec<&Unit>> = Vec::new();
+    let mut used: Vec<DiskIndex> = Vec::new();
+    for &unit in units {
+        let fits = batches.last().is_some() && unit.disks.iter().all(|disk| !used.contains(disk));
+        if !fits {
+            batches.push(Vec::new());
+            used.clear();
+        }
+        used.extend(&unit.disks);
+        batches.last_mut().expect("pushed above").push(unit);
+    }
+    batches
 }
 
 /// Every allocated extent of every space, in disk order.
@@ -103,6 +126,7 @@ fn units(metadata: &PoolMetadata) -> Vec<Unit> {
                 } else {
                     0
                 },
+                disks: slabs.iter().map(|slab| slab.disk).collect(),
             });
         }
     }
@@ -256,19 +280,43 @@ impl Pool {
         };
         let metadata = self.metadata().await;
         let units = units(&metadata);
-        for unit in units.iter().filter(|unit| unit.key >= job.cursor) {
-            match self.scrub_extent(job.id, unit, &mut mark).await {
-                Ok(true) => {}
-                Ok(false) => return,
-                Err(error) => {
-                    if self.shared.check_open().is_ok() {
-                        self.fail_job(job.id, error.to_string()).await;
+        let left: Vec<&Unit> = units.iter().filter(|unit| unit.key >= job.cursor).collect();
+        for batch in disjoint_batches(&left) {
+            // Extents on disjoint disks at once (a log's and a sums
+            // volume's slabs lie on a few disks each): each disk reads one
+            // extent at a time, and none waits for another's.
+            let results = join_all(batch.iter().map(|unit| async move {
+                let mut found = ScrubMark {
+                    rate: mark.rate,
+                    ..ScrubMark::default()
+                };
+                let result = self.scrub_extent(job.id, unit, &mut found).await;
+                (result, found)
+            }))
+            .await;
+            let mut stopped = false;
+            for (result, found) in results {
+                mark.repaired += found.repaired;
+                mark.unrepaired += found.unrepaired;
+                mark.skipped += found.skipped;
+                match result {
+                    Ok(true) => {}
+                    Ok(false) => stopped = true,
+                    Err(error) => {
+                        if self.shared.check_open().is_ok() {
+                            self.fail_job(job.id, error.to_string()).await;
+                        }
+                        return;
                     }
-                    return;
                 }
             }
-            mark.cursor = unit.key + 1;
-            mark.bytes_done += unit.disk_bytes;
+            if stopped {
+                runtime.note_scrub(job.id, mark);
+                return;
+            }
+            let last = batch.last().expect("a batch holds a unit");
+            mark.cursor = last.key + 1;
+            mark.bytes_done += batch.iter().map(|unit| unit.disk_bytes).sum::<u64>();
             runtime.note_scrub(job.id, mark);
             let now = self.shared.env.now_ns();
             runtime.note_bytes(job.id, now, mark.bytes_done);
@@ -280,8 +328,13 @@ impl Pool {
         self.finish_scrub(job.id, rows, &mark).await;
     }
 
-    /// Check one extent's rows in steps; false if the job stopped
-    /// running (paused, cancelled, the pool closing) before the end.
+    /// Check one extent's rows; false if the job stopped running
+    /// (paused, cancelled, the pool closing) before the end. While no
+    /// client is busy the rows stream ([`repair_rows_streaming`], paced
+    /// and looked at before each read); while one is, or where a slot of
+    /// the extent is moving, in steps of about 16 MiB read (small enough
+    /// to pause within a fraction of a second, a tenth of one on a single
+    /// hard disk), one row at a time.
     async fn scrub_extent(
         &self,
         job: u64,
@@ -291,32 +344,64 @@ impl Pool {
         let Some(space) = self.space_by_id(unit.space) else {
             return Ok(true); // deleted since: nothing to check
         };
-        // A step's bytes: small enough to pause within a fraction of a
-        // second (a tenth of one on a single hard disk), large enough that
-        // the looks at the job and its pace cost nothing and that each
-        // disk's reads are long.
         let geometry = *space.geometry();
         let row_disk_bytes = geometry.interleave_bytes() * u64::from(geometry.slots_per_extent());
-        let step = streaming_step_rows(&geometry);
+        let step = (STEP_BYTES / row_disk_bytes).clamp(1, STEP_ROWS_MAX);
+        let own_rate = mark.rate;
+        let mut streams = true;
         let mut from = 0;
         while from < unit.rows {
+            if streams && self.clients_idle() {
+                let stopped = std::sync::atomic::AtomicBool::new(false);
+                let go_on = |bytes| {
+                    let stopped = &stopped;
+                    async move {
+                        if !self.scrub_turn(job, own_rate, bytes).await {
+                            stopped.store(true, Ordering::Relaxed);
+                            return false;
+                        }
+                        self.clients_idle()
+                    }
+                };
+                match repair_rows_streaming(&space, unit.extent, from..unit.rows, go_on).await? {
+                    Some((report, done)) => {
+                        self.tell_scrub_found(job, &space, &report, mark);
+                        from = done;
+                        if stopped.load(Ordering::Relaxed) {
+                            return Ok(false);
+                        }
+                    }
+                    None => streams = false,
+                }
+                continue;
+            }
             let to = (from + step).min(unit.rows);
-            let Some(rate) = self.scrub_pace(job, mark.rate).await else {
-                return Ok(false);
-            };
-            if self.wait_turn(rate, (to - from) * row_disk_bytes).await
-                && self.scrub_pace(job, mark.rate).await.is_none()
+            if !self
+                .scrub_turn(job, own_rate, (to - from) * row_disk_bytes)
+                .await
             {
                 return Ok(false);
             }
-            let now = self.shared.env.now_ns();
-            let last_client = self.shared.client_io_ns.load(Ordering::Relaxed);
-            let idle = last_client == 0 || now.saturating_sub(last_client) >= CLIENT_QUIET_NS;
-            self.scrub_rows(job, &space, unit.extent, from..to, idle, mark)
-                .await?;
+            let report = repair_rows(&space, unit.extent, from..to).await?;
+            self.tell_scrub_found(job, &space, &report, mark);
             from = to;
         }
         Ok(true)
+    }
+
+    /// No client's read or write is under way or reached the pool within
+    /// [`CLIENT_QUIET_NS`].
+    fn clients_idle(&self) -> bool {
+        self.shared.clients_idle(CLIENT_QUIET_NS)
+    }
+
+    /// Wait for the scrub's turn to read `bytes` at its pace; false if it
+    /// is no longer running (before or after the wait).
+    async fn scrub_turn(&self, job: u64, own_rate: u64, bytes: u64) -> bool {
+        let Some(rate) = self.scrub_pace(job, own_rate).await else {
+            return false;
+        };
+        !(self.wait_turn(rate, bytes).await && self.scrub_pace(job, own_rate).await.is_none())
     }
 
     /// The pace of a scrub that is still running (`None` otherwise): its
@@ -337,23 +422,14 @@ impl Pool {
             })
     }
 
-    /// Check and repair `rows` of `extent` (`idle`: no client is busy,
-    /// so read them in one request per slot), counting and telling what
-    /// was found.
-    async fn scrub_rows(
+    /// Count and tell what a scrub's pass over some rows found.
+    fn tell_scrub_found(
         &self,
         job: u64,
         space: &crate::volume::Volume,
-        extent: u64,
-        rows: Range<u64>,
-        idle: bool,
+        report: &RedundancyReport,
         mark: &mut ScrubMark,
-    ) -> Result<(), EngineError> {
-        let report = if idle {
-            repair_rows_streaming(space, extent, rows).await?
-        } else {
-            repair_rows(space, extent, rows).await?
-        };
+    ) {
         mark.skipped += report.skipped_rows;
         mark.unrepaired += report.unrepaired_rows.len() as u64;
         mark.repaired += (report.mismatched_rows.len() - report.unrepaired_rows.len()) as u64;
@@ -369,7 +445,6 @@ impl Pool {
                 repaired,
             });
         }
-        Ok(())
     }
 
     /// Commit a scrub's cursor and counts. Its repairs are durable already
@@ -406,5 +481,39 @@ impl Pool {
         if self.shared.commit(&mut control, next).await.is_ok() {
             self.shared.job_runtime.forget_scrub(job);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unit(key: u64, disks: &[u16]) -> Unit {
+        Unit {
+            key,
+            space: SpaceId(1),
+            extent: key,
+            rows: 1,
+            disk_bytes: 1,
+            disks: disks.iter().map(|&disk| DiskIndex(disk)).collect(),
+        }
+    }
+
+    /// Extents go together while their disks do not meet, in order.
+    #[test]
+    fn extents_on_disjoint_disks_are_batched_in_order() {
+        let units = [
+            unit(1, &[0, 1, 2, 3]),
+            unit(2, &[0, 1]),
+            unit(3, &[2, 3]),
+            unit(4, &[1]),
+            unit(5, &[3]),
+        ];
+        let refs: Vec<&Unit> = units.iter().collect();
+        let keys: Vec<Vec<u64>> = disjoint_batches(&refs)
+            .iter()
+            .map(|batch| batch.iter().map(|unit| unit.key).collect())
+            .collect();
+        assert_eq!(keys, vec![vec![1], vec![2, 3], vec![4, 5]]);
     }
 }
