@@ -58,7 +58,7 @@ mbs() {
     mbs=$(fio --name=cs --ioengine=nbd --uri="nbd+unix:///$space?socket=$work/nbd.sock" \
         --rw="$rw" --bs="$bs" --iodepth="$depth" --size=1G --time_based \
         --runtime="$seconds" --ramp_time=1 --output-format=json 2>/dev/null |
-        python3 -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print("%.1f" % ((j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 1e6))')
+        fio_mbs)
     after=$(awk '{print $14 + $15}' "/proc/$daemon/stat")
     python3 -c 'import sys; t, hz, mbs, s = map(float, sys.argv[1:]); print("%s %.3f" % (sys.argv[3], t / hz / (mbs * (s + 1) / 1000)))' \
         "$((after - before))" "$(getconf CLK_TCK)" "$mbs" "$seconds"

@@ -28,6 +28,8 @@
 #                        ROUNDS times, for every build in BINS in turn: a
 #                        fresh POOL BIN $work (default paper_pool), then
 #                        FN ROUND BIN, then stop_daemon
+#   fio_mbs              MB/s read and written in fio's JSON on stdin
+#   json EXPR            prints EXPR over the JSON on stdin (as d)
 #   restore_mbs SPACE DEPTH SECONDS
 #                        64 KiB sequential writes on SPACE of $work's NBD
 #                        socket by fio at DEPTH outstanding I/Os (2 s ramp,
@@ -78,11 +80,20 @@ stop_daemon() {
     daemon=
 }
 
+# fio's JSON report (on stdin, after any lines fio printed before it):
+# MB/s read and written by its first job.
+fio_mbs() {
+    python3 -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print("%.2f" % ((j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 1e6))'
+}
+
+# The JSON on stdin as the Python expression $1 over it (`d`) prints it.
+json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+
 restore_mbs() {
     fio --name=restore --ioengine=nbd --uri="nbd+unix:///$1?socket=$work/nbd.sock" \
         --rw=write --bs=64k --iodepth="$2" --size=8G --time_based --runtime="$3" \
         --ramp_time=2 --output-format=json 2>/dev/null |
-        python3 -c 'import json,sys; t=sys.stdin.read(); print("%.1f" % (json.loads(t[t.index("{"):])["jobs"][0]["write"]["bw_bytes"] / 1e6))'
+        fio_mbs
 }
 
 bench_daemon() {

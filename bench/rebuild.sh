@@ -25,8 +25,6 @@ disk_size="${2:-16G}"
 . bench/lib.sh
 bench_daemon rebuild
 
-json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
-
 # database profile on a space for a few seconds; prints IO/s.
 database() {
     "$terrace" "${ctl[@]}" bench --profile database --depths 16 --warmup 1s --duration 4s \

@@ -42,8 +42,6 @@ command -v fio >/dev/null || { echo "needs fio" >&2; exit 1; }
 bench_daemon scrub
 t=("$terrace" "${ctl[@]}")
 
-json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
-
 # fio on a space; prints MB/s read + written.
 mbs() {
     local space="$1" rw="$2" bs="$3" depth="$4" ramp=1
@@ -51,7 +49,7 @@ mbs() {
     fio --name=scrub --ioengine=nbd --uri="nbd+unix:///$space?socket=$nbd" \
         --rw="$rw" --bs="$bs" --iodepth="$depth" --size="$size" --time_based \
         --runtime="$seconds" --ramp_time="$ramp" --output-format=json 2>/dev/null |
-        python3 -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print("%.2f" % ((j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 1e6))'
+        fio_mbs
 }
 
 make_pool() {

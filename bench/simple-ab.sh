@@ -61,7 +61,7 @@ ab_round() {
         mbs=$(fio --name=ab --ioengine=nbd --uri="$uri" --rw="$rw" --bs="$bs" \
             --iodepth="$depth" --numjobs="${jobs:-1}" --group_reporting --size=2G --time_based --runtime="$seconds" --ramp_time=1 \
             --output-format=json 2>/dev/null |
-            python3 -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]; print("%.1f" % ((j["read"]["bw_bytes"] + j["write"]["bw_bytes"]) / 1e6))')
+            fio_mbs)
         after=$(awk '{print $14 + $15}' "/proc/$daemon/stat")
         line="$line | $mbs | $(python3 -c 'import sys; t, hz, mbs, s = map(float, sys.argv[1:]); print("%.2f" % (t / hz / (mbs * (s + 1) / 1000)))' \
             "$((after - before))" "$(getconf CLK_TCK)" "$mbs" "$seconds")"
