@@ -322,12 +322,12 @@ impl Pool {
         // checked against the sums, and torn parity would go into it.
         let mut ranges = recovered.dirty.clone();
         ranges.extend(journal::block_runs(&recovered.blocks));
+        let pass = match crashed {
+            true => crate::resync::Pass::Resync,
+            false => crate::resync::Pass::Repair,
+        };
         for (offset, length) in ranges {
-            if crashed {
-                crate::redundancy::resync_range(&space, offset, length).await?;
-            } else {
-                crate::redundancy::repair_range(&space, offset, length).await?;
-            }
+            crate::redundancy::check_range(&space, offset, length, pass).await?;
         }
         journal::replay(space.volume().as_ref(), &*log, &recovered.blocks).await?;
         self.shared.flush_disks().await?;

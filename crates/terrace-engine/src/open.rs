@@ -498,7 +498,13 @@ async fn open(
             } else if by_intent {
                 for extent in cut {
                     let offset = u64::from(extent) * extent_bytes;
-                    crate::redundancy::resync_range(&space, offset, extent_bytes).await?;
+                    crate::redundancy::check_range(
+                        &space,
+                        offset,
+                        extent_bytes,
+                        crate::resync::Pass::Resync,
+                    )
+                    .await?;
                 }
             } else {
                 crate::redundancy::resync_space(&space).await?;

@@ -53,27 +53,19 @@ pub async fn verify_space(space: &Volume) -> Result<RedundancyReport, EngineErro
     walk(space, Pass::Verify).await
 }
 
-/// Rewrite redundancy of the rows under `[offset, offset + length)` only
-/// (after a crash, the ranges a write-back log says were being written),
-/// learning their blocks' sums from the data.
-pub(crate) async fn resync_range(
+/// Check the rows under `[offset, offset + length)` only with `pass`:
+/// after a crash (`Pass::Resync`), the ranges a write-back log says were
+/// being written, learning their blocks' sums from the data; after a
+/// clean close (`Pass::Repair`, as a scrub), where the sums are right and
+/// a block failing them on every copy stays failed rather than teaching
+/// them its bytes.
+pub(crate) async fn check_range(
     space: &Volume,
     offset: u64,
     length: u64,
+    pass: Pass,
 ) -> Result<RedundancyReport, EngineError> {
-    walk_rows(space, Pass::Resync, rows_under(space, offset, length)).await
-}
-
-/// Rebuild what fails its sums in the rows under `[offset, offset +
-/// length)` and make their redundancy agree, as a scrub does: the sums
-/// are right (no crash cut a write), so a block that fails them on every
-/// copy stays failed rather than teaching them its bytes.
-pub(crate) async fn repair_range(
-    space: &Volume,
-    offset: u64,
-    length: u64,
-) -> Result<RedundancyReport, EngineError> {
-    walk_rows(space, Pass::Repair, rows_under(space, offset, length)).await
+    walk_rows(space, pass, rows_under(space, offset, length)).await
 }
 
 /// The rows (extent, row) under `[offset, offset + length)`.

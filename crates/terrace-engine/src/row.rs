@@ -90,93 +90,55 @@ pub(crate) struct RowIo<'a, H: RowHost> {
     pub(crate) known: Known,
 }
 
-/// Checked bytes of slots of one row's I/O (see `RowIo::known`); almost
-/// always empty, answered then with one atomic load.
-#[derive(Default)]
-pub(crate) struct Known {
+/// A list one row's I/O almost never fills (slots it could not read,
+/// bytes it checked): every planning step and every read asks it, so an
+/// empty one answers with one atomic load and no lock.
+pub(crate) struct Rare<T> {
     any: AtomicBool,
-    /// (slot, column offset, bytes).
-    pieces: Mutex<Vec<(u32, u64, Bytes)>>,
+    items: Mutex<Vec<T>>,
 }
 
-impl Known {
-    fn pieces(&self) -> std::sync::MutexGuard<'_, Vec<(u32, u64, Bytes)>> {
-        self.pieces.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Copy `[offset, offset + buf.len())` of `slot` into `buf` if it is
-    /// known whole.
-    fn fill(&self, slot: u32, offset: u64, buf: &mut [u8]) -> bool {
-        if !self.any.load(Ordering::Acquire) {
-            return false;
+impl<T> Default for Rare<T> {
+    fn default() -> Self {
+        Rare {
+            any: AtomicBool::new(false),
+            items: Mutex::new(Vec::new()),
         }
-        let pieces = self.pieces();
-        let end = offset + buf.len() as u64;
-        let Some((_, at, bytes)) = pieces
-            .iter()
-            .find(|(s, at, bytes)| *s == slot && *at <= offset && end <= at + bytes.len() as u64)
-        else {
-            return false;
-        };
-        let from = (offset - at) as usize;
-        buf.copy_from_slice(&bytes[from..from + buf.len()]);
-        true
+    }
+}
+
+impl<T> Rare<T> {
+    /// `f` of the items, unless there are none (without a lock).
+    fn with<R>(&self, f: impl FnOnce(&[T]) -> R) -> Option<R> {
+        if !self.any.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(f(&self.items.lock().unwrap_or_else(|e| e.into_inner())))
     }
 
-    fn insert(&self, slot: u32, offset: u64, bytes: Bytes) {
-        self.pieces().push((slot, offset, bytes));
+    fn push(&self, item: T) {
+        self.items
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(item);
         self.any.store(true, Ordering::Release);
     }
 
-    fn forget(&self, slot: u32) {
+    fn retain(&self, keep: impl FnMut(&T) -> bool) {
         if !self.any.load(Ordering::Acquire) {
             return;
         }
-        let mut pieces = self.pieces();
-        pieces.retain(|(s, _, _)| *s != slot);
-        self.any.store(!pieces.is_empty(), Ordering::Release);
+        let mut items = self.items.lock().unwrap_or_else(|e| e.into_inner());
+        items.retain(keep);
+        self.any.store(!items.is_empty(), Ordering::Release);
     }
 }
 
-/// The slots of one row's I/O whose reads failed on disks still in
-/// service. Almost always empty: every planning step asks it, so an empty
-/// set answers with one atomic load and no lock.
-#[derive(Default)]
-pub(crate) struct Unreadable {
-    any: AtomicBool,
-    slots: Mutex<Vec<(u32, DiskIndex)>>,
-}
+/// Slots whose read failed on a disk still in service, with that disk.
+pub(crate) type Unreadable = Rare<(u32, DiskIndex)>;
 
-impl Unreadable {
-    fn slots(&self) -> std::sync::MutexGuard<'_, Vec<(u32, DiskIndex)>> {
-        self.slots.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn contains(&self, slot: u32) -> bool {
-        self.any.load(Ordering::Acquire) && self.slots().iter().any(|&(s, _)| s == slot)
-    }
-
-    fn insert(&self, slot: u32, disk: DiskIndex) {
-        let mut slots = self.slots();
-        if !slots.iter().any(|&(s, _)| s == slot) {
-            slots.push((slot, disk));
-        }
-        self.any.store(true, Ordering::Release);
-    }
-
-    fn list(&self) -> Vec<(u32, DiskIndex)> {
-        if !self.any.load(Ordering::Acquire) {
-            return Vec::new();
-        }
-        self.slots().clone()
-    }
-
-    fn forget(&self, slot: u32) {
-        let mut slots = self.slots();
-        slots.retain(|&(s, _)| s != slot);
-        self.any.store(!slots.is_empty(), Ordering::Release);
-    }
-}
+/// Checked bytes of slots: (slot, column offset, bytes).
+pub(crate) type Known = Rare<(u32, u64, Bytes)>;
 
 impl<'a, H: RowHost> RowIo<'a, H> {
     /// I/O on the row of `span`, whose extent has the slots `targets`.
@@ -208,12 +170,12 @@ impl<'a, H: RowHost> RowIo<'a, H> {
     /// The slots whose reads failed on disks still in service, and those
     /// disks.
     pub fn unreadable_slots(&self) -> Vec<(u32, DiskIndex)> {
-        self.unreadable.list()
+        self.unreadable.with(<[_]>::to_vec).unwrap_or_default()
     }
 
     /// Let `slot` be read again (it was rewritten, or given up on).
     pub fn forget_unreadable(&self, slot: u32) {
-        self.unreadable.forget(slot);
+        self.unreadable.retain(|&(s, _)| s != slot);
     }
 
     /// Take the row lock unless the caller holds it already.
@@ -265,7 +227,10 @@ impl<'a, H: RowHost> RowIo<'a, H> {
     /// a read of it has not failed in this I/O).
     pub fn online(&self, slot: u32) -> bool {
         self.with_targets(|targets| targets[slot as usize].readable(self.row).is_some())
-            && !self.unreadable.contains(slot)
+            && !self
+                .unreadable
+                .with(|slots| slots.iter().any(|&(s, _)| s == slot))
+                .unwrap_or(false)
     }
 
     fn disk_offset(&self, location: &Location, column_offset: u64) -> u64 {
@@ -276,7 +241,7 @@ impl<'a, H: RowHost> RowIo<'a, H> {
     /// them, not from the disk, until the slot is written (see
     /// [`RowIo::known`]).
     pub(crate) fn remember(&self, slot: u32, column_offset: u64, bytes: Bytes) {
-        self.known.insert(slot, column_offset, bytes);
+        self.known.push((slot, column_offset, bytes));
     }
 
     pub async fn read(
@@ -285,7 +250,17 @@ impl<'a, H: RowHost> RowIo<'a, H> {
         column_offset: u64,
         mut buf: BytesMut,
     ) -> (BytesMut, Result<(), RowError>) {
-        if self.known.fill(slot, column_offset, &mut buf) {
+        let end = column_offset + buf.len() as u64;
+        let known = self.known.with(|pieces| {
+            let (_, at, bytes) = pieces.iter().find(|(s, at, bytes)| {
+                *s == slot && *at <= column_offset && end <= at + bytes.len() as u64
+            })?;
+            let from = (column_offset - at) as usize;
+            let length = buf.len();
+            buf.copy_from_slice(&bytes[from..from + length]);
+            Some(())
+        });
+        if known.flatten().is_some() {
             return (buf, Ok(()));
         }
         let location =
@@ -299,7 +274,13 @@ impl<'a, H: RowHost> RowIo<'a, H> {
         if result.is_err() && location.disk.is_online() {
             // The disk survived the error: the slot is lost to this I/O
             // only, and rewritten once the layout has rebuilt it.
-            self.unreadable.insert(slot, location.disk.index);
+            let index = location.disk.index;
+            let listed = self
+                .unreadable
+                .with(|slots| slots.iter().any(|&(s, _)| s == slot));
+            if listed != Some(true) {
+                self.unreadable.push((slot, index));
+            }
         }
         (buf, result.map_err(RowError::Disk))
     }
@@ -314,7 +295,7 @@ impl<'a, H: RowHost> RowIo<'a, H> {
         data: Bytes,
         fua: bool,
     ) -> Result<(), RowError> {
-        self.known.forget(slot);
+        self.known.retain(|(s, _, _)| *s != slot);
         let (first, more) = self.with_targets(|targets| {
             let mut locations = targets[slot as usize].writable(self.row);
             let first = locations.next().cloned();
