@@ -6,7 +6,8 @@
 //! ```text
 //!   get(blocks)  ──► load missing pages (newest whole copy, else unknown)
 //!   set(blocks)  ──► load missing pages, change entries, page dirty
-//!   write_back() ──► each dirty page: generation + 1, every copy, flush
+//!   write_back() ──► each dirty page: generation + 1, every copy (runs of
+//!                    consecutive pages as one write); the pool flushes
 //! ```
 //!
 //! A page is loaded once however many requests want it at the same time
@@ -21,6 +22,7 @@ use std::ops::Range;
 use std::sync::{Mutex, MutexGuard};
 
 use futures::future::BoxFuture;
+use futures::{stream, StreamExt};
 use terrace_io::{Bytes, BytesMut};
 use terrace_meta::sums::{page_of, SumsPage, SUMS_PER_PAGE, ZEROES};
 use terrace_meta::SpaceId;
@@ -32,10 +34,9 @@ pub(crate) trait SumsStore: Send + Sync {
     /// Every copy of page `index` as read; a copy that could not be read
     /// is an error.
     fn read_page(&self, index: u64) -> BoxFuture<'_, Vec<Result<BytesMut, EngineError>>>;
-    /// Write `bytes` as page `index` to every copy.
-    fn write_page(&self, index: u64, bytes: Bytes) -> BoxFuture<'_, Result<(), EngineError>>;
-    /// Make every page written so far durable.
-    fn flush(&self) -> BoxFuture<'_, Result<(), EngineError>>;
+    /// Write `bytes`, whole pages, as pages `first`, `first + 1`, … to
+    /// every copy. Durable only once the pool's disks are flushed.
+    fn write_pages(&self, first: u64, bytes: Bytes) -> BoxFuture<'_, Result<(), EngineError>>;
     /// Pages it has room for: blocks past them (the rows of a space's last
     /// extent beyond its end) have no sums.
     fn pages(&self) -> u64;
@@ -252,7 +253,13 @@ impl Sums {
     }
 
     /// Write every dirty page covering `blocks` (all of them: `None`) to
-    /// every copy, then flush. A page changed meanwhile stays dirty.
+    /// every copy; the caller flushes the disks after
+    /// ([`Registry::write_back_all`] is called by the pool's flush, before
+    /// it flushes every disk). A page changed meanwhile stays dirty.
+    /// Consecutive pages go out as one write of up to [`RUN_PAGES`], and
+    /// [`WRITE_BACK_PARALLEL`] writes are in flight: the pages a burst of
+    /// random writes dirtied go home in a few large requests, not one page
+    /// after another.
     pub(crate) async fn write_back(
         &self,
         store: &dyn SumsStore,
@@ -260,48 +267,56 @@ impl Sums {
     ) -> Result<(), EngineError> {
         let _writing = self.writing.lock().await;
         let wanted = blocks.map(|blocks| Self::pages(&blocks));
-        let batch: Vec<(u64, Bytes)> = {
+        let (indices, runs) = {
             let mut state = self.state();
-            let mut batch: Vec<(u64, Bytes)> = state
+            let mut indices: Vec<u64> = state
                 .pages
-                .iter_mut()
+                .iter()
                 .filter(|(index, cached)| {
                     cached.dirty && wanted.as_ref().is_none_or(|w| w.contains(index))
                 })
-                .map(|(&index, cached)| {
-                    cached.dirty = false;
-                    cached.page.generation += 1;
-                    (index, Bytes::from(cached.page.encode()))
-                })
+                .map(|(&index, _)| index)
                 .collect();
-            batch.sort_by_key(|(index, _)| *index);
-            batch
+            indices.sort_unstable();
+            let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
+            for &index in &indices {
+                let cached = state.pages.get_mut(&index).expect("listed above");
+                cached.dirty = false;
+                cached.page.generation += 1;
+                let page = cached.page.encode();
+                match runs.last_mut() {
+                    Some((first, bytes))
+                        if *first + (bytes.len() / page.len()) as u64 == index
+                            && bytes.len() / page.len() < RUN_PAGES =>
+                    {
+                        bytes.extend_from_slice(&page)
+                    }
+                    _ => runs.push((index, page)),
+                }
+            }
+            (indices, runs)
         };
-        if batch.is_empty() {
+        if runs.is_empty() {
             return Ok(());
         }
-        let mut failed = None;
-        for (index, bytes) in &batch {
-            if let Err(error) = store.write_page(*index, bytes.clone()).await {
-                failed.get_or_insert(error);
-            }
-        }
-        if failed.is_none() {
-            if let Err(error) = store.flush().await {
-                failed = Some(error);
-            }
-        }
-        match failed {
+        let results: Vec<Result<(), EngineError>> = stream::iter(
+            runs.into_iter()
+                .map(|(first, bytes)| store.write_pages(first, Bytes::from(bytes))),
+        )
+        .buffer_unordered(WRITE_BACK_PARALLEL)
+        .collect()
+        .await;
+        match results.into_iter().find_map(Result::err) {
             None => {
                 if let Some(written) = self.state().written.as_mut() {
-                    written.extend(batch.iter().map(|(index, _)| *index));
+                    written.extend(indices.iter().copied());
                 }
                 self.trim();
                 Ok(())
             }
             Some(error) => {
                 let mut state = self.state();
-                for (index, _) in &batch {
+                for index in &indices {
                     if let Some(cached) = state.pages.get_mut(index) {
                         cached.dirty = true;
                     }
@@ -345,6 +360,12 @@ pub(crate) const PER_PAGE: u64 = SUMS_PER_PAGE as u64;
 
 /// Clean pages a space keeps cached: 16 MiB, the sums of 8 GiB.
 pub(crate) const BUDGET_PAGES: usize = 4096;
+
+/// Consecutive dirty pages written back as one request: 1 MiB.
+const RUN_PAGES: usize = 256;
+
+/// Write-back requests in flight at once.
+const WRITE_BACK_PARALLEL: usize = 16;
 
 /// One space's sums: its cached pages, where they live, and the writes in
 /// flight.
@@ -456,7 +477,8 @@ impl SpaceSums {
         self.cache.state().blank_zeroes = zeroes;
     }
 
-    /// Write every dirty page to every copy of the sums, and flush.
+    /// Write every dirty page to every copy of the sums (flushed by the
+    /// caller).
     pub(crate) async fn write_back(&self) -> Result<(), EngineError> {
         self.cache.write_back(&*self.store, None).await
     }
@@ -552,15 +574,17 @@ mod tests {
             async move { read }.boxed()
         }
 
-        fn write_page(&self, index: u64, bytes: Bytes) -> BoxFuture<'_, Result<(), EngineError>> {
+        fn write_pages(&self, first: u64, bytes: Bytes) -> BoxFuture<'_, Result<(), EngineError>> {
             let failing = *self.fail_writes.lock().unwrap();
             if !failing {
                 *self.writes.lock().unwrap() += 1;
-                let copy = Some(bytes.to_vec());
-                self.copies
-                    .lock()
-                    .unwrap()
-                    .insert(index, [copy.clone(), copy]);
+                for (index, page) in (first..).zip(bytes.chunks(4096)) {
+                    let copy = Some(page.to_vec());
+                    self.copies
+                        .lock()
+                        .unwrap()
+                        .insert(index, [copy.clone(), copy]);
+                }
             }
             async move {
                 if failing {
@@ -570,10 +594,6 @@ mod tests {
                 }
             }
             .boxed()
-        }
-
-        fn flush(&self) -> BoxFuture<'_, Result<(), EngineError>> {
-            async { Ok(()) }.boxed()
         }
 
         fn pages(&self) -> u64 {
@@ -676,6 +696,25 @@ mod tests {
             block_on(Sums::new(SPACE, 8, false).get(&store, 0..1)),
             vec![9]
         );
+    }
+
+    #[test]
+    fn consecutive_dirty_pages_go_home_as_one_write() {
+        let store = MemoryStore::default();
+        let sums = Sums::new(SPACE, 8, false);
+        for page in [0, 1, 2, 5] {
+            block_on(sums.set(&store, page * PER_PAGE + 1, &[page + 10]));
+        }
+        block_on(sums.write_back(&store, None)).unwrap();
+        assert_eq!(*store.writes.lock().unwrap(), 2);
+        let reopened = Sums::new(SPACE, 8, false);
+        for page in [0, 1, 2, 5] {
+            let first = page * PER_PAGE + 1;
+            assert_eq!(
+                block_on(reopened.get(&store, first..first + 1)),
+                vec![page + 10]
+            );
+        }
     }
 
     #[test]

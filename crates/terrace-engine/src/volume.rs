@@ -1298,16 +1298,12 @@ impl crate::sums::SumsStore for Volume {
         })
     }
 
-    fn write_page(
+    fn write_pages(
         &self,
-        index: u64,
+        first: u64,
         bytes: Bytes,
     ) -> futures::future::BoxFuture<'_, Result<(), EngineError>> {
-        Box::pin(self.write_home(index * PAGE_BYTES, bytes, false))
-    }
-
-    fn flush(&self) -> futures::future::BoxFuture<'_, Result<(), EngineError>> {
-        Box::pin(self.flush_own_disks())
+        Box::pin(self.write_home(first * PAGE_BYTES, bytes, false))
     }
 
     fn pages(&self) -> u64 {
