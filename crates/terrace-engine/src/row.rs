@@ -90,6 +90,21 @@ pub(crate) struct RowIo<'a, H: RowHost> {
     pub(crate) known: Known,
 }
 
+/// The remembered piece holding `length` bytes of `slot` from
+/// `column_offset`: where it starts, and its bytes.
+fn known_piece(
+    pieces: &[(u32, u64, Bytes)],
+    slot: u32,
+    column_offset: u64,
+    length: u64,
+) -> Option<(u64, &Bytes)> {
+    let end = column_offset + length;
+    pieces
+        .iter()
+        .find(|(s, at, bytes)| *s == slot && *at <= column_offset && end <= at + bytes.len() as u64)
+        .map(|(_, at, bytes)| (*at, bytes))
+}
+
 /// A list one row's I/O almost never fills (slots it could not read,
 /// bytes it checked): every planning step and every read asks it, so an
 /// empty one answers with one atomic load and no lock.
@@ -244,17 +259,22 @@ impl<'a, H: RowHost> RowIo<'a, H> {
         self.known.push((slot, column_offset, bytes));
     }
 
+    /// Whether `length` bytes of `slot` at `column_offset` are remembered
+    /// (see [`RowIo::remember`]).
+    pub(crate) fn knows(&self, slot: u32, column_offset: u64, length: u64) -> bool {
+        self.known
+            .with(|pieces| known_piece(pieces, slot, column_offset, length).is_some())
+            == Some(true)
+    }
+
     pub async fn read(
         &self,
         slot: u32,
         column_offset: u64,
         mut buf: BytesMut,
     ) -> (BytesMut, Result<(), RowError>) {
-        let end = column_offset + buf.len() as u64;
         let known = self.known.with(|pieces| {
-            let (_, at, bytes) = pieces.iter().find(|(s, at, bytes)| {
-                *s == slot && *at <= column_offset && end <= at + bytes.len() as u64
-            })?;
+            let (at, bytes) = known_piece(pieces, slot, column_offset, buf.len() as u64)?;
             let from = (column_offset - at) as usize;
             let length = buf.len();
             buf.copy_from_slice(&bytes[from..from + length]);

@@ -650,19 +650,33 @@ impl Volume {
         // reads: a repair's rewrite the disk acknowledged and lost leaves
         // the damage on the disk, and reading it again would fold it in.
         for read in &reads {
+            // Checked already by this I/O (a merged update read the span).
+            let known = geometry.split_columns(*read).all(|piece| {
+                let column = geometry.physical_column(span.row, piece.data_column);
+                io.knows(geometry.slot(column, 0), piece.column_offset, piece.length)
+            });
+            if known {
+                continue;
+            }
             let Ok(checked) = self.read_verified(map, io, read).await else {
                 continue;
             };
-            let checked = checked.freeze();
-            for piece in geometry.split_columns(*read) {
-                let column = geometry.physical_column(span.row, piece.data_column);
-                let at = (piece.request_offset - read.request_offset) as usize;
-                io.remember(
-                    geometry.slot(column, 0),
-                    piece.column_offset,
-                    checked.slice(at..at + piece.length as usize),
-                );
-            }
+            self.remember_read(io, read, checked.freeze());
+        }
+    }
+
+    /// Serve later reads of this I/O within `read` from `bytes`, what it
+    /// read there (see [`RowIo::remember`]).
+    fn remember_read(&self, io: &RowIo<'_, Volume>, read: &RowSpan, bytes: Bytes) {
+        let geometry = &self.geometry;
+        for piece in geometry.split_columns(*read) {
+            let column = geometry.physical_column(read.row, piece.data_column);
+            let at = (piece.request_offset - read.request_offset) as usize;
+            io.remember(
+                geometry.slot(column, 0),
+                piece.column_offset,
+                bytes.slice(at..at + piece.length as usize),
+            );
         }
     }
 
@@ -785,7 +799,13 @@ impl Volume {
             ..self.row_io(map, &span)
         };
         // Checked: the gaps between the pieces are written back as read.
-        let mut merged = self.read_verified(map, &io, &span).await?;
+        // A parity update reads the same old data again (to check it, and
+        // to fold it out of parity): it is served from what was read here.
+        let old = self.read_verified(map, &io, &span).await?.freeze();
+        let mut merged = BytesMut::from(&old[..]);
+        if matches!(self.layout, Layouts::Parity(_)) {
+            self.remember_read(&io, &span, old);
+        }
         for (offset, data) in pieces {
             let at = (offset - start) as usize;
             data.copy_to(&mut merged[at..at + data.len()]);
@@ -1350,8 +1370,9 @@ async fn write_span(
         true => Some(io.host.locks.lock((io.extent, io.row)).await),
         false => None,
     };
+    // A caller that holds the lock keeps what its I/O remembered.
     let held;
-    let io = if partial {
+    let io = if partial && !io.lock_held {
         held = io.with_lock_held();
         &held
     } else {
