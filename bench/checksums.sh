@@ -16,7 +16,9 @@
 # bytes of the run scaled to both), then per layout and pattern the
 # medians and the min, median and max of the rounds' ratios (on / off).
 # On a shared machine MB/s move with the load of others; CPU per GB
-# much less, so it is what tells a few per cent apart. Needs fio.
+# much less, so it is what tells a few per cent apart. BENCH_DIR=/dev/shm
+# puts the files in memory: what remains is the checksums' own cost, with
+# no disk to hide it or to add noise. Needs fio.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh

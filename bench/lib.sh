@@ -20,7 +20,9 @@
 #                        paper's modelled drives; sets daemon and ctl (BIN
 #                        and its control arguments)
 #   ab_work NAME         for scripts that start a daemon per build (with
-#                        fio): ab_bins, then sets work (a fresh folder) and
+#                        fio): ab_bins, then sets work (a fresh folder under
+#                        BENCH_DIR, default /var/tmp; /dev/shm takes the
+#                        disk's noise out of a CPU cost) and
 #                        daemon (none yet); on exit the daemon and, if set,
 #                        sampler are stopped and the folder removed
 #   stop_daemon          stops the daemon in daemon, and forgets it
@@ -48,7 +50,7 @@ bench_cleanup() {
 ab_work() {
     ab_bins
     command -v fio >/dev/null || { echo "needs fio" >&2; exit 1; }
-    work="$(mktemp -d "/var/tmp/terrace-$1.XXXXXX")"
+    work="$(mktemp -d "${BENCH_DIR:-/var/tmp}/terrace-$1.XXXXXX")"
     daemon=
     sampler=
     trap ab_cleanup EXIT
@@ -97,7 +99,7 @@ restore_mbs() {
 }
 
 bench_daemon() {
-    work="$(mktemp -d "/var/tmp/terrace-$1.XXXXXX")"
+    work="$(mktemp -d "${BENCH_DIR:-/var/tmp}/terrace-$1.XXXXXX")"
     pids=()
     trap bench_cleanup EXIT
     trap 'exit 130' INT

@@ -16,10 +16,10 @@
 //! Depends on nothing of the engine: pure bookkeeping under one lock,
 //! never held across an await.
 
-use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::{Mutex, MutexGuard};
 
+use rustc_hash::{FxHashMap, FxHashSet};
 use terrace_meta::SpaceId;
 
 pub(crate) use terrace_meta::format::INTENT_WHOLE_SPACE;
@@ -52,9 +52,9 @@ impl ExtentKey {
 #[derive(Default)]
 struct State {
     /// Extents the durable list names.
-    named: HashSet<ExtentKey>,
+    named: FxHashSet<ExtentKey>,
     /// Per extent: writes in flight, and when it was last written.
-    activity: HashMap<ExtentKey, (u32, u64)>,
+    activity: FxHashMap<ExtentKey, (u32, u64)>,
 }
 
 /// The write intent's bookkeeping, shared by every writer of the pool.
@@ -69,7 +69,7 @@ impl WriteIntent {
         WriteIntent {
             state: Mutex::new(State {
                 named: named.into_iter().collect(),
-                activity: HashMap::new(),
+                activity: FxHashMap::default(),
             }),
         }
     }

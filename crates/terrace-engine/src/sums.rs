@@ -17,12 +17,12 @@
 //! written. Depends on nothing of the engine above its errors: the store
 //! is whatever keeps the pages (a hidden mirrored volume).
 
-use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Mutex, MutexGuard};
 
 use futures::future::BoxFuture;
 use futures::{stream, StreamExt};
+use rustc_hash::FxHashMap;
 use terrace_io::{Bytes, BytesMut};
 use terrace_meta::sums::{page_of, SumsPage, SUMS_PER_PAGE, ZEROES};
 use terrace_meta::SpaceId;
@@ -51,7 +51,9 @@ struct Cached {
 
 #[derive(Default)]
 struct State {
-    pages: HashMap<u64, Cached>,
+    /// Fx: the keys are page indices, and the map is asked on every
+    /// request (SipHash's defence against chosen keys buys nothing here).
+    pages: FxHashMap<u64, Cached>,
     clock: u64,
     /// Pages found with copies but none whole, since the space opened.
     refused: u64,
@@ -161,23 +163,37 @@ impl Sums {
 
     /// The sums of `blocks` (0: not known).
     pub(crate) async fn get(&self, store: &dyn SumsStore, blocks: Range<u64>) -> Vec<u64> {
+        // One lock on the way: every request asks, from every core.
+        if let Some(sums) = self.try_get(&blocks) {
+            return sums;
+        }
         self.load(store, Self::pages(&blocks)).await;
+        self.try_get(&blocks)
+            .expect("loaded above and kept while clean pages fit")
+    }
+
+    /// The sums of `blocks` if their pages are cached (and the cache
+    /// trimmed if that took it past its budget).
+    fn try_get(&self, blocks: &Range<u64>) -> Option<Vec<u64>> {
         let mut state = self.state();
+        if !Self::pages(blocks).all(|page| state.pages.contains_key(&page)) {
+            return None;
+        }
         state.clock += 1;
         let now = state.clock;
         let mut sums = Vec::with_capacity((blocks.end - blocks.start) as usize);
-        for block in blocks {
+        for block in blocks.clone() {
             let (index, slot) = page_of(block);
-            let cached = state
-                .pages
-                .get_mut(&index)
-                .expect("loaded above and kept while clean pages fit");
+            let cached = state.pages.get_mut(&index).expect("checked above");
             cached.used = now;
             sums.push(cached.page.sums[slot]);
         }
+        let over = state.pages.len() > self.budget_pages;
         drop(state);
-        self.trim();
-        sums
+        if over {
+            self.trim();
+        }
+        Some(sums)
     }
 
     /// Set the sums of the blocks from `first` on to `sums` (0 forgets).
@@ -186,21 +202,33 @@ impl Sums {
             .saturating_sub(first)
             .min(sums.len() as u64) as usize;
         let sums = &sums[..kept];
+        if !self.try_set(first, sums) {
+            let blocks = first..first + sums.len() as u64;
+            self.load(store, Self::pages(&blocks)).await;
+            assert!(
+                self.try_set(first, sums),
+                "loaded above and kept while clean pages fit"
+            );
+        }
+    }
+
+    /// Set the sums from `first` on if their pages are cached.
+    fn try_set(&self, first: u64, sums: &[u64]) -> bool {
         let blocks = first..first + sums.len() as u64;
-        self.load(store, Self::pages(&blocks)).await;
         let mut state = self.state();
+        if !Self::pages(&blocks).all(|page| state.pages.contains_key(&page)) {
+            return false;
+        }
         state.clock += 1;
         let now = state.clock;
         for (block, &sum) in blocks.zip(sums) {
             let (index, slot) = page_of(block);
-            let cached = state
-                .pages
-                .get_mut(&index)
-                .expect("loaded above and kept while clean pages fit");
+            let cached = state.pages.get_mut(&index).expect("checked above");
             cached.page.sums[slot] = sum;
             cached.dirty = true;
             cached.used = now;
         }
+        true
     }
 
     /// Set every sum of `blocks` to `sum` (unknown: a range trimmed, or
@@ -535,6 +563,7 @@ impl Registry {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
     use std::sync::Mutex;
 
     use futures::executor::block_on;
