@@ -1,11 +1,8 @@
 //! Destage rounds: what `pick` chose is read back where only the log
 //! holds it, written home (coalesced; parity rows with many runs as one
 //! merged update; rows of degraded parity extents whole after a row image
-//! in the log), the index entries dropped, the records marked destaged;
-//! and when the tail moves, the pool's disks flushed (which writes the
-//! sums pages back) and the new tail committed. Rows of parity written in
-//! place since the last flush are remembered, so that one a lost disk
-//! leaves degraded gets its image logged before a power cut could tear it.
+//! in the log), the pool's disks flushed, the index entries dropped, the
+//! records marked destaged and the new tail committed.
 //!
 //! Depends on: the journal's root (state, index), `pick`, `ring`,
 //! `record`, `recovery` (read-back), `home`.
@@ -186,19 +183,14 @@ impl<H: HomeIo> Journal<H> {
             .rows_merged
             .fetch_add(merged as u64, Ordering::Relaxed);
         write_updates_home(home, &updates, &pace).await?;
-        if failed {
-            // Write-through lets go of every record below: they must be
-            // durable at home first.
-            home.flush_pool_disks().await?;
-        } else if parity_row_bytes.is_some() {
-            // The disks are flushed when the tail moves past these records
-            // (`commit_tail`), which may be a few rounds on; until then a
-            // row written in place that a lost disk leaves degraded gets
-            // its image logged, whichever round wrote it.
-            self.unflushed()
-                .extend(plain.keys().map(|block| block * BLOCK_BYTES / row_bytes));
-            self.image_unflushed_rows_gone_degraded(home).await?;
+        if let (Some((first, _)), Some((last, _))) =
+            (plain.first_key_value(), plain.last_key_value())
+        {
+            let (start, end) = (first * BLOCK_BYTES, (last + 1) * BLOCK_BYTES);
+            self.image_rows_gone_degraded(home, start, end - start, &degraded)
+                .await?;
         }
+        home.flush_pool_disks().await?;
         let written: u64 = (work.len() - skipped.len()) as u64 * BLOCK_BYTES;
         self.counters
             .destaged_bytes
@@ -355,42 +347,6 @@ impl<H: HomeIo> Journal<H> {
         Ok(true)
     }
 
-    /// Log the image of every row written in place since the pool's disks
-    /// were last flushed that a lost disk has left degraded (see
-    /// [`Journal::image_rows_gone_degraded`]). A row the ring has no room
-    /// to image stays torn until a flush, so the disks are flushed at once.
-    pub(super) async fn image_unflushed_rows_gone_degraded(
-        &self,
-        home: &H,
-    ) -> Result<(), EngineError> {
-        let row_bytes = home.natural_write_bytes();
-        let gone: Vec<u64> = self
-            .unflushed()
-            .iter()
-            .copied()
-            .filter(|&row| !home.healthy_for(row * row_bytes, row_bytes))
-            .collect();
-        let mut all_imaged = true;
-        for row in gone {
-            if self
-                .destage_row_image(home, row * row_bytes, row_bytes)
-                .await?
-            {
-                self.unflushed().remove(&row);
-            } else {
-                all_imaged = false;
-            }
-        }
-        if !all_imaged {
-            let flushing = std::mem::take(&mut *self.unflushed());
-            if let Err(error) = home.flush_pool_disks().await {
-                self.unflushed().extend(flushing);
-                return Err(error);
-            }
-        }
-        Ok(())
-    }
-
     /// A disk lost while rows were being written in place leaves them
     /// degraded with data and parity possibly torn in volatile caches: log
     /// each such row's image (as the disks now read) so a power cut before
@@ -442,14 +398,6 @@ impl<H: HomeIo> Journal<H> {
         };
         if !wanted {
             return Ok(());
-        }
-        // What the records passed hold must be durable at home, with the
-        // sums pages covering it (the pool's flush writes them back
-        // first), before the tail moves past them.
-        let flushing = std::mem::take(&mut *self.unflushed());
-        if let Err(error) = self.log.flush_pool_disks().await {
-            self.unflushed().extend(flushing);
-            return Err(error);
         }
         self.checkpoints
             .commit_tail(self.home, tail.position, tail.offset)

@@ -383,9 +383,6 @@ pub struct Journal<H: HomeIo> {
     gathers: Mutex<gather::Gathers>,
     /// Whether streams are gathered (see [`gather`]); on unless turned off.
     gathering: std::sync::atomic::AtomicBool,
-    /// Parity rows destage rounds wrote in place since the pool's disks
-    /// were last flushed (see `destage`).
-    unflushed: Mutex<BTreeSet<u64>>,
     pub counters: Counters,
 }
 
@@ -420,7 +417,6 @@ impl<H: HomeIo> Journal<H> {
             edges: Default::default(),
             gathers: Mutex::default(),
             gathering: std::sync::atomic::AtomicBool::new(true),
-            unflushed: Mutex::default(),
             counters: Counters::default(),
         }
     }
@@ -432,10 +428,6 @@ impl<H: HomeIo> Journal<H> {
 
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn unflushed(&self) -> MutexGuard<'_, BTreeSet<u64>> {
-        self.unflushed.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn log(&self) -> &Arc<H> {
