@@ -35,7 +35,7 @@ pub(crate) trait SumsStore: Send + Sync {
     /// is an error.
     fn read_page(&self, index: u64) -> BoxFuture<'_, Vec<Result<BytesMut, EngineError>>>;
     /// Write `bytes`, whole pages, as pages `first`, `first + 1`, … to
-    /// every copy. Durable only once the pool's disks are flushed.
+    /// every copy (durable once [`SumsStore::flush`]ed).
     fn write_pages(&self, first: u64, bytes: Bytes) -> BoxFuture<'_, Result<(), EngineError>>;
     /// Make every page written so far durable.
     fn flush(&self) -> BoxFuture<'_, Result<(), EngineError>>;
@@ -109,6 +109,11 @@ impl Sums {
         page_of(blocks.start).0..page_of(blocks.end - 1).0 + 1
     }
 
+    /// Whether every page holding the sums of `blocks` is cached.
+    fn cached(state: &State, blocks: &Range<u64>) -> bool {
+        Self::pages(blocks).all(|page| state.pages.contains_key(&page))
+    }
+
     /// Load the pages of `pages` that are not cached.
     async fn load(&self, store: &dyn SumsStore, pages: Range<u64>) {
         let missing = |state: &State| pages.clone().any(|p| !state.pages.contains_key(&p));
@@ -178,7 +183,7 @@ impl Sums {
     /// trimmed if that took it past its budget).
     fn try_get(&self, blocks: &Range<u64>) -> Option<Vec<u64>> {
         let mut state = self.state();
-        if !Self::pages(blocks).all(|page| state.pages.contains_key(&page)) {
+        if !Self::cached(&state, blocks) {
             return None;
         }
         state.clock += 1;
@@ -218,7 +223,7 @@ impl Sums {
     fn try_set(&self, first: u64, sums: &[u64]) -> bool {
         let blocks = first..first + sums.len() as u64;
         let mut state = self.state();
-        if !Self::pages(&blocks).all(|page| state.pages.contains_key(&page)) {
+        if !Self::cached(&state, &blocks) {
             return false;
         }
         state.clock += 1;
@@ -286,6 +291,7 @@ impl Sums {
     /// every copy, then flush the store (a flush that fails there is what
     /// fails a disk whose writes are lost). A page changed meanwhile stays
     /// dirty.
+    ///
     /// Consecutive pages go out as one write of up to [`RUN_PAGES`], and
     /// [`WRITE_BACK_PARALLEL`] writes are in flight: the pages a burst of
     /// random writes dirtied go home in a few large requests, not one page

@@ -651,10 +651,9 @@ impl Volume {
         // the damage on the disk, and reading it again would fold it in.
         for read in &reads {
             // Checked already by this I/O (a merged update read the span).
-            let known = geometry.split_columns(*read).all(|piece| {
-                let column = geometry.physical_column(span.row, piece.data_column);
-                io.knows(geometry.slot(column, 0), piece.column_offset, piece.length)
-            });
+            let known = self
+                .slot_pieces(read)
+                .all(|(slot, piece)| io.knows(slot, piece.column_offset, piece.length));
             if known {
                 continue;
             }
@@ -668,16 +667,26 @@ impl Volume {
     /// Serve later reads of this I/O within `read` from `bytes`, what it
     /// read there (see [`RowIo::remember`]).
     fn remember_read(&self, io: &RowIo<'_, Volume>, read: &RowSpan, bytes: Bytes) {
-        let geometry = &self.geometry;
-        for piece in geometry.split_columns(*read) {
-            let column = geometry.physical_column(read.row, piece.data_column);
+        for (slot, piece) in self.slot_pieces(read) {
             let at = (piece.request_offset - read.request_offset) as usize;
             io.remember(
-                geometry.slot(column, 0),
+                slot,
                 piece.column_offset,
                 bytes.slice(at..at + piece.length as usize),
             );
         }
+    }
+
+    /// Each column piece of a parity row span, with the slot holding it.
+    fn slot_pieces(
+        &self,
+        read: &RowSpan,
+    ) -> impl Iterator<Item = (u32, terrace_layout::ColumnPiece)> + '_ {
+        let (geometry, row) = (&self.geometry, read.row);
+        geometry.split_columns(*read).map(move |piece| {
+            let column = geometry.physical_column(row, piece.data_column);
+            (geometry.slot(column, 0), piece)
+        })
     }
 
     /// Rebuild the blocks of one row that fail their sums, under the row's
@@ -801,11 +810,16 @@ impl Volume {
         // Checked: the gaps between the pieces are written back as read.
         // A parity update reads the same old data again (to check it, and
         // to fold it out of parity): it is served from what was read here.
-        let old = self.read_verified(map, &io, &span).await?.freeze();
-        let mut merged = BytesMut::from(&old[..]);
-        if matches!(self.layout, Layouts::Parity(_)) {
+        let read = self.read_verified(map, &io, &span).await?;
+        let mut merged = if matches!(self.layout, Layouts::Parity(_)) {
+            // Kept as read; the merge goes into a copy.
+            let old = read.freeze();
+            let merged = BytesMut::from(&old[..]);
             self.remember_read(&io, &span, old);
-        }
+            merged
+        } else {
+            read
+        };
         for (offset, data) in pieces {
             let at = (offset - start) as usize;
             data.copy_to(&mut merged[at..at + data.len()]);
