@@ -264,3 +264,74 @@ fn the_error_limit_never_fails_the_last_copy() {
         assert!(read_row(&space, 2).await.unwrap() == expected(&space, &data, 2));
     });
 }
+
+/// Wait, with the job runner (which probes idle disks), until disk `disk`
+/// leaves service or a few probe intervals have passed; its condition.
+async fn probed(pool: &Pool, disk: usize) -> Condition {
+    with_jobs(pool, async {
+        for _ in 0..600 {
+            if pool.status().await.disks[disk].condition != Condition::Online {
+                break;
+            }
+            sleep(5).await;
+        }
+        pool.status().await.disks[disk].condition
+    })
+    .await
+}
+
+/// A disk whose every read and write fails is dead, even where it holds
+/// the last copy: the idle probe cannot read its label, writes it again,
+/// and the failed write fails the disk, with nothing read from it. A
+/// read error alone would have kept it in service.
+#[test]
+fn an_idle_disk_that_fails_reads_and_writes_is_failed_even_with_the_last_copy() {
+    block_on(async {
+        let disks = Disks::new(2, DISK_BYTES);
+        let pool = create_pool(&disks).await;
+        let (_space, _data) = written(&pool, Layout::Simple, 2).await;
+        disks.faults[1].bad_sector(0..DISK_BYTES);
+        disks.faults[1].fail_writes(0..DISK_BYTES);
+        assert_eq!(probed(&pool, 1).await, Condition::Failed);
+        let status = pool.status().await;
+        assert!(
+            status.disks[1].reason.contains("write"),
+            "{}",
+            status.disks[1].reason
+        );
+        assert_eq!(status.disks[0].condition, Condition::Online);
+    });
+}
+
+/// A disk whose label alone became unreadable gets it written again by
+/// the idle probe (the drive remaps the block) and stays in service.
+#[test]
+fn an_unreadable_label_is_written_again_and_the_disk_stays() {
+    block_on(async {
+        let disks = Disks::new(2, DISK_BYTES);
+        let pool = create_pool(&disks).await;
+        let (space, data) = written(&pool, Layout::Simple, 2).await;
+        disks.faults[1].bad_sector(0..terrace_engine::meta::format::LABEL_BYTES as u64);
+        with_jobs(&pool, async {
+            for _ in 0..600 {
+                if disks.faults[1].bad_sectors().is_empty() {
+                    break;
+                }
+                sleep(5).await;
+            }
+        })
+        .await;
+        assert!(disks.faults[1].bad_sectors().is_empty(), "label rewritten");
+        let status = pool.status().await;
+        assert_eq!(status.disks[1].condition, Condition::Online);
+        assert!(read_row(&space, 0).await.unwrap() == expected(&space, &data, 0));
+        // The pool still imports from the rewritten label.
+        drop(space);
+        pool.close().await.expect("close");
+        let again = Pool::import(env(), disks.devices.clone(), Default::default())
+            .await
+            .expect("import");
+        assert_eq!(again.status().await.disks[1].condition, Condition::Online);
+        again.close().await.expect("close");
+    });
+}

@@ -997,8 +997,8 @@ fn a_double_failure_that_passes_is_cleared_and_every_byte_verifies() {
     );
     // Disk 2's reads failed while the space had no redundancy left: it
     // stayed in service (failing it would have cost data) until a write
-    // failed on it, which the clear names as uncertain; every byte still
-    // verifies below.
+    // failed on it (the idle probe's rewrite of its label, unless a write
+    // of the pool's came first); every byte still verifies below.
     wait_until(&daemon, "the resyncs ending", || {
         let running: Vec<Value> = jobs(&daemon)
             .into_iter()

@@ -379,7 +379,14 @@ impl Pool {
     /// Read the label block of every online disk, so that a disk that died
     /// while nothing touched it is noticed (and repaired by policy). A disk
     /// whose label is no longer its own was overwritten (wiped, zeroed,
-    /// swapped under us): nothing on it can be trusted, so it is failed.
+    /// swapped under us): nothing on it can be trusted, so it is failed. A
+    /// disk whose label cannot be read gets it written again: a bad block
+    /// is rewritten (and remapped by the drive) as any unreadable block is,
+    /// and a disk whose writes fail too is dead and failed. Without that
+    /// write a dead disk holding the last copy of some data would stay in
+    /// service while the pool is idle (a read error alone keeps a disk
+    /// that no redundancy can replace), the space reported degraded
+    /// instead of offline.
     async fn probe_disks(&self) {
         let probes = self
             .shared
@@ -393,22 +400,24 @@ impl Pool {
                         terrace_io::aligned_buffer(terrace_meta::format::LABEL_BYTES),
                     )
                     .await;
-                // An error latched the disk failed already.
+                // An error other than a media read error latched the disk
+                // failed already.
                 let suspect =
-                    result.is_ok() && label_problem(disk.label().as_ref(), &block).is_some();
+                    result.is_err() || label_problem(disk.label().as_ref(), &block).is_some();
                 suspect.then_some(disk)
             });
         let suspects: Vec<_> = join_all(probes).await.into_iter().flatten().collect();
         if !suspects.is_empty() {
-            self.fail_overwritten(suspects).await;
+            self.look_again(suspects).await;
         }
         let _ = self.shared.persist_failures().await;
     }
 
     /// Look again, under the control lock, at disks whose label looked
-    /// wrong: a disk joining the pool is labelled under that lock, so only
-    /// a label that is still wrong there was really overwritten.
-    async fn fail_overwritten(&self, suspects: Vec<Arc<crate::disk::Disk>>) {
+    /// wrong or could not be read: a disk joining the pool is labelled
+    /// under that lock, so only a label that is still wrong there was
+    /// really overwritten, and only there may a label be written again.
+    async fn look_again(&self, suspects: Vec<Arc<crate::disk::Disk>>) {
         let _control = self.shared.control.lock().await;
         for disk in suspects {
             if self.shared.check_open().is_err() || !disk.is_online() {
@@ -421,6 +430,12 @@ impl Pool {
                 )
                 .await;
             if result.is_err() {
+                // A failed write fails the disk, with the write's error.
+                if let Some(label) = disk.label() {
+                    let mut block = terrace_io::aligned_buffer(terrace_meta::format::LABEL_BYTES);
+                    block.copy_from_slice(&label.encode());
+                    let _ = disk.write(0, block.freeze(), true).await;
+                }
                 continue;
             }
             if let Some(problem) = label_problem(disk.label().as_ref(), &block) {
