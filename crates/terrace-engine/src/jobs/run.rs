@@ -394,12 +394,7 @@ impl Pool {
             .into_iter()
             .filter(|disk| disk.is_online())
             .map(|disk| async move {
-                let (block, result) = disk
-                    .read(
-                        0,
-                        terrace_io::aligned_buffer(terrace_meta::format::LABEL_BYTES),
-                    )
-                    .await;
+                let (block, result) = read_label_block(&disk).await;
                 // An error other than a media read error latched the disk
                 // failed already.
                 let suspect =
@@ -423,12 +418,7 @@ impl Pool {
             if self.shared.check_open().is_err() || !disk.is_online() {
                 continue;
             }
-            let (block, result) = disk
-                .read(
-                    0,
-                    terrace_io::aligned_buffer(terrace_meta::format::LABEL_BYTES),
-                )
-                .await;
+            let (block, result) = read_label_block(&disk).await;
             if result.is_err() {
                 // A failed write fails the disk, with the write's error.
                 if let Some(label) = disk.label() {
@@ -501,6 +491,17 @@ impl Pool {
 
 /// Why the label block read from a disk shows it is no longer the member
 /// it was imported as, if it does.
+/// The block a disk's label is in, as the disk reads it now.
+async fn read_label_block(
+    disk: &crate::disk::Disk,
+) -> (terrace_io::BytesMut, Result<(), crate::disk::DiskError>) {
+    disk.read(
+        0,
+        terrace_io::aligned_buffer(terrace_meta::format::LABEL_BYTES),
+    )
+    .await
+}
+
 fn label_problem(expected: Option<&terrace_meta::Label>, block: &[u8]) -> Option<String> {
     let expected = expected?;
     match terrace_meta::Label::decode(block) {
