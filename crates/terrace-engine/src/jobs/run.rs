@@ -489,8 +489,6 @@ impl Pool {
     }
 }
 
-/// Why the label block read from a disk shows it is no longer the member
-/// it was imported as, if it does.
 /// The block a disk's label is in, as the disk reads it now.
 async fn read_label_block(
     disk: &crate::disk::Disk,
@@ -502,6 +500,8 @@ async fn read_label_block(
     .await
 }
 
+/// Why the label block read from a disk shows it is no longer the member
+/// it was imported as, if it does.
 fn label_problem(expected: Option<&terrace_meta::Label>, block: &[u8]) -> Option<String> {
     let expected = expected?;
     match terrace_meta::Label::decode(block) {
