@@ -18,7 +18,9 @@
 # On a shared machine MB/s move with the load of others; CPU per GB
 # much less, so it is what tells a few per cent apart. BENCH_DIR=/dev/shm
 # puts the files in memory: what remains is the checksums' own cost, with
-# no disk to hide it or to add noise. Needs fio.
+# no disk to hide it or to add noise. MODEL=hdd-10k (or any drive model)
+# puts a model in front of each file: the drives, not the CPU, are then
+# the limit, as in a pool of real drives. Needs fio.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -38,7 +40,7 @@ mkdir -p "$work/disks"
 disks=()
 for i in 0 1 2 3; do
     truncate -s 4G "$work/disks/d$i.img"
-    disks+=("$work/disks/d$i.img")
+    disks+=("$work/disks/d$i.img${MODEL:+,model=$MODEL}")
 done
 "${ctl[@]}" pool create p "${disks[@]}" --slab 64M >/dev/null
 names=()
