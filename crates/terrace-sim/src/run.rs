@@ -486,6 +486,9 @@ impl Run {
                 // are in the pool yet is for the add to say.
                 let members = self.plan.members_at_start(self.sim.devices.len());
                 let disk = pick_unlost(&mut self.random.borrow_mut(), members, &self.lost);
+                if std::env::var_os("TERRACE_SIM_TRACE").is_some() {
+                    eprintln!("disk {disk} lost");
+                }
                 if self.plan.returns {
                     executor.spawn(vanish(pool.clone(), disk, self.sim.faults[disk].clone()));
                     self.vanished.push(disk);
