@@ -31,9 +31,18 @@ pub mod world;
 
 pub use run::{run, Plan, Report};
 
+/// Seeds past the default range that once found a bug, run with every
+/// range or count (each with what it found):
+/// - 24009: a log failed for a row it could not image (silent damage past
+///   single parity's tolerance) went write-through without committing its
+///   tail, and the next import replayed its records over the writes that
+///   went straight home since.
+pub const REGRESSION_SEEDS: &[u64] = &[24009];
+
 /// Seeds to run: `TERRACE_SIM_SEED` (one), else `TERRACE_SIM_SEEDS` (a
 /// count, from 1, or a range `first..last`, both included, to go on where
-/// a run stopped), else `default_count`.
+/// a run stopped), else `default_count`; with a count or range, the
+/// [`REGRESSION_SEEDS`] too.
 pub fn seeds(default_count: u64) -> Vec<u64> {
     if let Some(seed) = std::env::var("TERRACE_SIM_SEED")
         .ok()
@@ -42,11 +51,17 @@ pub fn seeds(default_count: u64) -> Vec<u64> {
         return vec![seed];
     }
     let asked = std::env::var("TERRACE_SIM_SEEDS").unwrap_or_default();
-    if let Some((first, last)) = asked.split_once("..") {
-        if let (Ok(first), Ok(last)) = (first.parse::<u64>(), last.parse::<u64>()) {
-            return (first..=last).collect();
+    let mut seeds: Vec<u64> = match asked.split_once("..") {
+        Some((first, last)) => match (first.parse::<u64>(), last.parse::<u64>()) {
+            (Ok(first), Ok(last)) => (first..=last).collect(),
+            _ => (1..=default_count).collect(),
+        },
+        None => (1..=asked.parse().unwrap_or(default_count)).collect(),
+    };
+    for &seed in REGRESSION_SEEDS {
+        if !seeds.contains(&seed) {
+            seeds.push(seed);
         }
     }
-    let count = asked.parse().unwrap_or(default_count);
-    (1..=count).collect()
+    seeds
 }

@@ -239,6 +239,11 @@ impl<H: HomeIo> Journal<H> {
         if !failed {
             self.commit_tail(false).await?;
         } else {
+            // What the log held is home and flushed: its tail is committed
+            // over all of it, or an import would replay its records over
+            // the writes that went straight home since (older data over
+            // newer, acknowledged).
+            self.commit_tail(true).await?;
             let mut state = self.state();
             let head = state.head;
             state.tail = head;
