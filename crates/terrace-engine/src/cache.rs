@@ -326,10 +326,26 @@ impl Pool {
             true => crate::resync::Pass::Resync,
             false => crate::resync::Pass::Repair,
         };
-        for (offset, length) in ranges {
-            crate::redundancy::check_range(&space, offset, length, pass).await?;
+        let home = async {
+            for (offset, length) in ranges {
+                crate::redundancy::check_range(&space, offset, length, pass).await?;
+            }
+            journal::replay(space.volume().as_ref(), &*log, &recovered.blocks).await
+        };
+        match home.await {
+            // A row past its tolerance (its disks out, or a block no
+            // redundancy rebuilds): hold the space as above, its log as it
+            // is (a replay writes the same again), rather than fail the
+            // pool's import.
+            Err(error @ EngineError::Unavailable { .. }) => {
+                space.set_held(Some(format!(
+                    "its write-back log holds writes that cannot go home ({error});                      they stay in the log, and once the disks out work again,                      clearing pool {}'s disks takes them back",
+                    self.shared.name
+                )));
+                return Ok(false);
+            }
+            result => result?,
         }
-        journal::replay(space.volume().as_ref(), &*log, &recovered.blocks).await?;
         self.shared.flush_disks().await?;
         let epoch = self.shared.env.random_u64();
         self.shared

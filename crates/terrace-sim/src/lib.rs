@@ -37,7 +37,9 @@ pub use run::{run, Plan, Report};
 ///   single parity's tolerance) went write-through without committing its
 ///   tail, and the next import replayed its records over the writes that
 ///   went straight home since.
-pub const REGRESSION_SEEDS: &[u64] = &[24009];
+/// - 7054: a replay at import that met a row past its tolerance (a disk
+///   lost, a sector of another unreadable) failed the whole import.
+pub const REGRESSION_SEEDS: &[u64] = &[7054, 24009];
 
 /// Seeds to run: `TERRACE_SIM_SEED` (one), else `TERRACE_SIM_SEEDS` (a
 /// count, from 1, or a range `first..last`, both included, to go on where
