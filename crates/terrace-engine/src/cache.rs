@@ -339,7 +339,9 @@ impl Pool {
             // pool's import.
             Err(error @ EngineError::Unavailable { .. }) => {
                 space.set_held(Some(format!(
-                    "its write-back log holds writes that cannot go home ({error});                      they stay in the log, and once the disks out work again,                      clearing pool {}'s disks takes them back",
+                    "its write-back log holds writes that cannot go home ({error}); \
+                     they stay in the log, and once the disks out work again, \
+                     clearing pool {}'s disks takes them back",
                     self.shared.name
                 )));
                 return Ok(false);

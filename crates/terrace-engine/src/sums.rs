@@ -7,7 +7,7 @@
 //!   get(blocks)  ──► load missing pages (newest whole copy, else unknown)
 //!   set(blocks)  ──► load missing pages, change entries, page dirty
 //!   write_back() ──► each dirty page: generation + 1, every copy (runs of
-//!                    consecutive pages as one write), flush
+//!                    consecutive pages as one write); the pool flushes
 //! ```
 //!
 //! A page is loaded once however many requests want it at the same time
@@ -35,10 +35,8 @@ pub(crate) trait SumsStore: Send + Sync {
     /// is an error.
     fn read_page(&self, index: u64) -> BoxFuture<'_, Vec<Result<BytesMut, EngineError>>>;
     /// Write `bytes`, whole pages, as pages `first`, `first + 1`, … to
-    /// every copy (durable once [`SumsStore::flush`]ed).
+    /// every copy. Durable only once the pool's disks are flushed.
     fn write_pages(&self, first: u64, bytes: Bytes) -> BoxFuture<'_, Result<(), EngineError>>;
-    /// Make every page written so far durable.
-    fn flush(&self) -> BoxFuture<'_, Result<(), EngineError>>;
     /// Pages it has room for: blocks past them (the rows of a space's last
     /// extent beyond its end) have no sums.
     fn pages(&self) -> u64;
@@ -288,9 +286,9 @@ impl Sums {
     }
 
     /// Write every dirty page covering `blocks` (all of them: `None`) to
-    /// every copy, then flush the store (a flush that fails there is what
-    /// fails a disk whose writes are lost). A page changed meanwhile stays
-    /// dirty.
+    /// every copy; the pool flushes its disks after (its flush calls
+    /// [`Registry::write_back_all`] first, the only caller). A page changed
+    /// meanwhile stays dirty.
     ///
     /// Consecutive pages go out as one write of up to [`RUN_PAGES`], and
     /// [`WRITE_BACK_PARALLEL`] writes are in flight: the pages a burst of
@@ -342,11 +340,7 @@ impl Sums {
         .buffer_unordered(WRITE_BACK_PARALLEL)
         .collect()
         .await;
-        let mut failed = results.into_iter().find_map(Result::err);
-        if failed.is_none() {
-            failed = store.flush().await.err();
-        }
-        match failed {
+        match results.into_iter().find_map(Result::err) {
             None => {
                 if let Some(written) = self.state().written.as_mut() {
                     written.extend(indices.iter().copied());
@@ -517,7 +511,8 @@ impl SpaceSums {
         self.cache.state().blank_zeroes = zeroes;
     }
 
-    /// Write every dirty page to every copy of the sums, and flush.
+    /// Write every dirty page to every copy of the sums (flushed by the
+    /// caller).
     pub(crate) async fn write_back(&self) -> Result<(), EngineError> {
         self.cache.write_back(&*self.store, None).await
     }
@@ -634,10 +629,6 @@ mod tests {
                 }
             }
             .boxed()
-        }
-
-        fn flush(&self) -> BoxFuture<'_, Result<(), EngineError>> {
-            async { Ok(()) }.boxed()
         }
 
         fn pages(&self) -> u64 {

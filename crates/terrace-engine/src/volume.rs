@@ -1340,10 +1340,6 @@ impl crate::sums::SumsStore for Volume {
         Box::pin(self.write_home(first * PAGE_BYTES, bytes, false))
     }
 
-    fn flush(&self) -> futures::future::BoxFuture<'_, Result<(), EngineError>> {
-        Box::pin(self.flush_own_disks())
-    }
-
     fn pages(&self) -> u64 {
         self.size_bytes() / PAGE_BYTES
     }
