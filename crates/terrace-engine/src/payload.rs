@@ -6,14 +6,20 @@
 //! piece that spans buffers is copied, into one aligned buffer.
 
 use std::ops::Range;
+use std::sync::Arc;
 
 use terrace_io::{aligned_concat, Bytes};
+use terrace_layout::BLOCK_BYTES;
 
 #[derive(Clone, Debug)]
 pub enum Payload {
     One(Bytes),
     /// Back to back, in order; none empty.
     Parts(Vec<Bytes>),
+    /// One buffer, starting on a block boundary of its space, with the
+    /// sums of its whole blocks (`block_sum`, taken as the bytes arrived
+    /// from the client): `sums[k]` of bytes `k * BLOCK_BYTES ..`.
+    Summed(Bytes, Arc<[u64]>),
 }
 
 impl Payload {
@@ -28,7 +34,7 @@ impl Payload {
 
     pub(crate) fn len(&self) -> usize {
         match self {
-            Payload::One(bytes) => bytes.len(),
+            Payload::One(bytes) | Payload::Summed(bytes, _) => bytes.len(),
             Payload::Parts(parts) => parts.iter().map(Bytes::len).sum(),
         }
     }
@@ -36,7 +42,7 @@ impl Payload {
     /// Copy every byte into `out`, which is as long as the payload.
     pub(crate) fn copy_to(&self, out: &mut [u8]) {
         let parts = match self {
-            Payload::One(bytes) => std::slice::from_ref(bytes),
+            Payload::One(bytes) | Payload::Summed(bytes, _) => std::slice::from_ref(bytes),
             Payload::Parts(parts) => &parts[..],
         };
         let mut at = 0;
@@ -50,7 +56,7 @@ impl Payload {
     /// copy. Panics if the range is out of bounds.
     pub(crate) fn slice(&self, range: Range<usize>) -> Bytes {
         let parts = match self {
-            Payload::One(bytes) => return bytes.slice(range),
+            Payload::One(bytes) | Payload::Summed(bytes, _) => return bytes.slice(range),
             Payload::Parts(parts) => parts,
         };
         assert!(
@@ -73,6 +79,21 @@ impl Payload {
             start = end;
         }
         aligned_concat(range.len(), pieces).freeze()
+    }
+}
+
+impl Payload {
+    /// The sums of the whole blocks of `range` (block-aligned), where they
+    /// came with the payload.
+    pub(crate) fn sums(&self, range: Range<usize>) -> Option<&[u64]> {
+        let Payload::Summed(_, sums) = self else {
+            return None;
+        };
+        let block = BLOCK_BYTES as usize;
+        if !range.start.is_multiple_of(block) || !range.end.is_multiple_of(block) {
+            return None;
+        }
+        sums.get(range.start / block..range.end / block)
     }
 }
 

@@ -48,6 +48,7 @@ use terrace_layout::BLOCK_BYTES;
 
 use crate::error::EngineError;
 use crate::journal::Journal as JournalOf;
+use crate::payload::Payload;
 pub use crate::volume::REQUEST_MAX_BYTES;
 use crate::volume::{zero_pieces, Access, Volume};
 use crate::zero;
@@ -172,6 +173,37 @@ impl Space {
             // future of every write, cached or not.
             Some(journal) => Box::pin(self.write_logged(journal, offset, data, fua)).await,
         }
+    }
+
+    /// [`Space::write`] of `data` whose whole blocks' sums were taken as
+    /// it arrived (`sums[k]` of bytes `k * BLOCK_BYTES ..`, by
+    /// `terrace_meta::sums::block_sum`), where `offset` is on a block
+    /// boundary: they spare a pass over the bytes on the way to the disks.
+    /// A log copies the bytes into its records and sums them there. No
+    /// sums: as [`Space::write`].
+    pub async fn write_summed(
+        &self,
+        offset: u64,
+        data: Bytes,
+        sums: Vec<u64>,
+        fua: bool,
+    ) -> Result<(), EngineError> {
+        let fits = !sums.is_empty()
+            && offset.is_multiple_of(BLOCK_BYTES)
+            && sums.len() as u64 <= data.len() as u64 / BLOCK_BYTES;
+        if !fits || self.journal().is_some() {
+            return self.write(offset, data, fua).await;
+        }
+        self.check_held(offset, data.len() as u64)?;
+        let _client = self.volume.pool.client_io();
+        self.write_home(offset, Payload::Summed(data, sums.into()), fua)
+            .await
+    }
+
+    /// Whether the space keeps a sum of every block (so that a client's
+    /// writes may come with theirs, [`Space::write_summed`]).
+    pub fn keeps_sums(&self) -> bool {
+        self.volume.sums().is_some()
     }
 
     async fn write_logged(

@@ -1401,13 +1401,27 @@ async fn write_span(
     // Block by block: a view of the payload, copied only for a block that
     // spans two of its buffers (a whole-span slice of a gathered payload
     // would copy every byte).
-    let new: Vec<u64> = (0..span.length as usize / block)
-        .zip(first..)
-        .map(|(k, index)| {
-            let at = start + k * block;
-            terrace_meta::sums::block_sum(&data.slice(at..at + block), index)
-        })
-        .collect();
+    let sum = |k: usize, index: u64| {
+        let at = start + k * block;
+        terrace_meta::sums::block_sum(&data.slice(at..at + block), index)
+    };
+    let new: Vec<u64> = match data.sums(start..start + span.length as usize) {
+        Some(known) => {
+            debug_assert!(
+                known
+                    .iter()
+                    .zip(first..)
+                    .enumerate()
+                    .all(|(k, (&known, index))| known == sum(k, index)),
+                "sums taken on arrival are the blocks' own"
+            );
+            known.to_vec()
+        }
+        None => (0..span.length as usize / block)
+            .zip(first..)
+            .map(|(k, index)| sum(k, index))
+            .collect(),
+    };
     let inflight = sums.begin(first, new.len() as u64, Some(new.clone()));
     let result = io.host.layout.write(io, span, data, fua).await;
     match &result {

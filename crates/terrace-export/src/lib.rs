@@ -68,6 +68,13 @@ pub struct BlockSizes {
     pub maximum: u32,
 }
 
+/// A backend's sum of one block of a write (see [`Backend::block_sum`]):
+/// the block's bytes and its index in the export.
+pub type BlockSum = fn(&[u8], u64) -> u64;
+
+/// The blocks [`Backend::block_sum`] sums.
+pub const SUMMED_BLOCK_BYTES: usize = 4096;
+
 /// One extent of a block status reply (`base:allocation`): `flags` bit 0 =
 /// hole (NBD_STATE_HOLE), bit 1 = reads as zeroes (NBD_STATE_ZERO).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +104,29 @@ pub trait Backend: Send + Sync + 'static {
     /// memory it keeps without copying.
     fn read(&self, offset: u64, length: u32) -> BoxFuture<'static, Result<Bytes, Errno>>;
     fn write(&self, offset: u64, data: Bytes, fua: bool) -> BoxFuture<'static, Result<(), Errno>>;
+    /// A sum the server takes of each whole [`SUMMED_BLOCK_BYTES`] block of
+    /// a write's payload as the block arrives, while its bytes are still
+    /// in the cache of the core that received them: `sum(block, index)`
+    /// for the block at byte `index * SUMMED_BLOCK_BYTES` of the export.
+    /// A backend that sums every block it stores (checksums) saves a pass
+    /// over the data later, often on another core, where the bytes must
+    /// come from memory again. `None` (the default): no sums are taken.
+    fn block_sum(&self) -> Option<BlockSum> {
+        None
+    }
+    /// [`Backend::write`] of a payload starting on a block boundary, with
+    /// the sums of its whole blocks taken on arrival: `sums[k]` is
+    /// `block_sum` of bytes `k * SUMMED_BLOCK_BYTES ..` of `data`.
+    fn write_summed(
+        &self,
+        offset: u64,
+        data: Bytes,
+        sums: Vec<u64>,
+        fua: bool,
+    ) -> BoxFuture<'static, Result<(), Errno>> {
+        let _ = sums;
+        self.write(offset, data, fua)
+    }
     /// Zero a range. With `fast`, fail at once with `NotSupported` unless the
     /// zeroing is cheap (NBD_CMD_FLAG_FAST_ZERO). `may_trim` is false when the
     /// client set NBD_CMD_FLAG_NO_HOLE.

@@ -24,7 +24,7 @@ use futures::FutureExt;
 use crate::error::ConnectionError;
 use crate::handshake::transmission_flags;
 use crate::protocol::*;
-use crate::{Backend, BlockSizes, Errno, Extent};
+use crate::{Backend, BlockSizes, BlockSum, Errno, Extent, SUMMED_BLOCK_BYTES};
 
 /// Largest write payload above the advertised maximum that the server reads
 /// and drops (answering `NBD_EINVAL`) to keep the connection usable. The
@@ -62,7 +62,9 @@ impl Session {
 #[derive(Debug)]
 pub(crate) enum Payload {
     None,
-    Data(Bytes),
+    /// With the sums of its whole blocks where the backend takes them
+    /// (empty otherwise; see [`Summing`]).
+    Data(Bytes, Vec<u64>),
     /// Larger than the payload limit: read and dropped.
     Discarded,
 }
@@ -90,6 +92,52 @@ pub(crate) enum PayloadPlan {
     Read(usize),
     /// A write payload over the limit: read it and drop it.
     Discard(u64),
+}
+
+/// The sums of a write payload's whole blocks, taken as its bytes arrive
+/// ([`Backend::block_sum`]): after each read from the socket, of the
+/// blocks that read completed.
+pub(crate) struct Summing {
+    sum: Option<BlockSum>,
+    first: u64,
+    sums: Vec<u64>,
+}
+
+impl Summing {
+    /// For a write of `header`'s, if the backend takes sums and the write
+    /// starts on a block boundary.
+    pub(crate) fn new(session: &Session, header: &RequestHeader) -> Summing {
+        let block = SUMMED_BLOCK_BYTES as u64;
+        let sum = session
+            .backend
+            .block_sum()
+            .filter(|_| header.offset.is_multiple_of(block));
+        let whole = header.length as usize / SUMMED_BLOCK_BYTES;
+        Summing {
+            sum,
+            first: header.offset / block,
+            sums: Vec::with_capacity(if sum.is_some() { whole } else { 0 }),
+        }
+    }
+
+    /// Sums the blocks of `data` (the payload as far as it has arrived)
+    /// that are whole now and not yet summed.
+    pub(crate) fn take(&mut self, data: &[u8]) {
+        let Some(sum) = self.sum else { return };
+        while let Some(block) = data
+            .get(self.sums.len() * SUMMED_BLOCK_BYTES..)
+            .and_then(|rest| rest.get(..SUMMED_BLOCK_BYTES))
+        {
+            self.sums
+                .push(sum(block, self.first + self.sums.len() as u64));
+        }
+    }
+
+    /// The payload `data` (all of it) with its sums.
+    pub(crate) fn finish(mut self, data: Bytes) -> Payload {
+        self.take(&data);
+        Payload::Data(data, self.sums)
+    }
 }
 
 /// The payload after `header`: read if within `limit`, read and dropped (to
@@ -199,6 +247,8 @@ pub(crate) enum Command {
     Write {
         offset: u64,
         data: Bytes,
+        /// Of its whole blocks, where the backend takes them (else empty).
+        sums: Vec<u64>,
         fua: bool,
     },
     Flush,
@@ -267,11 +317,16 @@ fn validate(
     match header.kind {
         NBD_CMD_READ => validate_read(session, offset, length),
         NBD_CMD_WRITE => {
-            let data = match payload {
-                Payload::Data(data) => data,
-                _ => Bytes::new(),
+            let (data, sums) = match payload {
+                Payload::Data(data, sums) => (data, sums),
+                _ => (Bytes::new(), Vec::new()),
             };
-            Ok(Command::Write { offset, data, fua })
+            Ok(Command::Write {
+                offset,
+                data,
+                sums,
+                fua,
+            })
         }
         NBD_CMD_FLUSH => Ok(Command::Flush),
         NBD_CMD_TRIM => Ok(Command::Trim {
@@ -382,7 +437,18 @@ async fn execute(session: &Session, command: Command) -> Reply {
     match command {
         Command::Read { offset, length } => read(backend.as_ref(), offset, length).await,
         Command::Write { data, .. } if data.is_empty() => Reply::Done,
-        Command::Write { offset, data, fua } => done(backend.write(offset, data, fua).await),
+        Command::Write {
+            offset,
+            data,
+            sums,
+            fua,
+        } if sums.is_empty() => done(backend.write(offset, data, fua).await),
+        Command::Write {
+            offset,
+            data,
+            sums,
+            fua,
+        } => done(backend.write_summed(offset, data, sums, fua).await),
         Command::Flush => done(backend.flush().await),
         Command::Trim { length: 0, .. }
         | Command::Cache { length: 0, .. }
@@ -497,6 +563,44 @@ fn clamp_extents(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stand-in for a backend's sum: the block's first byte and index.
+    fn mark(block: &[u8], index: u64) -> u64 {
+        index << 8 | u64::from(block[0])
+    }
+
+    #[test]
+    fn whole_blocks_are_summed_as_they_arrive_and_a_partial_one_is_not() {
+        let block = SUMMED_BLOCK_BYTES;
+        let data: Vec<u8> = (0..3 * block + 100)
+            .map(|i| (i / block) as u8 + 1)
+            .collect();
+        let mut summing = Summing {
+            sum: Some(mark),
+            first: 7,
+            sums: Vec::new(),
+        };
+        // Arrivals that end inside blocks, and one that ends on a boundary.
+        for end in [100, block + 1, 2 * block, 2 * block + 5] {
+            summing.take(&data[..end]);
+        }
+        assert_eq!(summing.sums, [7 << 8 | 1, 8 << 8 | 2]);
+        let Payload::Data(whole, sums) = summing.finish(Bytes::from(data.clone())) else {
+            panic!("a payload");
+        };
+        assert_eq!(&whole[..], &data[..]);
+        assert_eq!(sums, [7 << 8 | 1, 8 << 8 | 2, 9 << 8 | 3]);
+        // No sum from the backend: none taken.
+        let mut none = Summing {
+            sum: None,
+            first: 0,
+            sums: Vec::new(),
+        };
+        none.take(&data);
+        assert!(
+            matches!(none.finish(Bytes::from(data)), Payload::Data(_, sums) if sums.is_empty())
+        );
+    }
 
     fn extent(length: u32, flags: u32) -> Extent {
         Extent { length, flags }
@@ -686,7 +790,7 @@ mod tests {
             check(&s, NBD_CMD_WRITE_ZEROES, 0, END, 1),
             Some(Errno::NoSpace)
         );
-        let data = Payload::Data(Bytes::from_static(b"xy"));
+        let data = Payload::Data(Bytes::from_static(b"xy"), Vec::new());
         assert_eq!(
             errno(validate(&s, &header(NBD_CMD_WRITE, 0, END - 1, 2), data)),
             Some(Errno::NoSpace)

@@ -68,7 +68,7 @@ use crate::error::ConnectionError;
 use crate::protocol::{EncodedReply, REQUEST_HEADER_BYTES};
 use crate::requests::{
     admit, aligned_capacity, parse_header, payload_plan, refuse_for_shutdown, run, Admission,
-    Incoming, Job, Payload, PayloadPlan, Session, DIRECT_PAYLOAD_MIN,
+    Incoming, Job, Payload, PayloadPlan, Session, Summing, DIRECT_PAYLOAD_MIN,
 };
 use crate::server::{shutdown_requested, READ_BUFFER_BYTES};
 
@@ -463,7 +463,11 @@ impl Connection {
                 self.discard(reader, length)?;
                 Payload::Discarded
             }
-            PayloadPlan::Read(length) => Payload::Data(self.read_payload(reader, length)?.freeze()),
+            PayloadPlan::Read(length) => {
+                let mut summing = Summing::new(&self.session, &header);
+                let data = self.read_payload(reader, length, &mut summing)?;
+                summing.finish(data.freeze())
+            }
         };
         Ok(Incoming { header, payload })
     }
@@ -479,11 +483,13 @@ impl Connection {
         &self,
         reader: &mut ReadBuffer,
         length: usize,
+        summing: &mut Summing,
     ) -> Result<BytesMut, ConnectionError> {
         let mut data = aligned_capacity(length);
         data.extend_from_slice(reader.take(length));
         let direct = length - data.len() >= DIRECT_PAYLOAD_MIN;
         while data.len() < length {
+            summing.take(&data);
             let rest = length - data.len();
             if direct {
                 self.read_more(|| self.socket.read_spare(&mut data, rest))?;

@@ -61,7 +61,7 @@ use crate::error::ConnectionError;
 use crate::protocol::*;
 use crate::requests::{
     admit, aligned_capacity, parse_header, payload_plan, refuse_for_shutdown, run, Admission,
-    Incoming, Payload, PayloadPlan, Session, DIRECT_PAYLOAD_MIN,
+    Incoming, Payload, PayloadPlan, Session, Summing, DIRECT_PAYLOAD_MIN,
 };
 use crate::server::shutdown_requested;
 
@@ -248,7 +248,7 @@ async fn next_request<R: AsyncRead + Unpin>(
 async fn read_request<R: AsyncRead + Unpin>(
     reader: &mut BufReader<R>,
     head: &[u8],
-    limit: u32,
+    session: &Session,
     direct: &mut bool,
 ) -> Result<Incoming, ConnectionError> {
     let mut bytes = [0; REQUEST_HEADER_BYTES];
@@ -264,7 +264,7 @@ async fn read_request<R: AsyncRead + Unpin>(
     }
     let header = parse_header(&bytes)?;
     let mut went_direct = false;
-    let payload = match payload_plan(&header, limit)? {
+    let payload = match payload_plan(&header, session.payload_limit())? {
         PayloadPlan::None => Payload::None,
         PayloadPlan::Discard(length) => {
             let mut part = reader.take(length);
@@ -278,12 +278,14 @@ async fn read_request<R: AsyncRead + Unpin>(
             // Read into uninitialised capacity (no zeroing of up to 32 MiB
             // first), aligned for direct-I/O backends.
             let mut data = aligned_capacity(length);
+            let mut summing = Summing::new(session, &header);
             let held = reader.buffer().len().min(length);
             data.extend_from_slice(&reader.buffer()[..held]);
             reader.consume(held);
             if length - held >= DIRECT_PAYLOAD_MIN {
                 went_direct = true;
                 while data.len() < length {
+                    summing.take(&data);
                     let rest = length - data.len();
                     let mut spare = (&mut data).limit(rest);
                     if reader.get_mut().read_buf(&mut spare).await? == 0 {
@@ -298,7 +300,7 @@ async fn read_request<R: AsyncRead + Unpin>(
                     }
                 }
             }
-            Payload::Data(data.freeze())
+            summing.finish(data.freeze())
         }
     };
     *direct = went_direct;
@@ -375,7 +377,7 @@ impl<R: AsyncRead + Unpin> Requests<R> {
             let incoming = read_request(
                 &mut self.reader,
                 &head[..got],
-                self.session.payload_limit(),
+                &self.session,
                 &mut self.direct,
             )
             .await?;
@@ -395,13 +397,8 @@ impl<R: AsyncRead + Unpin> Requests<R> {
                 _ = permits.acquire_many(self.max_in_flight) => return Ok(()),
                 ready = self.reader.fill_buf() => if ready?.is_empty() { return Ok(()) },
             }
-            let incoming = read_request(
-                &mut self.reader,
-                &[],
-                self.session.payload_limit(),
-                &mut self.direct,
-            )
-            .await?;
+            let incoming =
+                read_request(&mut self.reader, &[], &self.session, &mut self.direct).await?;
             match refuse_for_shutdown(&self.session, &incoming.header) {
                 Some(reply) => self.send(reply, None).await,
                 None => return Ok(()),

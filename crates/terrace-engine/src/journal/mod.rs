@@ -1016,7 +1016,7 @@ mod tests {
                 assert_eq!(parts[0].as_ptr(), record.as_ptr(), "a copy, not a view");
                 assert_eq!(parts[0].len(), 4 * k);
             }
-            Payload::One(_) => panic!("two buffers as one"),
+            Payload::One(_) | Payload::Summed(..) => panic!("two buffers as one"),
         }
         assert_eq!(
             runs[0].1.slice(3 * k..4 * k + 1)[..],

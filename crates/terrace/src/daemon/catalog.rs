@@ -13,7 +13,7 @@ use futures::FutureExt;
 use terrace_engine::count;
 use terrace_engine::layout::{Geometry, Layout};
 use terrace_engine::{mirror_stream_reach_bytes, EngineError, Space};
-use terrace_export::{Backend, BlockSizes, Catalog, Errno, Extent};
+use terrace_export::{Backend, BlockSizes, BlockSum, Catalog, Errno, Extent};
 
 use super::names::{alias, exports};
 use super::readahead::{Fetch, ReadAhead, WINDOW_MAX_BYTES};
@@ -210,11 +210,26 @@ impl Backend for SpaceBackend {
         data: bytes::Bytes,
         fua: bool,
     ) -> BoxFuture<'static, Result<(), Errno>> {
+        self.write_summed(offset, data, Vec::new(), fua)
+    }
+
+    fn block_sum(&self) -> Option<BlockSum> {
+        let sum: BlockSum = terrace_engine::meta::sums::block_sum;
+        self.space.keeps_sums().then_some(sum)
+    }
+
+    fn write_summed(
+        &self,
+        offset: u64,
+        data: bytes::Bytes,
+        sums: Vec<u64>,
+        fua: bool,
+    ) -> BoxFuture<'static, Result<(), Errno>> {
         let space = self.space.clone();
         let readahead = self.readahead.clone();
         let length = data.len() as u64;
         async move {
-            let result = space.write(offset, data, fua).await;
+            let result = space.write_summed(offset, data, sums, fua).await;
             readahead.changed(offset, length);
             map(result)
         }
