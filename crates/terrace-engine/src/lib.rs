@@ -17,6 +17,7 @@
 //! simulator (`terrace-sim`), which drives its futures itself.
 
 mod admin;
+mod block_merge;
 pub mod cache;
 mod clear;
 mod condition;

@@ -24,6 +24,7 @@ use terrace_meta::{DiskIndex, SlabRef, SpaceId};
 
 use crate::disk::{Condition, Disk};
 
+use crate::block_merge::{BlockMerges, Joined};
 use crate::control::PoolShared;
 use crate::departures::Writing;
 use crate::error::EngineError;
@@ -109,6 +110,8 @@ pub struct Volume {
     /// The sums of its blocks, once attached (a data space's; a log and a
     /// sums volume keep none).
     sums: OnceLock<Arc<SpaceSums>>,
+    /// Writes into part of a block, merged per block (`block_merge`).
+    merges: BlockMerges,
 }
 
 /// What a request wants of a volume: to read, or to write (refused on a
@@ -139,6 +142,7 @@ impl Volume {
             logged: AtomicBool::new(false),
             disjoint_writes: AtomicBool::new(false),
             sums: OnceLock::new(),
+            merges: BlockMerges::default(),
         }
     }
 
@@ -939,6 +943,11 @@ impl Volume {
         if start.is_multiple_of(BLOCK_BYTES) && end.is_multiple_of(BLOCK_BYTES) {
             return write_span(map, &self.row_io(map, &span), &span, data, fua).await;
         }
+        if start / BLOCK_BYTES == (end - 1) / BLOCK_BYTES {
+            let piece = data
+                .slice(span.request_offset as usize..(span.request_offset + span.length) as usize);
+            return self.write_within_block(map, span, piece, fua).await;
+        }
         let _guard = self.locks.lock((span.extent, span.row)).await;
         let io = RowIo {
             lock_held: true,
@@ -975,6 +984,121 @@ impl Volume {
             ..span
         };
         write_span(map, &io, &expanded, &Payload::from(merged.freeze()), fua).await
+    }
+
+    /// Write `piece` into part of one block (`span`), merged with the
+    /// other such writes into its row that arrive while this one waits
+    /// (see [`crate::block_merge`]): under one hold of the row lock, each
+    /// run of neighbouring blocks they touch is read once and written
+    /// once for all of them.
+    async fn write_within_block(
+        &self,
+        map: &SpaceMap,
+        span: RowSpan,
+        piece: Bytes,
+        fua: bool,
+    ) -> Result<(), EngineError> {
+        let row = (span.extent, span.row);
+        let leading = loop {
+            match self.merges.join(row, span.row_offset, piece.clone(), fua) {
+                Joined::Lead(leading) => break leading,
+                Joined::Follow(answer) => match answer.await {
+                    Ok(outcome) => {
+                        return outcome.map_err(|reason| EngineError::Unavailable {
+                            space: self.name.clone(),
+                            offset: self.block_of(&span) * BLOCK_BYTES
+                                + span.row_offset % BLOCK_BYTES,
+                            length: span.length,
+                            reason,
+                        })
+                    }
+                    // The leader was dropped: start over.
+                    Err(_) => continue,
+                },
+            }
+        };
+        let _guard = self.locks.lock(row).await;
+        let group = leading.take();
+        let io = RowIo {
+            lock_held: true,
+            ..self.row_io(map, &span)
+        };
+        let mut blocks: Vec<u64> = group
+            .pieces
+            .iter()
+            .map(|(at, _)| at / BLOCK_BYTES)
+            .collect();
+        blocks.sort_unstable();
+        blocks.dedup();
+        let mut runs: Vec<RowSpan> = Vec::new();
+        for block in blocks {
+            match runs.last_mut() {
+                Some(run) if run.row_offset + run.length == block * BLOCK_BYTES => {
+                    run.length += BLOCK_BYTES;
+                }
+                _ => runs.push(RowSpan {
+                    row_offset: block * BLOCK_BYTES,
+                    length: BLOCK_BYTES,
+                    request_offset: 0,
+                    ..span
+                }),
+            }
+        }
+        let result = self.merge_runs(map, &io, &runs, &group).await;
+        group.finish(&result.as_ref().map(|_| ()).map_err(ToString::to_string));
+        result
+    }
+
+    /// Read `runs` (whole blocks of one row, whose lock `io` holds; the
+    /// bytes outside the writes are written back with new sums, so they
+    /// are checked first), lay `group`'s writes over them and write them.
+    /// Parity runs go one after the other: each updates the row's parity,
+    /// and a read that finds damage heals the whole row.
+    async fn merge_runs(
+        &self,
+        map: &SpaceMap,
+        io: &RowIo<'_, Volume>,
+        runs: &[RowSpan],
+        group: &crate::block_merge::Group,
+    ) -> Result<(), EngineError> {
+        let parity = matches!(self.layout, Layouts::Parity(_));
+        let mut reads = Vec::with_capacity(runs.len());
+        for run in runs {
+            reads.push(self.read_verified(map, io, run));
+        }
+        let read = match parity {
+            // A read that finds damage heals the whole row: one at a time.
+            true => {
+                let mut read = Vec::with_capacity(runs.len());
+                for one in reads {
+                    read.push(one.await);
+                }
+                read
+            }
+            false => join_all(reads).await,
+        };
+        let mut merged = Vec::with_capacity(runs.len());
+        for (run, read) in runs.iter().zip(read) {
+            let mut bytes = read?;
+            let covered = run.row_offset..run.row_offset + run.length;
+            for (at, piece) in group.pieces.iter().filter(|(at, _)| covered.contains(at)) {
+                let from = (at - run.row_offset) as usize;
+                bytes[from..from + piece.len()].copy_from_slice(piece);
+            }
+            merged.push(Payload::from(bytes.freeze()));
+        }
+        let mut writes = Vec::with_capacity(runs.len());
+        for (run, data) in runs.iter().zip(&merged) {
+            writes.push(write_span(map, io, run, data, group.fua));
+        }
+        if parity {
+            for write in writes {
+                write.await?;
+            }
+            Ok(())
+        } else {
+            all_ok(writes).await
+        }
     }
 
     /// Whole blocks go to the zeroing path; partial edge blocks are written

@@ -31,7 +31,7 @@ use terrace_engine::{
 
 use crate::disks::{SimDisks, SLAB_BYTES};
 use crate::executor::{Executor, Stop};
-use crate::model::{Model, BLOCK_BYTES};
+use crate::model::{Model, BLOCK_BYTES, SECTOR_BYTES};
 use crate::random::Random;
 use crate::silent::{self, SilentCounts, SilentPlan};
 use crate::world::{DiskTraits, World};
@@ -887,6 +887,19 @@ async fn write(
         && !(offset.is_multiple_of(row) && length.is_multiple_of(row));
     let result = if zero {
         space.write_zeroes(offset, length, fua).await
+    } else if count == 1 && start % 4 == 2 {
+        // A block as a 512-byte sector client sends it: its sectors in
+        // flight together (merged into one write of the block, or not).
+        let data = Bytes::from(data);
+        let sectors = (0..data.len()).step_by(SECTOR_BYTES).map(|at| {
+            let sector = data.slice(at..at + SECTOR_BYTES);
+            space.write(offset + at as u64, sector, fua)
+        });
+        futures::future::join_all(sectors)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<()>, _>>()
+            .map(|_| ())
     } else if start % 2 == 1 {
         // As the NBD server hands them on: the blocks' sums taken on arrival.
         let sums = data
