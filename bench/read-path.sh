@@ -14,6 +14,10 @@
 # IO/s and p50 completion latency, then per pattern the medians and
 # terrace's IO/s over qemu-nbd's (min, median, max of the rounds). The
 # latency a server adds to a request is its p50 less the raw file's.
+# LAYOUT gives the terrace space's layout arguments (default
+# "--layout simple") and FILES the pool's files (default 1; a 2-way
+# mirror needs 2). JOBS="write 1k 16" is the small-write test: 1 KiB
+# sequential writes, as a 512-byte-sector client sends them.
 # Needs fio, qemu-nbd and nbdkit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,10 +31,15 @@ done
 bench_daemon read-path
 size_mib=1024
 # The pool's file has room for its labels and metadata beside the space.
-truncate -s $((size_mib + 64))M "$work/terrace.img"
+files=()
+for i in $(seq "${FILES:-1}"); do
+    truncate -s $((size_mib + 64))M "$work/terrace$i.img"
+    files+=("$work/terrace$i.img")
+done
 truncate -s ${size_mib}M "$work/qemu.img" "$work/nbdkit.img" "$work/raw.img"
-"$terrace" "${ctl[@]}" pool create p "$work/terrace.img" --slab 64M >/dev/null
-"$terrace" "${ctl[@]}" space create p s --layout simple --size ${size_mib}M >/dev/null
+"$terrace" "${ctl[@]}" pool create p "${files[@]}" --slab 64M >/dev/null
+read -r -a layout <<<"${LAYOUT:---layout simple}"
+"$terrace" "${ctl[@]}" space create p s "${layout[@]}" --size ${size_mib}M >/dev/null
 qemu-nbd --format=raw --aio=io_uring --cache=none --shared=8 --persistent \
     --socket="$work/qemu.sock" "$work/qemu.img" 2>"$work/qemu.log" &
 pids+=($!)
