@@ -4,48 +4,18 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use common::*;
 use futures::future::join_all;
 use terrace_engine::io::delay::{DelayDevice, DelayPolicy};
-use terrace_engine::io::{BlockDevice, BoxFuture, Bytes, BytesMut, IoResult};
+use terrace_engine::io::BlockDevice;
 use terrace_engine::layout::Layout;
 use terrace_engine::{Pool, PoolConfig, SpaceConfig, SpaceSize, MIRROR_READ_REGION_BYTES};
 
 const REGION: u64 = MIRROR_READ_REGION_BYTES;
 /// Slabs of four regions, so that one extent's column holds several.
 const SLAB_BYTES: u64 = 4 * REGION;
-
-/// Records the reads that reach a device, as (offset, length).
-struct Recorded {
-    inner: Arc<dyn BlockDevice>,
-    reads: Mutex<Vec<(u64, u64)>>,
-}
-
-impl Recorded {
-    fn take(&self) -> Vec<(u64, u64)> {
-        std::mem::take(&mut self.reads.lock().unwrap())
-    }
-}
-
-impl BlockDevice for Recorded {
-    terrace_io::forward_device_answers!(inner: name, size_bytes, alignment);
-
-    fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
-        self.reads.lock().unwrap().push((offset, buf.len() as u64));
-        self.inner.read(offset, buf)
-    }
-    fn write(&self, offset: u64, data: Bytes, fua: bool) -> BoxFuture<IoResult<()>> {
-        self.inner.write(offset, data, fua)
-    }
-    fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BoxFuture<IoResult<()>> {
-        self.inner.write_zeroes(offset, length, fua)
-    }
-    fn flush(&self) -> BoxFuture<IoResult<()>> {
-        self.inner.flush()
-    }
-}
 
 /// A pool of four recorded memory disks (reads taking `read_ns` each) with
 /// a 2-way mirror of 2 columns filling two slabs of every disk, written
@@ -62,7 +32,7 @@ async fn mirror(read_ns: u64) -> (Vec<Arc<Recorded>>, Pool, Model) {
             };
             Arc::new(Recorded {
                 inner: Arc::new(DelayDevice::new(device.clone(), env(), policy)),
-                reads: Mutex::new(Vec::new()),
+                reads: Default::default(),
             })
         })
         .collect();

@@ -4,13 +4,12 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use common::*;
 use futures::future::join_all;
 use terrace_engine::io::memory::MemoryDevice;
-use terrace_engine::io::{BlockDevice, BoxFuture, Bytes, BytesMut, IoResult};
+use terrace_engine::io::BlockDevice;
 use terrace_engine::layout::Layout;
 use terrace_engine::{SpaceConfig, SpaceSize};
 
@@ -60,30 +59,6 @@ fn sub_block_writes_in_flight_together_land_whole_in_every_layout() {
     });
 }
 
-/// Counts the reads that reach a device.
-struct Counting {
-    inner: Arc<dyn BlockDevice>,
-    reads: Arc<AtomicU64>,
-}
-
-impl BlockDevice for Counting {
-    terrace_io::forward_device_answers!(inner: name, size_bytes, alignment);
-
-    fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
-        self.reads.fetch_add(1, Ordering::SeqCst);
-        self.inner.read(offset, buf)
-    }
-    fn write(&self, offset: u64, data: Bytes, fua: bool) -> BoxFuture<IoResult<()>> {
-        self.inner.write(offset, data, fua)
-    }
-    fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BoxFuture<IoResult<()>> {
-        self.inner.write_zeroes(offset, length, fua)
-    }
-    fn flush(&self) -> BoxFuture<IoResult<()>> {
-        self.inner.flush()
-    }
-}
-
 #[test]
 fn sub_block_writes_arriving_while_their_row_is_busy_share_one_read() {
     held_block(false);
@@ -104,19 +79,23 @@ fn held_block(fail: bool) {
     use std::rc::Rc;
     use terrace_engine::io::fault::FaultDevice;
 
-    let reads = Arc::new(AtomicU64::new(0));
     let mut faults = Vec::new();
-    let counted: Vec<Arc<dyn BlockDevice>> = (0..2)
+    let recorded: Vec<Arc<Recorded>> = (0..2)
         .map(|i| {
             let memory = Arc::new(MemoryDevice::new(format!("small{i}"), 16 << 20));
             let faulty = FaultDevice::new(memory);
             faults.push(faulty.controls());
-            Arc::new(Counting {
+            Arc::new(Recorded {
                 inner: Arc::new(faulty),
-                reads: reads.clone(),
-            }) as Arc<dyn BlockDevice>
+                reads: Default::default(),
+            })
         })
         .collect();
+    let counted: Vec<Arc<dyn BlockDevice>> = recorded
+        .iter()
+        .map(|device| device.clone() as Arc<dyn BlockDevice>)
+        .collect();
+    let reads = || -> usize { recorded.iter().map(|device| device.take().len()).sum() };
     let gate = Arc::new(Gate::default());
     let devices = marked_held(&counted, |_| gate.clone());
     let mut executor = Executor::new();
@@ -156,7 +135,7 @@ fn held_block(fail: bool) {
 
     // The other seven sectors of block 0 arrive meanwhile, and one into
     // block 2 of the same row.
-    let before = reads.load(Ordering::SeqCst);
+    reads();
     let others = (1..BLOCK / SECTOR).chain([2 * BLOCK / SECTOR]);
     for sector in others {
         let (finished, failures, writing) = (done.clone(), failed.clone(), space.clone());
@@ -180,7 +159,7 @@ fn held_block(fail: bool) {
     executor.run_until_stalled();
     assert_eq!(done.get(), BLOCK / SECTOR + 1, "every write completed");
     assert_eq!(
-        reads.load(Ordering::SeqCst) - before,
+        reads(),
         2,
         "eight writes into two blocks of a row, one read of each"
     );

@@ -545,3 +545,34 @@ pub async fn row_place(
         + space.geometry().slab_offset(row, 0);
     (usize::from(slab.disk.0), offset)
 }
+
+/// Records the reads that reach a device, as (offset, length).
+pub struct Recorded {
+    pub inner: Arc<dyn BlockDevice>,
+    pub reads: std::sync::Mutex<Vec<(u64, u64)>>,
+}
+
+impl Recorded {
+    /// The reads recorded since the last call.
+    pub fn take(&self) -> Vec<(u64, u64)> {
+        std::mem::take(&mut self.reads.lock().unwrap())
+    }
+}
+
+impl BlockDevice for Recorded {
+    terrace_io::forward_device_answers!(inner: name, size_bytes, alignment);
+
+    fn read(&self, offset: u64, buf: BytesMut) -> BoxFuture<(BytesMut, IoResult<()>)> {
+        self.reads.lock().unwrap().push((offset, buf.len() as u64));
+        self.inner.read(offset, buf)
+    }
+    fn write(&self, offset: u64, data: Bytes, fua: bool) -> BoxFuture<IoResult<()>> {
+        self.inner.write(offset, data, fua)
+    }
+    fn write_zeroes(&self, offset: u64, length: u64, fua: bool) -> BoxFuture<IoResult<()>> {
+        self.inner.write_zeroes(offset, length, fua)
+    }
+    fn flush(&self) -> BoxFuture<IoResult<()>> {
+        self.inner.flush()
+    }
+}
