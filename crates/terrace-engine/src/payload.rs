@@ -80,9 +80,7 @@ impl Payload {
         }
         aligned_concat(range.len(), pieces).freeze()
     }
-}
 
-impl Payload {
     /// The sums of the whole blocks of `range` (block-aligned), where they
     /// came with the payload.
     pub(crate) fn sums(&self, range: Range<usize>) -> Option<&[u64]> {

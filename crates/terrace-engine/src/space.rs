@@ -165,22 +165,16 @@ impl Space {
     /// Write `data` at `offset` (any byte granularity); with `fua` it is
     /// durable on return.
     pub async fn write(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), EngineError> {
-        self.check_held(offset, data.len() as u64)?;
-        let _client = self.volume.pool.client_io();
-        match self.journal() {
-            None => self.write_home(offset, data, fua).await,
-            // Boxed: the logged path's state would otherwise enlarge the
-            // future of every write, cached or not.
-            Some(journal) => Box::pin(self.write_logged(journal, offset, data, fua)).await,
-        }
+        self.write_summed(offset, data, Vec::new(), fua).await
     }
 
-    /// [`Space::write`] of `data` whose whole blocks' sums were taken as
-    /// it arrived (`sums[k]` of bytes `k * BLOCK_BYTES ..`, by
-    /// `terrace_meta::sums::block_sum`), where `offset` is on a block
-    /// boundary: they spare a pass over the bytes on the way to the disks.
-    /// A log copies the bytes into its records and sums them there. No
-    /// sums: as [`Space::write`].
+    /// [`Space::write`] of `data` with the sums of its whole blocks taken
+    /// as it arrived (`sums[k]` of bytes `k * BLOCK_BYTES ..`, by
+    /// `terrace_meta::sums::block_sum`; none, or `offset` not on a block
+    /// boundary: not used): they spare a pass over the bytes on the way to
+    /// the disks. A log copies the bytes into its records and sums them
+    /// there, so its space does not use them (see
+    /// [`Space::uses_write_sums`]).
     pub async fn write_summed(
         &self,
         offset: u64,
@@ -188,22 +182,30 @@ impl Space {
         sums: Vec<u64>,
         fua: bool,
     ) -> Result<(), EngineError> {
-        let fits = !sums.is_empty()
-            && offset.is_multiple_of(BLOCK_BYTES)
-            && sums.len() as u64 <= data.len() as u64 / BLOCK_BYTES;
-        if !fits || self.journal().is_some() {
-            return self.write(offset, data, fua).await;
-        }
         self.check_held(offset, data.len() as u64)?;
         let _client = self.volume.pool.client_io();
-        self.write_home(offset, Payload::Summed(data, sums.into()), fua)
-            .await
+        match self.journal() {
+            None => {
+                let fits = !sums.is_empty()
+                    && offset.is_multiple_of(BLOCK_BYTES)
+                    && sums.len() as u64 <= data.len() as u64 / BLOCK_BYTES;
+                let data = match fits {
+                    true => Payload::Summed(data, sums.into()),
+                    false => Payload::One(data),
+                };
+                self.write_home(offset, data, fua).await
+            }
+            // Boxed: the logged path's state would otherwise enlarge the
+            // future of every write, cached or not.
+            Some(journal) => Box::pin(self.write_logged(journal, offset, data, fua)).await,
+        }
     }
 
-    /// Whether the space keeps a sum of every block (so that a client's
-    /// writes may come with theirs, [`Space::write_summed`]).
-    pub fn keeps_sums(&self) -> bool {
-        self.volume.sums().is_some()
+    /// Whether writes handed on with their blocks' sums use them
+    /// ([`Space::write_summed`]): the space keeps sums and has no log in
+    /// front (a log sums the copy in its records itself).
+    pub fn uses_write_sums(&self) -> bool {
+        self.volume.sums().is_some() && self.journal().is_none()
     }
 
     async fn write_logged(

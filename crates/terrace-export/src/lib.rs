@@ -114,9 +114,11 @@ pub trait Backend: Send + Sync + 'static {
     fn block_sum(&self) -> Option<BlockSum> {
         None
     }
-    /// [`Backend::write`] of a payload starting on a block boundary, with
-    /// the sums of its whole blocks taken on arrival: `sums[k]` is
-    /// `block_sum` of bytes `k * SUMMED_BLOCK_BYTES ..` of `data`.
+    /// [`Backend::write`] with the sums of the payload's whole blocks taken
+    /// on arrival: `sums[k]` is `block_sum` of bytes
+    /// `k * SUMMED_BLOCK_BYTES ..` of `data`. Empty where none were taken
+    /// (no `block_sum`, or `offset` not on a block boundary). Every write
+    /// comes this way; the default ignores the sums.
     fn write_summed(
         &self,
         offset: u64,

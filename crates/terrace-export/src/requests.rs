@@ -442,12 +442,6 @@ async fn execute(session: &Session, command: Command) -> Reply {
             data,
             sums,
             fua,
-        } if sums.is_empty() => done(backend.write(offset, data, fua).await),
-        Command::Write {
-            offset,
-            data,
-            sums,
-            fua,
         } => done(backend.write_summed(offset, data, sums, fua).await),
         Command::Flush => done(backend.flush().await),
         Command::Trim { length: 0, .. }

@@ -215,7 +215,7 @@ impl Backend for SpaceBackend {
 
     fn block_sum(&self) -> Option<BlockSum> {
         let sum: BlockSum = terrace_engine::meta::sums::block_sum;
-        self.space.keeps_sums().then_some(sum)
+        self.space.uses_write_sums().then_some(sum)
     }
 
     fn write_summed(
