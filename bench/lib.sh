@@ -31,6 +31,8 @@
 #                        fresh POOL BIN $work (default paper_pool), then
 #                        FN ROUND BIN, then stop_daemon
 #   fio_mbs              MB/s read and written in fio's JSON on stdin
+#   fio_side EXPR        prints EXPR over the side of fio's JSON on stdin
+#                        that moved data (as s)
 #   json EXPR            prints EXPR over the JSON on stdin (as d)
 #   restore_mbs SPACE DEPTH SECONDS
 #                        64 KiB sequential writes on SPACE of $work's NBD
@@ -90,6 +92,15 @@ fio_mbs() {
 
 # The JSON on stdin as the Python expression $1 over it (`d`) prints it.
 json() { python3 -c "import json,sys; d=json.load(sys.stdin); print($1)"; }
+
+# fio's JSON on stdin (what precedes it skipped): prints the Python
+# expression $1 over the job's side that moved data (`s`, its reads, else
+# its writes).
+fio_side() {
+    python3 -c "import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index('{'):])['jobs'][0]
+s = j['read'] if j['read']['io_bytes'] else j['write']
+print($1)"
+}
 
 restore_mbs() {
     fio --name=restore --ioengine=nbd --uri="nbd+unix:///$1?socket=$work/nbd.sock" \

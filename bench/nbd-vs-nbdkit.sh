@@ -20,6 +20,7 @@
 #   nbdkit-memory   nbdkit memory plugin
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 seconds=${1:-10}
 rounds=${2:-3}
 size_mib=1024
@@ -77,12 +78,7 @@ for job in "${jobs[@]}"; do
         fio --name=bench --ioengine=nbd --uri="${uris[$target]}" --rw="$rw" --bs="$bs" \
             --iodepth="$depth" --size=${size_mib}M --time_based --runtime="$seconds" \
             --ramp_time=2 --output-format=json --output="$work/fio.json" >/dev/null
-        python3 -c '
-import json, sys
-job = json.load(open(sys.argv[3]))["jobs"][0]
-side = job["read"] if job["read"]["io_bytes"] > 0 else job["write"]
-print(sys.argv[1], sys.argv[2], round(side["iops"]), round(side["bw_bytes"] / 1048576, 1), round(side["clat_ns"]["mean"] / 1000, 1))
-' "$job" "$target" "$work/fio.json" >>"$results"
+        echo "$job $target $(fio_side 'round(s["iops"]), round(s["bw_bytes"] / 1048576, 1), round(s["clat_ns"]["mean"] / 1000, 1)' <"$work/fio.json")" >>"$results"
     done
     done
 done

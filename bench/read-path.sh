@@ -69,9 +69,7 @@ run() {
     fio --name=rp ${engines[$target]} --rw="$rw" --bs="$bs" --iodepth="$depth" \
         --size=${size_mib}M --time_based --runtime="$seconds" --ramp_time=1 \
         --output-format=json 2>/dev/null |
-        python3 -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]
-s = j["read"] if j["read"]["io_bytes"] else j["write"]
-print("%.0f %.1f" % (s["iops"], s["clat_ns"]["percentile"]["50.000000"] / 1000))'
+        fio_side '"%.0f %.1f" % (s["iops"], s["clat_ns"]["percentile"]["50.000000"] / 1000)'
 }
 
 results="$work/results"
