@@ -56,15 +56,19 @@ impl<H: HomeIo> Journal<H> {
 
     /// Write-through: before blocks `[first, end)` are written home, what
     /// the log still holds of any of them goes home, so that older logged
-    /// data never lands over the new. (Blocks reserved by a record still
-    /// in flight are a concurrent write: either may land last.)
+    /// data never lands over the new, and the tail is committed over every
+    /// record that names them, so that an import never replays one over
+    /// the new either (a row image already home, say, when the log failed
+    /// on the next row's). If that cannot be done the write fails. (Blocks
+    /// reserved by a record still in flight are a concurrent write: either
+    /// may land last.)
     pub(super) async fn settle_blocks(
         &self,
         home: &H,
         first: u64,
         end: u64,
     ) -> Result<(), EngineError> {
-        if Self::overlaps_index(&self.state(), first, end) {
+        if Self::logged(&self.state(), first, end) {
             let _guard = self.destaging.lock().await;
             self.destage_all_locked(home).await?;
         }

@@ -884,12 +884,22 @@ impl<H: HomeIo> Journal<H> {
     /// writes zeroes through the log, or skips an advisory trim).
     pub(crate) fn may_bypass(&self, offset: u64, length: u64) -> bool {
         let state = self.state();
-        state.failed.is_some()
-            || !Self::overlaps_index(
-                &state,
-                offset / BLOCK_BYTES,
-                (offset + length).div_ceil(BLOCK_BYTES),
-            )
+        let (first, end) = (
+            offset / BLOCK_BYTES,
+            (offset + length).div_ceil(BLOCK_BYTES),
+        );
+        match state.failed {
+            // Write-through: nothing after the direct write invalidates
+            // the records that name the range (see `settle_blocks`).
+            Some(_) => !Self::logged(&state, first, end),
+            None => !Self::overlaps_index(&state, first, end),
+        }
+    }
+
+    /// Whether the log holds data of blocks `[first, end)`, or a record
+    /// an import would replay names any of them.
+    fn logged(state: &State, first: u64, end: u64) -> bool {
+        Self::overlaps_index(state, first, end) || state.recent.range(first..end).next().is_some()
     }
 }
 
