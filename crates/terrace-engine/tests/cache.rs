@@ -2173,3 +2173,96 @@ fn writes_in_flight_when_the_log_fails(cheap_fua: bool) {
         pool.close().await.unwrap();
     });
 }
+
+/// A writer that finds no room in the ring for its record waits its turn:
+/// a smaller record arriving after it, for which there is room, waits
+/// behind it instead of passing it, and both go on once destaging frees
+/// the ring.
+#[test]
+fn writers_waiting_for_ring_room_go_in_arrival_order() {
+    use futures::task::LocalSpawnExt;
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    let hold = Arc::new(Hold::default());
+    let devices: Vec<Arc<dyn BlockDevice>> = memory_devices("turns")
+        .into_iter()
+        .enumerate()
+        .map(|(i, inner)| {
+            // The capacity disks hold their writes while on: destaging
+            // cannot free the ring.
+            let hold = if i < CAPACITY_DISKS {
+                hold.clone()
+            } else {
+                Arc::default()
+            };
+            Arc::new(HeldDevice {
+                inner,
+                hold,
+                cheap_fua: false,
+            }) as Arc<dyn BlockDevice>
+        })
+        .collect();
+    let mut executor = Executor::new();
+    let spawner = executor.spawner();
+    let (pool, space) = executor.run_until(async {
+        let pool = log_pool(&devices).await;
+        // Rows of 64 KiB: every write below is part of a row, logged.
+        let mut config = cached("turns", Layout::Mirror { copies: 2 }, 16 << 20);
+        config.columns = Some(1);
+        config.interleave_bytes = Some(64 << 10);
+        config.cache_bytes = Some(1 << 20);
+        let space = pool.create_space(config).await.unwrap().space;
+        (pool, space)
+    });
+    let journal = space.journal().unwrap();
+    journal.set_gathering(false);
+    hold.on.store(true, Ordering::SeqCst);
+    // Block writes (a record of two blocks each) until the ring has room
+    // for less than the large record below, and for more than a small one.
+    let large: u64 = 48 << 10;
+    let mut offset = 0;
+    executor.run_until(async {
+        loop {
+            let status = journal.status();
+            if status.bytes - status.used_bytes < large + 2 * BLOCK {
+                break;
+            }
+            space
+                .write(offset, bytes(vec![1; 4096]), false)
+                .await
+                .unwrap();
+            offset += BLOCK;
+        }
+    });
+    let done = Rc::new(RefCell::new(Vec::new()));
+    for (name, at, length) in [("large", offset, large), ("small", offset + large, BLOCK)] {
+        let (space, done) = (space.clone(), done.clone());
+        spawner
+            .spawn_local(async move {
+                space
+                    .write(at, bytes(vec![2; length as usize]), false)
+                    .await
+                    .unwrap();
+                done.borrow_mut().push(name);
+            })
+            .unwrap();
+        executor.run_until_stalled();
+    }
+    assert!(
+        hold.held() > 0,
+        "the large write destages, held at the disks"
+    );
+    assert_eq!(*done.borrow(), Vec::<&str>::new(), "the small write passed");
+    hold.release();
+    executor.run_until_stalled();
+    let mut finished = done.borrow().clone();
+    finished.sort_unstable();
+    assert_eq!(finished, vec!["large", "small"]);
+    executor.run_until(async {
+        space.flush().await.unwrap();
+        let read = space.read(offset, large + BLOCK).await.unwrap();
+        assert!(read.iter().all(|&byte| byte == 2));
+        pool.close().await.unwrap();
+    });
+}

@@ -333,18 +333,41 @@ impl<H: HomeIo> Journal<H> {
         dirtying: bool,
         pinned: bool,
     ) -> Result<Option<(Reservation, bool)>, EngineError> {
+        // Client records that find the ring full queue for room in the
+        // order they came: room freed goes to the one waiting longest, and
+        // one that comes while others wait queues behind them, so no writer
+        // is passed over round after round. (Dirty-range records, a header
+        // each, do not queue: a direct write holds the tail while it waits.)
+        let mut turn = Turn {
+            journal: self,
+            ticket: None,
+        };
         loop {
             let waiter = {
                 let mut state = self.state();
                 if state.failed.is_some() {
                     return Ok(None);
                 }
-                if let Some(reserved) =
-                    try_reserve(&mut state, record_bytes, blocks, dirtying, pinned)
+                let first = state.room_queue.front().copied();
+                let mine = !dirtying || first == turn.ticket;
+                if let Some(reserved) = mine
+                    .then(|| try_reserve(&mut state, record_bytes, blocks, dirtying, pinned))
+                    .flatten()
                 {
+                    if turn.ticket.take().is_some() {
+                        state.room_queue.pop_front();
+                        // The next in line tries now.
+                        state.wake_space_waiters();
+                    }
                     let (_, sequence, wrap) = reserved;
                     let first = wrap.map_or(sequence, |(_, wrap_sequence)| wrap_sequence);
                     return Ok(Some((reserved, state.durable_below == first)));
+                }
+                if dirtying && turn.ticket.is_none() {
+                    let ticket = state.next_room_ticket;
+                    state.next_room_ticket += 1;
+                    state.room_queue.push_back(ticket);
+                    turn.ticket = Some(ticket);
                 }
                 let (sender, receiver) = oneshot::channel();
                 state.space_waiters.push(sender);
@@ -388,6 +411,24 @@ impl<H: HomeIo> Journal<H> {
         let mut block = aligned_buffer(HEADER_BYTES as usize);
         block.copy_from_slice(&header.encode());
         block.freeze()
+    }
+}
+
+/// A client record's place in the queue for ring room (see
+/// [`Journal::reserve`]); given up when dropped, and the next in line
+/// woken.
+struct Turn<'a, H: HomeIo> {
+    journal: &'a Journal<H>,
+    ticket: Option<u64>,
+}
+
+impl<H: HomeIo> Drop for Turn<'_, H> {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.ticket {
+            let mut state = self.journal.state();
+            state.room_queue.retain(|&queued| queued != ticket);
+            state.wake_space_waiters();
+        }
     }
 }
 

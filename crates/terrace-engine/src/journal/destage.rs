@@ -426,9 +426,7 @@ impl<H: HomeIo> Journal<H> {
             }
         }
         state.assert_invariants();
-        for sender in state.space_waiters.drain(..) {
-            let _ = sender.send(());
-        }
+        state.wake_space_waiters();
         Ok(())
     }
 }

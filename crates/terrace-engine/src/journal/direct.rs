@@ -230,9 +230,7 @@ impl<H: HomeIo> Journal<H> {
         );
         record.pins -= 1;
         if record.pins == 0 {
-            for sender in state.space_waiters.drain(..) {
-                let _ = sender.send(());
-            }
+            state.wake_space_waiters();
         }
     }
 }

@@ -129,9 +129,7 @@ impl<H: HomeIo> Journal<H> {
             for (_, sender) in state.durable_waiters.drain(..) {
                 drop(sender);
             }
-            for sender in state.space_waiters.drain(..) {
-                let _ = sender.send(());
-            }
+            state.wake_space_waiters();
         }
     }
 

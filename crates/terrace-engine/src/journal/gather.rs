@@ -21,8 +21,9 @@
 //!
 //! Pieces wait while the stream moves: while pieces keep arriving within
 //! [`WINDOW_NS`] of each other, or a gathered row is being written (its
-//! acknowledgements let the client send more). When the stream stalls the
-//! row's pieces are released to the log. The pieces of a row watch one
+//! acknowledgements let the client send more), but never more than
+//! [`WAIT_MAX_NS`] from the row's first piece. When the stream stalls, or
+//! the row has waited that long, the row's pieces are released to the log. The pieces of a row watch one
 //! shared timer (see [`Gathers::timer`]), not one each: a timer costs a
 //! thread a wakeup, and a row of a stream has dozens of pieces. A stream that cannot fill a row
 //! (fewer bytes in flight than a row) would pay the window on every row, so
@@ -48,6 +49,11 @@ use terrace_layout::BLOCK_BYTES;
 
 /// How long a stream may pause before its partial rows go to the log.
 pub(crate) const WINDOW_NS: u64 = 5_000_000;
+/// The longest a row's pieces wait, from its first: then they go to the
+/// log whatever else is under way. Without it, pieces of a row that no
+/// stream would fill (random writes whose tails start rows) waited while
+/// any other row gathered or was written: seconds under many clients.
+pub(crate) const WAIT_MAX_NS: u64 = 4 * WINDOW_NS;
 /// Released rows in a row after which gathering pauses.
 pub(crate) const MISSES_OFF: u32 = 2;
 /// How long gathering pauses the first time.
@@ -92,6 +98,8 @@ struct Row {
     waiters: Vec<oneshot::Sender<()>>,
     /// The current window's timer and when it fires.
     timer: Option<(Timer, u64)>,
+    /// When its first piece came.
+    started_ns: u64,
 }
 
 /// Open gathers of one space, keyed by row offset.
@@ -206,6 +214,7 @@ impl Gathers {
                 busy: false,
                 waiters: Vec::new(),
                 timer: None,
+                started_ns: now_ns,
             }),
             None => return Offer::Declined,
         };
@@ -255,10 +264,11 @@ impl Gathers {
     /// pieces go to the log; the caller logs them (in order) and then calls
     /// [`Gathers::finish`].
     pub(crate) fn expire(&mut self, now_ns: u64, row_offset: u64) -> Option<Vec<Piece>> {
-        if self.busy > 0 || now_ns < self.last_progress_ns + WINDOW_NS {
-            return None;
-        }
-        let row = self.rows.get_mut(&row_offset).filter(|row| !row.busy)?;
+        let moving = self.busy > 0 || now_ns < self.last_progress_ns + WINDOW_NS;
+        let row = self
+            .rows
+            .get_mut(&row_offset)
+            .filter(|row| !row.busy && (!moving || now_ns >= row.started_ns + WAIT_MAX_NS))?;
         row.busy = true;
         self.busy += 1;
         self.misses += 1;
@@ -490,5 +500,31 @@ mod tests {
         // Back to what it was: the pause stays ended.
         gathers.leave(ROW + BLOCK_BYTES);
         assert!(gathers.may_start(at + 4, ROW));
+    }
+
+    /// Other rows busy and pieces arriving elsewhere all the time hold a
+    /// row's pieces back only until [`WAIT_MAX_NS`] after its first.
+    #[test]
+    fn a_row_waits_no_longer_than_its_limit_whatever_else_moves() {
+        let mut gathers = Gathers::default();
+        let (a, _) = piece(ROW, 1);
+        assert!(matches!(
+            gathers.offer(0, ROW, ROW, a, true),
+            Offer::Waiting
+        ));
+        // Another row fills and is being written; a third keeps receiving.
+        let (whole, _) = piece(4 * ROW, ROW / BLOCK_BYTES);
+        assert!(matches!(
+            gathers.offer(1, 4 * ROW, ROW, whole, true),
+            Offer::Full(_)
+        ));
+        let mut now = 1;
+        while now < WAIT_MAX_NS {
+            let (more, _) = piece(8 * ROW, 1);
+            gathers.offer(now, 8 * ROW, ROW, more, true);
+            assert!(gathers.expire(now, ROW).is_none(), "released at {now}");
+            now += WINDOW_NS / 2;
+        }
+        assert_eq!(gathers.expire(WAIT_MAX_NS, ROW).map(|p| p.len()), Some(1));
     }
 }

@@ -99,6 +99,15 @@ impl State {
     /// be handed out, and everything below `durable_below` is durable.
     fn assert_sequences(&self) {
         assert!(self.durable_below <= self.next_sequence);
+        // Writers queue for ring room in arrival order, with tickets
+        // handed out in order.
+        if let (Some(first), Some(last)) = (self.room_queue.front(), self.room_queue.back()) {
+            assert!(
+                first <= last && *last < self.next_room_ticket,
+                "room queue out of order: {:?}",
+                self.room_queue
+            );
+        }
         if let (Some(first), Some(last)) = (self.records.front(), self.records.back()) {
             assert_eq!(
                 last.sequence + 1 - first.sequence,

@@ -260,6 +260,10 @@ struct State {
     syncing: bool,
     sync_waiters: Vec<oneshot::Sender<()>>,
     space_waiters: Vec<oneshot::Sender<()>>,
+    /// Client records waiting for ring room, by ticket, in arrival order
+    /// (see [`Journal::reserve`]), and the next ticket.
+    room_queue: VecDeque<u64>,
+    next_room_ticket: u64,
     /// Recent dirty-range records: range start, end, sequence, when logged.
     leases: VecDeque<Lease>,
     dirty_bytes: u64,
@@ -294,6 +298,8 @@ impl State {
             syncing: false,
             sync_waiters: Vec::new(),
             space_waiters: Vec::new(),
+            room_queue: VecDeque::new(),
+            next_room_ticket: 0,
             leases: VecDeque::new(),
             dirty_bytes: 0,
             failed: None,
@@ -317,6 +323,13 @@ impl State {
     /// Bytes of the pool's log memory the listed records hold.
     fn charged(&self) -> u64 {
         self.records.iter().map(|record| record.charged).sum()
+    }
+
+    /// Wake every writer waiting for ring room (or for its turn at it).
+    fn wake_space_waiters(&mut self) {
+        for sender in self.space_waiters.drain(..) {
+            let _ = sender.send(());
+        }
     }
 
     /// Records from `sequence` on, in order.
