@@ -65,6 +65,20 @@ async fn log_pool(devices: &[Arc<dyn BlockDevice>]) -> Pool {
     journal_pool(config, devices, CAPACITY_DISKS).await
 }
 
+/// A pool of `devices` as [`log_pool`] makes it, and a space of `config`
+/// in it, on `executor`.
+fn pool_and_space(
+    executor: &mut Executor,
+    devices: &[Arc<dyn BlockDevice>],
+    config: SpaceConfig,
+) -> (Pool, Arc<terrace_engine::Space>) {
+    executor.run_until(async {
+        let pool = log_pool(devices).await;
+        let space = pool.create_space(config).await.unwrap().space;
+        (pool, space)
+    })
+}
+
 /// A 1 MiB space with a cache, of `layout`, in `pool`.
 async fn cached_space(pool: &Pool, name: &str, layout: Layout) -> Arc<terrace_engine::Space> {
     pool.create_space(cached(name, layout, 1 << 20))
@@ -2053,15 +2067,11 @@ fn writes_in_flight_when_the_log_fails(cheap_fua: bool) {
     let mut executor = Executor::new();
     let spawner = executor.spawner();
     let layout = Layout::Parity { redundancy: 1 };
-    let (pool, space) = executor.run_until(async {
-        let pool = log_pool(&devices).await;
-        let mut config = cached("s", layout, 16 << 20);
-        config.interleave_bytes = Some(64 << 10);
-        // A ring that the writes in flight fill: later ones wait for room.
-        config.cache_bytes = Some(1 << 20);
-        let space = pool.create_space(config).await.unwrap().space;
-        (pool, space)
-    });
+    let mut config = cached("s", layout, 16 << 20);
+    config.interleave_bytes = Some(64 << 10);
+    // A ring that the writes in flight fill: later ones wait for room.
+    config.cache_bytes = Some(1 << 20);
+    let (pool, space) = pool_and_space(&mut executor, &devices, config);
     let journal = space.journal().unwrap();
     journal.set_gathering(false);
     let metadata = executor.run_until(pool.metadata());
@@ -2205,16 +2215,12 @@ fn writers_waiting_for_ring_room_go_in_arrival_order() {
         .collect();
     let mut executor = Executor::new();
     let spawner = executor.spawner();
-    let (pool, space) = executor.run_until(async {
-        let pool = log_pool(&devices).await;
-        // Rows of 64 KiB: every write below is part of a row, logged.
-        let mut config = cached("turns", Layout::Mirror { copies: 2 }, 16 << 20);
-        config.columns = Some(1);
-        config.interleave_bytes = Some(64 << 10);
-        config.cache_bytes = Some(1 << 20);
-        let space = pool.create_space(config).await.unwrap().space;
-        (pool, space)
-    });
+    // Rows of 64 KiB: every write below is part of a row, logged.
+    let mut config = cached("turns", Layout::Mirror { copies: 2 }, 16 << 20);
+    config.columns = Some(1);
+    config.interleave_bytes = Some(64 << 10);
+    config.cache_bytes = Some(1 << 20);
+    let (pool, space) = pool_and_space(&mut executor, &devices, config);
     let journal = space.journal().unwrap();
     journal.set_gathering(false);
     hold.on.store(true, Ordering::SeqCst);
