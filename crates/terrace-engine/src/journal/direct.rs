@@ -18,7 +18,7 @@ impl<H: HomeIo> Journal<H> {
         (state.failed.is_none()
             && !Self::overlaps_index(&state, first, end)
             && home.healthy_for(offset, length))
-        .then(|| state.recent.range(first..end).next().is_some())
+        .then(|| state.names(first, end))
     }
 
     /// Whole rows straight to the disks, with a dirty-range record around
@@ -63,7 +63,7 @@ impl<H: HomeIo> Journal<H> {
         let end = (offset + length) / BLOCK_BYTES;
         let needed = {
             let state = self.state();
-            state.failed.is_none() && end > first && state.recent.range(first..end).next().is_some()
+            state.failed.is_none() && end > first && state.names(first, end)
         };
         if needed {
             self.invalidate(home, first, end).await?;

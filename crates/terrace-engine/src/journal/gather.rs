@@ -23,9 +23,10 @@
 //! [`WINDOW_NS`] of each other, or a gathered row is being written (its
 //! acknowledgements let the client send more), but never more than
 //! [`WAIT_MAX_NS`] from the row's first piece. When the stream stalls, or
-//! the row has waited that long, the row's pieces are released to the log. The pieces of a row watch one
-//! shared timer (see [`Gathers::timer`]), not one each: a timer costs a
-//! thread a wakeup, and a row of a stream has dozens of pieces. A stream that cannot fill a row
+//! the row has waited that long, the row's pieces are released to the
+//! log. The pieces of a row watch one shared timer (see
+//! [`Gathers::timer`]), not one each: a timer costs a thread a wakeup, and
+//! a row of a stream has dozens of pieces. A stream that cannot fill a row
 //! (fewer bytes in flight than a row) would pay the window on every row, so
 //! after [`MISSES_OFF`] released rows in a row no gather starts for
 //! [`OFF_NS`], and for twice as long each time that happens again before a

@@ -325,6 +325,12 @@ impl State {
         self.records.iter().map(|record| record.charged).sum()
     }
 
+    /// Whether a record an import would replay names any block of
+    /// `[first, end)`.
+    fn names(&self, first: u64, end: u64) -> bool {
+        self.recent.range(first..end).next().is_some()
+    }
+
     /// Wake every writer waiting for ring room (or for its turn at it).
     fn wake_space_waiters(&mut self) {
         for sender in self.space_waiters.drain(..) {
@@ -912,7 +918,7 @@ impl<H: HomeIo> Journal<H> {
     /// Whether the log holds data of blocks `[first, end)`, or a record
     /// an import would replay names any of them.
     fn logged(state: &State, first: u64, end: u64) -> bool {
-        Self::overlaps_index(state, first, end) || state.recent.range(first..end).next().is_some()
+        Self::overlaps_index(state, first, end) || state.names(first, end)
     }
 }
 
