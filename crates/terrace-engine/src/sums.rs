@@ -45,6 +45,10 @@ pub(crate) trait SumsStore: Send + Sync {
 struct Cached {
     page: SumsPage,
     dirty: bool,
+    /// Its write-back is under way: it stays cached, clean or not, until
+    /// the store holds it, as a load meanwhile would read what the store
+    /// held before (or, on fresh slabs, take it for blank).
+    writing: bool,
     /// When it was last used, by the cache's own clock.
     used: u64,
 }
@@ -160,6 +164,7 @@ impl Sums {
                 Cached {
                     page,
                     dirty: false,
+                    writing: false,
                     used,
                 },
             );
@@ -266,6 +271,7 @@ impl Sums {
                 Cached {
                     page: SumsPage::filled(self.space, index, sum),
                     dirty: true,
+                    writing: false,
                     used,
                 },
             );
@@ -316,6 +322,7 @@ impl Sums {
             for &index in &indices {
                 let cached = state.pages.get_mut(&index).expect("listed above");
                 cached.dirty = false;
+                cached.writing = true;
                 cached.page.generation += 1;
                 let page = cached.page.encode();
                 match runs.last_mut() {
@@ -340,23 +347,25 @@ impl Sums {
         .buffer_unordered(WRITE_BACK_PARALLEL)
         .collect()
         .await;
-        match results.into_iter().find_map(Result::err) {
-            None => {
-                if let Some(written) = self.state().written.as_mut() {
-                    written.extend(indices.iter().copied());
+        let failed = results.into_iter().find_map(Result::err);
+        {
+            let mut state = self.state();
+            for index in &indices {
+                if let Some(cached) = state.pages.get_mut(index) {
+                    cached.writing = false;
+                    cached.dirty |= failed.is_some();
                 }
+            }
+            if let (None, Some(written)) = (&failed, state.written.as_mut()) {
+                written.extend(indices.iter().copied());
+            }
+        }
+        match failed {
+            None => {
                 self.trim();
                 Ok(())
             }
-            Some(error) => {
-                let mut state = self.state();
-                for index in &indices {
-                    if let Some(cached) = state.pages.get_mut(index) {
-                        cached.dirty = true;
-                    }
-                }
-                Err(error)
-            }
+            Some(error) => Err(error),
         }
     }
 
@@ -370,7 +379,8 @@ impl Sums {
         if state.pages.len() <= self.budget_pages {
             return;
         }
-        let clean = state.pages.values().filter(|c| !c.dirty).count();
+        let idle = |c: &Cached| !c.dirty && !c.writing;
+        let clean = state.pages.values().filter(|c| idle(c)).count();
         if clean <= self.budget_pages {
             return;
         }
@@ -378,7 +388,7 @@ impl Sums {
         let mut by_age: Vec<(u64, u64)> = state
             .pages
             .iter()
-            .filter(|(_, c)| !c.dirty)
+            .filter(|(_, c)| idle(c))
             .map(|(&index, c)| (c.used, index))
             .collect();
         by_age.sort_unstable();
@@ -586,6 +596,8 @@ mod tests {
         /// Pages it has room for; 0: unbounded.
         limit: Mutex<u64>,
         fail_writes: Mutex<bool>,
+        /// The next write lands only once this is let go.
+        held: Mutex<Option<futures::channel::oneshot::Receiver<()>>>,
     }
 
     impl MemoryStore {
@@ -610,6 +622,13 @@ mod tests {
         }
 
         fn write_pages(&self, first: u64, bytes: Bytes) -> BoxFuture<'_, Result<(), EngineError>> {
+            if let Some(held) = self.held.lock().unwrap().take() {
+                return async move {
+                    let _ = held.await;
+                    self.write_pages(first, bytes).await
+                }
+                .boxed();
+            }
             let failing = *self.fail_writes.lock().unwrap();
             if !failing {
                 *self.writes.lock().unwrap() += 1;
@@ -766,6 +785,33 @@ mod tests {
             block_on(Sums::new(SPACE, 8, false).get(&store, 0..1)),
             vec![5]
         );
+    }
+
+    /// A page stays cached while its write-back is under way: dropped as
+    /// clean meanwhile and loaded again, it would be what the store held
+    /// before (on fresh slabs, blank: zeroes), and reads of the blocks it
+    /// covers would fail their sums on every copy. Found by a rebuild
+    /// beside a client of a larger space than the cache covers, where
+    /// write-backs waited seconds for the disks.
+    #[test]
+    fn a_page_stays_cached_until_its_write_back_is_done() {
+        let store = MemoryStore::default();
+        let (release, held) = futures::channel::oneshot::channel();
+        *store.held.lock().unwrap() = Some(held);
+        let sums = Sums::new(SPACE, 1, true);
+        block_on(sums.set(&store, 0, &[5]));
+        let mut writing = Box::pin(sums.write_back(&store, None));
+        assert!((&mut writing).now_or_never().is_none(), "the write is held");
+        for page in 1..4 {
+            block_on(sums.get(&store, page * PER_PAGE..page * PER_PAGE + 1));
+        }
+        assert_eq!(block_on(sums.get(&store, 0..1)), vec![5]);
+        release.send(()).unwrap();
+        block_on(writing).unwrap();
+        for page in 1..4 {
+            block_on(sums.get(&store, page * PER_PAGE..page * PER_PAGE + 1));
+        }
+        assert_eq!(block_on(sums.get(&store, 0..1)), vec![5], "read back");
     }
 
     #[test]
