@@ -19,6 +19,7 @@ use crate::disk::DiskError;
 use crate::error::EngineError;
 use crate::layouts::{LayoutHost, RowFailure, RowLayout};
 use crate::row::RowIo;
+use crate::row_lock::RowGuard;
 use crate::target::Location;
 
 /// Why one row of a slab could not be filled.
@@ -68,28 +69,48 @@ async fn row_content<H: LayoutHost>(
         .map_err(FillError::Content)
 }
 
-/// Bring `rows` of `slot` of `extent` into `destination` and raise its
-/// watermark past them. Returns the bytes written.
+/// Rows of a slab copied into their destination, their locks still held:
+/// the watermark may pass them only once every row below them is copied
+/// too, so the mover raises it step by step in order ([`Copied::settle`]).
+pub(crate) struct Copied<'a> {
+    rows_end: u64,
+    /// Bytes written to the destination.
+    pub(crate) bytes: u64,
+    _guards: Vec<RowGuard<'a>>,
+}
+
+impl Copied<'_> {
+    /// Raise `destination`'s watermark past these rows, then let their
+    /// locks go: a client write of one of them waited, and now sees the
+    /// destination current and writes it too.
+    pub(crate) fn settle(self, destination: &Location) -> u64 {
+        destination
+            .valid_below
+            .as_ref()
+            .expect("a destination being filled has a watermark")
+            .fetch_max(self.rows_end, Ordering::AcqRel);
+        self.bytes
+    }
+}
+
+/// Copy `rows` of `slot` of `extent` into `destination`, holding their
+/// locks until the [`Copied`] settles (or drops, leaving the watermark).
 ///
 /// The rows are locked together (in ascending order, as every holder of
-/// several row locks takes them), read and written all at once, and the
-/// watermark is raised before the locks go: a client write of one of them
-/// waits, then sees the destination current and writes it too. Issuing a
-/// step's rows together keeps the source and the destination streaming
-/// (a drive sees the whole step queued) instead of one row's read and
-/// write at a time.
-pub(crate) async fn fill_rows<H: LayoutHost>(
-    space: &H,
+/// several row locks takes them), read and written all at once: a drive
+/// sees the whole step queued and streams it, instead of one row's read
+/// and write at a time. A mover keeps a few steps of one slab in flight,
+/// so that the source reads the next step while the destination writes
+/// this one.
+pub(crate) async fn copy_rows<'a, H: LayoutHost>(
+    space: &'a H,
     extent: u64,
     slot: u32,
     destination: &Location,
     rows: std::ops::Range<u64>,
-) -> Result<u64, EngineError> {
+    write_through: bool,
+) -> Result<Copied<'a>, EngineError> {
     let geometry = *space.geometry();
-    let mark = destination
-        .valid_below
-        .as_ref()
-        .expect("a destination being filled has a watermark");
     let mut guards = Vec::new();
     for row in rows.clone() {
         guards.push(space.locks().lock((extent, row)).await);
@@ -97,7 +118,11 @@ pub(crate) async fn fill_rows<H: LayoutHost>(
     // The slots' places as they are under the locks, not before them.
     let Some(targets) = space.current_extent(extent) else {
         // The space was deleted: the move ends as its space is gone.
-        return Ok(0);
+        return Ok(Copied {
+            rows_end: rows.start,
+            bytes: 0,
+            _guards: guards,
+        });
     };
     let fills = rows.clone().map(|row| {
         let targets = &targets;
@@ -114,17 +139,19 @@ pub(crate) async fn fill_rows<H: LayoutHost>(
             let length = content.len() as u64;
             destination
                 .disk
-                .write(offset, content.freeze(), false)
+                .write(offset, content.freeze(), write_through)
                 .await
                 .map_err(|error| io.unavailable(&span, FillError::Destination(error)))?;
             Ok::<u64, EngineError>(length)
         }
     });
-    let mut written = 0;
+    let mut bytes = 0;
     for filled in futures::future::join_all(fills).await {
-        written += filled?;
+        bytes += filled?;
     }
-    mark.fetch_max(rows.end, Ordering::AcqRel);
-    drop(guards);
-    Ok(written)
+    Ok(Copied {
+        rows_end: rows.end,
+        bytes,
+        _guards: guards,
+    })
 }

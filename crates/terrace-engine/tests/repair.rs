@@ -182,6 +182,54 @@ fn repairs_keep_client_writes_and_prefer_hot_spares() {
     });
 }
 
+/// A repair spreads its copying over the disks: each destination goes to
+/// the disk with the least to read and write for the job so far, so that
+/// no disk holds the repair up with much more than its share (by free
+/// slabs alone, the destinations ignored which disks were already busy
+/// as sources, and on a twelve-disk mirror some did twice the work).
+#[test]
+fn a_repair_spreads_its_reads_and_writes_over_the_disks() {
+    block_on(async {
+        let disks = Disks::new(12, 8 << 20);
+        let pool = create_pool(&disks).await;
+        let mut config = SpaceConfig::new(
+            "m",
+            Layout::Mirror { copies: 2 },
+            SpaceSize::Bytes(12 << 20),
+        );
+        config.columns = Some(2);
+        let space = pool.create_space(config).await.unwrap().space;
+        fill(&space, 9).await;
+        set_repair_rate(&pool, 4096).await;
+        let lost = DiskIndex(0);
+        disks.faults[0].lose();
+        with_jobs(&pool, sleep(1500)).await;
+        let metadata = pool.metadata().await;
+        let job = metadata
+            .jobs
+            .iter()
+            .find(|job| job.kind == JobKind::Repair { disk: lost } && job.is_active())
+            .unwrap_or_else(|| panic!("the repair runs, slowly: {:?}", metadata.jobs));
+        let extents = &metadata.space("m").unwrap().extents;
+        let mut work = [0u32; 12];
+        for step in &job.moves {
+            let slabs = extents[step.extent as usize].slabs.as_ref().unwrap();
+            // The other copy of the same column is read; the target written.
+            let partner = usize::from(step.slot) ^ 1;
+            work[usize::from(slabs[partner].disk.0)] += 1;
+            work[usize::from(step.target.disk.0)] += 1;
+        }
+        assert_eq!(work[0], 0, "nothing on the lost disk");
+        let total: u32 = work.iter().sum();
+        let share = total.div_ceil(11);
+        assert!(job.moves.len() >= 20, "{} moves", job.moves.len());
+        assert!(
+            work[1..].iter().all(|&w| w <= share + 1),
+            "slabs read and written per disk: {work:?} (share {share})"
+        );
+    });
+}
+
 #[test]
 fn a_repair_resumes_from_its_watermark_after_a_restart() {
     block_on(async {
@@ -1658,10 +1706,19 @@ fn a_cancelled_move_s_target_waits_for_the_writes_reaching_it() {
         assert!(read.iter().all(|&byte| byte == 0), "n took m's late write");
         // A copy reads do not reach would hold it as well.
         assert_redundant(&after).await;
-        // Nothing holds the target any more: the next space may have it.
-        pool.create_space(whole("o")).await.unwrap();
-        let taken = space_slabs(&pool.metadata().await, "o");
-        assert!(taken.contains(&step.target), "{taken:?}");
+        // Nothing holds the target any more: the next space (a simple one
+        // takes every free slab) or its sums space has it.
+        let mut rest = SpaceConfig::new("o", Layout::Simple, SpaceSize::Max);
+        rest.columns = Some(1);
+        pool.create_space(rest).await.unwrap();
+        let metadata = pool.metadata().await;
+        let held = metadata
+            .spaces
+            .iter()
+            .flat_map(|space| space.extents.iter())
+            .filter_map(|extent| extent.slabs.as_ref())
+            .any(|slabs| slabs.contains(&step.target));
+        assert!(held, "{:?} stays out of allocations", step.target);
     });
 }
 

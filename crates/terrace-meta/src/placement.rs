@@ -194,6 +194,18 @@ impl Allocator {
         avoid_disks: &BTreeSet<DiskIndex>,
         avoid_domains: &BTreeSet<String>,
     ) -> Option<SlabRef> {
+        self.allocate_slab_by(avoid_disks, avoid_domains, |_| 0)
+    }
+
+    /// As [`Allocator::allocate_slab`], the disk of least `busy` first
+    /// (the most free among those): a job spreads the copying it plans
+    /// over the disks that will do it.
+    pub fn allocate_slab_by(
+        &mut self,
+        avoid_disks: &BTreeSet<DiskIndex>,
+        avoid_domains: &BTreeSet<String>,
+        busy: impl Fn(DiskIndex) -> u64,
+    ) -> Option<SlabRef> {
         let disk = self
             .disks
             .iter_mut()
@@ -202,7 +214,13 @@ impl Allocator {
                     && !avoid_disks.contains(&disk.index)
                     && !avoid_domains.contains(&disk.domain)
             })
-            .max_by_key(|disk| (disk.free.len(), std::cmp::Reverse(disk.index)))?;
+            .max_by_key(|disk| {
+                (
+                    std::cmp::Reverse(busy(disk.index)),
+                    disk.free.len(),
+                    std::cmp::Reverse(disk.index),
+                )
+            })?;
         let slab = disk.free.pop_first()?;
         Some(SlabRef {
             disk: disk.index,

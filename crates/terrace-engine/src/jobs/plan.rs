@@ -7,7 +7,7 @@
 //! most free slabs. Targets are reserved in the job's metadata record, so
 //! nothing else allocates them while the job runs.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use terrace_layout::Geometry;
 use terrace_meta::{
@@ -127,7 +127,9 @@ impl<'a> ExtentPlaces<'a> {
 
 /// Choose a target slab for `slot` of an extent: on no disk that holds or
 /// will hold another slot of it (two slots on one disk would make one disk
-/// failure cost two), outside the domains of its redundancy group.
+/// failure cost two), outside the domains of its redundancy group; among
+/// those, the disk with the least work in `busy`.
+#[allow(clippy::too_many_arguments)]
 fn choose_target<'a>(
     metadata: &PoolMetadata,
     geometry: &Geometry,
@@ -136,6 +138,7 @@ fn choose_target<'a>(
     slot: usize,
     pools: impl Iterator<Item = &'a mut Allocator>,
     also_avoid: Option<DiskIndex>,
+    busy: &Busy,
 ) -> Option<SlabRef> {
     let mut avoid_disks: BTreeSet<DiskIndex> = (0..places.slabs.len())
         .flat_map(|other| places.disks_of(other))
@@ -154,7 +157,48 @@ fn choose_target<'a>(
         .collect();
     pools
         .into_iter()
-        .find_map(|pool| pool.allocate_slab(&avoid_disks, &avoid_domains))
+        .find_map(|pool| pool.allocate_slab_by(&avoid_disks, &avoid_domains, |disk| busy.of(disk)))
+}
+
+/// Slabs each disk will read or write for the moves of one plan: a
+/// repair's destinations go to the disks with the least of it, so that
+/// every disk copies about as much and the job ends when they all do
+/// (choosing by free slabs alone, one disk in three of a twelve-disk
+/// mirror got twice the copying of the rest and set the repair's time).
+#[derive(Default)]
+struct Busy(BTreeMap<DiskIndex, u64>);
+
+impl Busy {
+    fn of(&self, disk: DiskIndex) -> u64 {
+        self.0.get(&disk).copied().unwrap_or(0)
+    }
+
+    fn add(&mut self, disk: DiskIndex) {
+        *self.0.entry(disk).or_default() += 1;
+    }
+
+    /// The reads that re-create `slot` of an extent: every other slot of
+    /// its redundancy group on a disk other than `lost` (a mirror reads
+    /// one copy of the group, parity all its other columns).
+    fn add_sources(
+        &mut self,
+        geometry: &Geometry,
+        slabs: &[SlabRef],
+        slot: usize,
+        lost: DiskIndex,
+    ) {
+        let group = geometry
+            .redundancy_groups()
+            .into_iter()
+            .find(|group| group.contains(&(slot as u32)))
+            .unwrap_or_default();
+        for other in group {
+            let disk = slabs[other as usize].disk;
+            if other as usize != slot && disk != lost {
+                self.add(disk);
+            }
+        }
+    }
 }
 
 /// The moves of a job: every slot that the job's disk holds (or, for a
@@ -233,9 +277,9 @@ fn plan_moves(
         // A scrub moves nothing: it walks the pool by its cursor.
         JobKind::Scrub => return Ok((Vec::new(), Vec::new())),
     };
-    let mut unplaced = Vec::new();
-    let mut moves = Vec::new();
-    let mut level_pools = LevelPools::default();
+    // Every slot of `source` to re-create: (space, its geometry, extent,
+    // the extent's slabs, slot).
+    let mut slots = Vec::new();
     for space in &metadata.spaces {
         let geometry = space.geometry(metadata.slab_bytes)?;
         for (extent, record) in space.extents.iter().enumerate() {
@@ -250,46 +294,61 @@ fn plan_moves(
                 continue;
             }
             for (slot, slab) in slabs.iter().enumerate() {
-                if slab.disk != source {
-                    continue;
+                if slab.disk == source {
+                    slots.push((space, geometry, extent, slabs, slot));
                 }
-                let pools = level_pools
-                    .get(metadata, space.fault_domain, only, reserved)
-                    .for_job(kind, space.role);
-                let places = ExtentPlaces::new(metadata, space.id, extent as u32, slabs, &moves);
-                let target = choose_target(
-                    metadata,
-                    &geometry,
-                    space.fault_domain,
-                    &places,
-                    slot,
-                    pools,
-                    None,
-                );
-                let no_room = Unplaced {
-                    space: shown_name(metadata, space),
-                    extent: extent as u64,
-                };
-                let target = match target {
-                    Some(target) => target,
-                    None if matches!(kind, JobKind::Repair { .. })
-                        && matches!(space.role, SpaceRole::Log { .. }) =>
-                    {
-                        unplaced.push(no_room);
-                        continue;
-                    }
-                    None => return Err(no_room.refusal()),
-                };
-                moves.push(MoveRecord {
-                    space: space.id,
-                    extent: extent as u32,
-                    slot: slot as u16,
-                    target,
-                    watermark_rows: 0,
-                    done: false,
-                });
             }
         }
+    }
+    // A repair reads the lost slots' content from the rest of each
+    // redundancy group; a move or a replacement from `source` itself.
+    let mut busy = Busy::default();
+    if matches!(kind, JobKind::Repair { .. }) {
+        for (_, geometry, _, slabs, slot) in &slots {
+            busy.add_sources(geometry, slabs, *slot, source);
+        }
+    }
+    let mut unplaced = Vec::new();
+    let mut moves = Vec::new();
+    let mut level_pools = LevelPools::default();
+    for (space, geometry, extent, slabs, slot) in slots {
+        let pools = level_pools
+            .get(metadata, space.fault_domain, only, reserved)
+            .for_job(kind, space.role);
+        let places = ExtentPlaces::new(metadata, space.id, extent as u32, slabs, &moves);
+        let target = choose_target(
+            metadata,
+            &geometry,
+            space.fault_domain,
+            &places,
+            slot,
+            pools,
+            None,
+            &busy,
+        );
+        let no_room = Unplaced {
+            space: shown_name(metadata, space),
+            extent: extent as u64,
+        };
+        let target = match target {
+            Some(target) => target,
+            None if matches!(kind, JobKind::Repair { .. })
+                && matches!(space.role, SpaceRole::Log { .. }) =>
+            {
+                unplaced.push(no_room);
+                continue;
+            }
+            None => return Err(no_room.refusal()),
+        };
+        busy.add(target.disk);
+        moves.push(MoveRecord {
+            space: space.id,
+            extent: extent as u32,
+            slot: slot as u16,
+            target,
+            watermark_rows: 0,
+            done: false,
+        });
     }
     Ok((moves, unplaced))
 }
@@ -350,6 +409,7 @@ fn log_moves(metadata: &PoolMetadata, reserved: &BTreeSet<SlabRef>) -> Vec<MoveR
                     slot,
                     pools.for_job(JobKind::LogsToJournal, space.role),
                     None,
+                    &Busy::default(),
                 );
                 target.is_some_and(|target| {
                     planned.push(MoveRecord {
@@ -430,6 +490,7 @@ pub(crate) fn retarget(
         usize::from(step.slot),
         pools.for_job(job.kind, space.role),
         Some(step.target.disk),
+        &Busy::default(),
     )
     .ok_or(EngineError::NoRoomToRepair {
         space: space.name.clone(),

@@ -6,10 +6,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures::future::join_all;
+use futures::StreamExt;
 use terrace_meta::{
     DiskIndex, DiskState, JobKind, JobRecord, JobState, PoolMetadata, RepairPolicy, RetireMissing,
 };
 
+use super::scrub::CLIENT_QUIET_NS;
 use super::JobAction;
 use crate::disk::Condition;
 use crate::error::EngineError;
@@ -28,14 +30,35 @@ const FILL_STEP_ROWS_MAX: u64 = 64;
 /// How often a running job commits its moves' watermarks: a crash repeats
 /// at most this much work, and commits stay rare next to client I/O.
 const PERSIST_INTERVAL_NS: u64 = 1_000_000_000;
-/// Moves in flight at once under the parallel policy: enough to keep many
-/// disks busy, few enough that client I/O still gets through.
-const PARALLEL_MOVES: usize = 8;
+/// Moves in flight at once under the parallel policy while no client is
+/// busy: enough to keep every disk of a large pool reading and writing.
+const PARALLEL_MOVES: usize = 16;
+/// Steps of one move in flight at once while no client is busy: the
+/// source reads the next while the destination writes this one.
+const FILL_DEPTH: usize = 2;
+/// Moves in flight at once, and the bytes of each step, while a client is
+/// busy: a client's request waits behind at most one step on a disk, and
+/// most disks serve the clients alone at any moment.
+const BUSY_MOVES: usize = 4;
+const BUSY_STEP_BYTES: u64 = 1 << 20;
 /// How long the runner sleeps when there is nothing to do.
 const IDLE_POLL_NS: u64 = 100_000_000;
 /// How often idle disks are probed: a dead disk is noticed within a second
 /// even when no client touches it, at the cost of one 4 KiB read each.
 const PROBE_INTERVAL_NS: u64 = 1_000_000_000;
+
+/// How the moves go at a moment ([`Pool::pace`]).
+struct Pace {
+    /// Workers that may hold a move.
+    moves: usize,
+    /// Steps of a move in flight.
+    depth: usize,
+    step_bytes: u64,
+    /// Steps written through the drives' caches: a step ends when its
+    /// destination holds it, so the pace holds on drives whose caches
+    /// would take the writes at once and write them behind the clients'.
+    write_through: bool,
+}
 
 /// Which moves the workers of [`Pool::run_jobs`] hold, and which rest: a
 /// move that stopped without finishing (paused, no destination yet) waits
@@ -119,7 +142,8 @@ impl Pool {
             async move {
                 while self.running_jobs() {
                     let (pending, limit) = self.pending_moves().await;
-                    let claimed = if worker < limit {
+                    // Under the policy's limit, and the clients'.
+                    let claimed = if worker < limit.min(self.pace(0).moves) {
                         claims.claim(pending, self.shared.env.now_ns())
                     } else {
                         None
@@ -129,7 +153,7 @@ impl Pool {
                         continue;
                     };
                     let key = (work.job, work.index);
-                    self.run_move(work).await;
+                    self.run_move(work, worker).await;
                     claims.release(key, self.shared.env.now_ns());
                 }
             }
@@ -286,8 +310,9 @@ impl Pool {
         (work, limit)
     }
 
-    /// Fill one move to its end, or until its job stops running.
-    async fn run_move(&self, work: MoveWork) {
+    /// Fill one move to its end, or until its job stops running or its
+    /// worker is past the moves the clients leave room for now.
+    async fn run_move(&self, work: MoveWork, worker: usize) {
         loop {
             let metadata = self.metadata().await;
             let Some(job) = metadata.jobs.iter().find(|job| job.id == work.job) else {
@@ -312,41 +337,125 @@ impl Pool {
             let Some(destination) = find_destination(&space, step.extent, step.slot, &mark) else {
                 return;
             };
-            let rows_per_step =
-                (FILL_STEP_BYTES / geometry.interleave_bytes()).clamp(1, FILL_STEP_ROWS_MAX);
-            let to = (from + rows_per_step).min(geometry.rows_per_extent());
-            let rate = metadata.settings.repair_rate_bytes_per_second;
-            if self
-                .wait_turn(rate, (to - from) * geometry.interleave_bytes())
-                .await
-                && !self.job_running(work.job).await
-            {
-                return;
+            let filled = self
+                .fill_steps(&metadata, job, work.index, &space, &destination, worker)
+                .await;
+            match filled {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(error) => {
+                    self.move_failed(work.job, work.index, &destination, error)
+                        .await;
+                    return;
+                }
             }
-            let filled = crate::rebuild::fill_rows(
-                &*space,
-                u64::from(step.extent),
-                u32::from(step.slot),
-                &destination,
-                from..to,
-            )
-            .await;
-            if let Err(error) = filled {
-                self.move_failed(work.job, work.index, &destination, error)
-                    .await;
-                return;
+        }
+    }
+
+    /// Copy move `index` of `job` into `destination` step by step from its
+    /// watermark, with up to [`Pace::depth`] steps in flight and the
+    /// watermark raised past each in order. Ok(true) once the slab is
+    /// copied (the caller looks again and finishes the move); Ok(false)
+    /// if it stopped first: the job stopped running, or clients became
+    /// busy and this worker is past the moves they leave room for.
+    async fn fill_steps(
+        &self,
+        metadata: &PoolMetadata,
+        job: &JobRecord,
+        index: usize,
+        space: &crate::volume::Volume,
+        destination: &Location,
+        worker: usize,
+    ) -> Result<bool, EngineError> {
+        let step = &job.moves[index];
+        let geometry = *space.geometry();
+        let rows = geometry.rows_per_extent();
+        let rate = metadata.settings.repair_rate_bytes_per_second;
+        let mut next = destination
+            .valid_below
+            .as_ref()
+            .map_or(rows, |mark| mark.load(Ordering::Acquire));
+        let mut in_flight = futures::stream::FuturesOrdered::new();
+        let mut failure = None;
+        let mut going = true;
+        loop {
+            let pace = self.pace(rate);
+            going &= worker < pace.moves;
+            while going && in_flight.len() < pace.depth && next < rows {
+                let rows_per_step =
+                    (pace.step_bytes / geometry.interleave_bytes()).clamp(1, FILL_STEP_ROWS_MAX);
+                let to = (next + rows_per_step).min(rows);
+                if self
+                    .wait_turn(rate, (to - next) * geometry.interleave_bytes())
+                    .await
+                    && !self.job_running(job.id).await
+                {
+                    going = false;
+                    break;
+                }
+                in_flight.push_back(crate::rebuild::copy_rows(
+                    space,
+                    u64::from(step.extent),
+                    u32::from(step.slot),
+                    destination,
+                    next..to,
+                    pace.write_through,
+                ));
+                next = to;
+            }
+            let Some(copied) = in_flight.next().await else {
+                break;
+            };
+            match copied {
+                // Once one step failed, those after it are let go unsettled.
+                Ok(copied) if failure.is_none() => {
+                    if copied.settle(destination) == 0 {
+                        going = false; // its space was deleted
+                    }
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    failure.get_or_insert(error);
+                    going = false;
+                }
             }
             let now = self.shared.env.now_ns();
             self.shared
                 .job_runtime
-                .note_bytes(work.job, now, self.live_bytes_done(&metadata, job));
+                .note_bytes(job.id, now, self.live_bytes_done(metadata, job));
             if self
                 .shared
                 .job_runtime
-                .persist_due(work.job, now, PERSIST_INTERVAL_NS)
+                .persist_due(job.id, now, PERSIST_INTERVAL_NS)
             {
-                self.persist_progress(work.job).await;
+                self.persist_progress(job.id).await;
             }
+            if going && !self.job_running(job.id).await {
+                going = false;
+            }
+        }
+        match failure {
+            Some(error) => Err(error),
+            None => Ok(going),
+        }
+    }
+
+    /// How moves go now: all out while no client is busy, and while one
+    /// is, few moves of one small step each, so that a client's request
+    /// queues behind at most one step's read or write on a disk.
+    fn pace(&self, rate: u64) -> Pace {
+        let idle = self.shared.clients_idle(CLIENT_QUIET_NS);
+        Pace {
+            moves: if idle { PARALLEL_MOVES } else { BUSY_MOVES },
+            // A rate limit books each step before it is issued: one at a
+            // time, as the steps in flight wait while their mover sleeps.
+            depth: if idle && rate == 0 { FILL_DEPTH } else { 1 },
+            step_bytes: if idle {
+                FILL_STEP_BYTES
+            } else {
+                BUSY_STEP_BYTES
+            },
+            write_through: !idle,
         }
     }
 
@@ -435,9 +544,9 @@ impl Pool {
     }
 
     /// Commit a job's watermarks. The rows below them are made durable
-    /// first (marks read, then every disk flushed, then the marks read
-    /// before the flush committed): a watermark on disk never claims rows
-    /// a power cut could still take from the destination.
+    /// first (marks read, then the destinations flushed, then the marks
+    /// read before the flush committed): a watermark on disk never claims
+    /// rows a power cut could still take from the destination.
     async fn persist_progress(&self, job_id: u64) {
         let Some(mut job) = self
             .metadata()
@@ -449,7 +558,7 @@ impl Pool {
             return;
         };
         self.save_watermarks(&mut job);
-        if self.shared.flush_disks().await.is_err() {
+        if !self.flush_destinations(&job).await {
             return;
         }
         let mut control = self.shared.control.lock().await;
@@ -466,6 +575,32 @@ impl Pool {
         let job = current.clone();
         next.jobs[position].bytes_done = recorded_bytes_done(&next, &job);
         let _ = self.shared.commit(&mut control, next).await;
+    }
+
+    /// Flush the disks the unfinished moves of `job` write to. Only they
+    /// hold what a watermark claims; the sums are left alone (they are of
+    /// the space's blocks, which a copy does not change), and so are the
+    /// clients' writes (the write intent's to make durable): flushing
+    /// every disk and sums page once a second wrote back each sums page
+    /// the clients had dirtied as often, one more random write each on a
+    /// hard disk, and clients kept a tenth of their throughput.
+    /// False if one failed (the disk is failed with it) or the failures
+    /// could not be recorded.
+    async fn flush_destinations(&self, job: &JobRecord) -> bool {
+        let targets: BTreeSet<DiskIndex> = job
+            .moves
+            .iter()
+            .filter(|step| !step.done)
+            .map(|step| step.target.disk)
+            .collect();
+        let flushes = self
+            .shared
+            .disks()
+            .into_iter()
+            .filter(|disk| disk.is_online() && targets.contains(&disk.index))
+            .map(|disk| async move { disk.flush().await });
+        let flushed = join_all(flushes).await.into_iter().all(|f| f.is_ok());
+        self.shared.persist_failures().await.is_ok() && flushed
     }
 
     /// The destination failed: choose another target and start that move

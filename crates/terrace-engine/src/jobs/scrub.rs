@@ -62,7 +62,7 @@ const STEP_ROWS_MAX: u64 = 64;
 /// ([`repair_rows_streaming`]). Longer than the gaps between a busy
 /// client's requests, short enough that a scrub of an idle pool runs at
 /// full speed a moment after the client stops.
-const CLIENT_QUIET_NS: u64 = 250_000_000;
+pub(super) const CLIENT_QUIET_NS: u64 = 250_000_000;
 /// How often a running scrub commits its cursor: a crash repeats at most
 /// this much work (and the extent it was in), and commits stay rare.
 const PERSIST_INTERVAL_NS: u64 = 1_000_000_000;
