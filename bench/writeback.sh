@@ -68,8 +68,8 @@ done
 cargo build --release -q -p terrace
 terrace="${CARGO_TARGET_DIR:-target}/release/terrace"
 
-# name rw bs rwmixread size: the paper's five profiles, then 4 KiB random
-# writes. Streaming reads the first 1008 MiB of each target, written whole
+# name rw bs rwmixread size: the paper's five profiles, then 4 KiB and
+# 8 KiB random writes. Streaming reads the first 1008 MiB of each target, written whole
 # rows at a time before any profile runs (see prefill): unwritten extents
 # of a btrfs file read as zeroes without touching a drive.
 profiles=(
@@ -79,6 +79,7 @@ profiles=(
     "restore write 64k 0 8G"
     "streaming read 64k 100 1008M"
     "random-write randwrite 4k 0 8G"
+    "random-write-8k randwrite 8k 0 8G"
 )
 
 # Write the range streaming reads, in writes of whole rows of every parity
@@ -167,6 +168,7 @@ make_pool() {
     "$terrace" "${ctl[@]}" space create wb p1-log --layout parity --redundancy 1 --columns 8 --interleave "$interleave" --size 8G --cache 1G >/dev/null
     "$terrace" "${ctl[@]}" space create wb p1 --layout parity --redundancy 1 --columns 8 --interleave "$interleave" --size 8G --cache 0 >/dev/null
     "$terrace" "${ctl[@]}" space create wb m2 --layout mirror --copies 2 --columns 4 --size 8G --cache 0 >/dev/null
+    "$terrace" "${ctl[@]}" space create wb m2-log --layout mirror --copies 2 --columns 4 --size 8G --cache 1G >/dev/null
     # The drives' aggregate bandwidth, measured the same way: a simple
     # space striped over all eight (restore only).
     "$terrace" "${ctl[@]}" space create wb s8 --layout simple --columns 8 --size 8G --cache 0 >/dev/null
@@ -242,14 +244,14 @@ if wanted "${PARTS:-}" model; then
 echo "== with drive models (8 × hdd-10k, 3 × ssd-sata journal disks)" >&2
 start_daemon "$work/model"
 make_pool "$work/model" model
-prefill_spaces "$work/model" s8 p2-log p2 p1-log p1 m2
+prefill_spaces "$work/model" s8 p2-log p2 p1-log p1 m2 m2-log
 for depth in $depths; do
 for profile in "${profiles[@]}"; do
     read -r name rw bs mix size <<<"$profile"
     wanted "${PROFILES:-}" "$name" || continue
     # The limit (s8) is measured first and last, and averaged: the shared
     # machine's speed drifts over the minutes between.
-    for space in s8 p2-log p2 p1-log p1 m2 s8; do
+    for space in s8 p2-log p2 p1-log p1 m2 m2-log s8; do
         wanted "${SPACES:-}" "$space" || continue
         [ "$space" = s8 ] && [ "$name" != restore ] && continue
         run_space model "$work/model" "$name" "$rw" "$bs" "$mix" "$size" "$space"
@@ -337,7 +339,7 @@ def cell(by, t):
     return f"{by[t][0]:.0f} ({by[t][1]:.1f})" if t in by else "–"
 def ratio(by, a, b):
     return f"{by[a][0] / max(by[b][0], 1e-9):.2f}" if a in by and b in by else "–"
-spaces = ["p2-log", "p2", "p1-log", "p1", "m2", "btrfs-raid6", "btrfs-raid5"]
+spaces = ["p2-log", "p2", "p1-log", "p1", "m2", "m2-log", "btrfs-raid6", "btrfs-raid5"]
 targets = ["p2-log", "btrfs-raid6", "p1-log", "btrfs-raid5"]
 to_btrfs = [("p2-log", "btrfs-raid6"), ("p1-log", "btrfs-raid5")]
 short = lambda t: t.removeprefix("btrfs-")
@@ -355,7 +357,7 @@ def table(base, depth, title, columns, ratios):
         print(f"| {profile} | " + " | ".join(cells) + " |")
     return True
 for depth in depths:
-    if table("model", depth, "With drive models", spaces, [("p2-log", "m2"), ("p2-log", "p2"), ("p1-log", "p1")] + to_btrfs):
+    if table("model", depth, "With drive models", spaces, [("p2-log", "m2"), ("p2-log", "m2-log"), ("p2-log", "p2"), ("p1-log", "p1")] + to_btrfs):
         restore = rows.get(("model", depth, "restore"), {})
         if "s8" in restore:
             limit = restore["s8"][1]
