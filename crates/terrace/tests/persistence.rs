@@ -633,7 +633,13 @@ fn a_pool_with_failed_journal_disks_is_destroyed() {
     daemon.cli_json(&args.iter().map(String::as_str).collect::<Vec<_>>());
     daemon.create_space("t3", "s", &["--layout", "mirror", "--cache", "32M"], "64M");
     full.fail(&journals);
-    // The next commit finds the journal disks failed.
+    // A logged write reaches both journal disks where nothing is allocated
+    // yet, and fails there (a commit alone may land in metadata pages
+    // allocated before the folder filled, as background commits do on a
+    // slow machine); the next commit records them failed.
+    let mut connection = Connection::open(&daemon.nbd_socket, "s");
+    let _ = connection.write(0, &random_bytes(3, 4096), 0);
+    connection.disconnect();
     daemon.cli_ok(&["pool", "set", "t3", "--repair-rate", "100M"]);
     // The journal disks are failed; whether the pool still reads DEGRADED
     // depends on how far the repair of the log's copies has come.
