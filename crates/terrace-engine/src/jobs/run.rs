@@ -33,9 +33,15 @@ const PERSIST_INTERVAL_NS: u64 = 1_000_000_000;
 /// Moves in flight at once under the parallel policy while no client is
 /// busy: enough to keep every disk of a large pool reading and writing.
 const PARALLEL_MOVES: usize = 16;
-/// Steps of one move in flight at once while no client is busy: the
-/// source reads the next while the destination writes this one.
-const FILL_DEPTH: usize = 2;
+/// Steps of one move in flight at once while no client is busy. One: a
+/// second step issued beside the first takes its rows' locks while the
+/// first still takes its own, out of the ascending order every holder of
+/// several row locks keeps, and a client write holding a row between them
+/// deadlocks with the move (found by the end-to-end repair of two zeroed
+/// disks of dual parity). Two steps in flight took an idle rebuild from
+/// 8.6 to 7.9 s on twelve hard disks; they need the next step's locks
+/// taken only once this step holds all of its own.
+const FILL_DEPTH: usize = 1;
 /// Moves in flight at once, and the bytes of each step, while a client is
 /// busy: a client's request waits behind at most one step on a disk, and
 /// most disks serve the clients alone at any moment.
