@@ -19,7 +19,6 @@ use crate::disk::DiskError;
 use crate::error::EngineError;
 use crate::layouts::{LayoutHost, RowFailure, RowLayout};
 use crate::row::RowIo;
-use crate::row_lock::RowGuard;
 use crate::target::Location;
 
 /// Why one row of a slab could not be filled.
@@ -69,48 +68,31 @@ async fn row_content<H: LayoutHost>(
         .map_err(FillError::Content)
 }
 
-/// Rows of a slab copied into their destination, their locks still held:
-/// the watermark may pass them only once every row below them is copied
-/// too, so the mover raises it step by step in order ([`Copied::settle`]).
-pub(crate) struct Copied<'a> {
-    rows_end: u64,
-    /// Bytes written to the destination.
-    pub(crate) bytes: u64,
-    _guards: Vec<RowGuard<'a>>,
-}
-
-impl Copied<'_> {
-    /// Raise `destination`'s watermark past these rows, then let their
-    /// locks go: a client write of one of them waited, and now sees the
-    /// destination current and writes it too.
-    pub(crate) fn settle(self, destination: &Location) -> u64 {
-        destination
-            .valid_below
-            .as_ref()
-            .expect("a destination being filled has a watermark")
-            .fetch_max(self.rows_end, Ordering::AcqRel);
-        self.bytes
-    }
-}
-
-/// Copy `rows` of `slot` of `extent` into `destination`, holding their
-/// locks until the [`Copied`] settles (or drops, leaving the watermark).
+/// Bring `rows` of `slot` of `extent` into `destination` and raise its
+/// watermark past them. Returns the bytes written.
 ///
 /// The rows are locked together (in ascending order, as every holder of
-/// several row locks takes them), read and written all at once: a drive
-/// sees the whole step queued and streams it, instead of one row's read
-/// and write at a time. A mover keeps a few steps of one slab in flight,
-/// so that the source reads the next step while the destination writes
-/// this one.
-pub(crate) async fn copy_rows<'a, H: LayoutHost>(
-    space: &'a H,
+/// several row locks takes them), read and written all at once, and the
+/// watermark is raised before the locks go: a client write of one of them
+/// waits, then sees the destination current and writes it too. Issuing a
+/// step's rows together keeps the source and the destination streaming
+/// (a drive sees the whole step queued) instead of one row's read and
+/// write at a time. `write_through` writes past the destination drive's
+/// cache, so that the step ends only once the drive holds it (a mover
+/// pacing itself by the clients counts on that).
+pub(crate) async fn fill_rows<H: LayoutHost>(
+    space: &H,
     extent: u64,
     slot: u32,
     destination: &Location,
     rows: std::ops::Range<u64>,
     write_through: bool,
-) -> Result<Copied<'a>, EngineError> {
+) -> Result<u64, EngineError> {
     let geometry = *space.geometry();
+    let mark = destination
+        .valid_below
+        .as_ref()
+        .expect("a destination being filled has a watermark");
     let mut guards = Vec::new();
     for row in rows.clone() {
         guards.push(space.locks().lock((extent, row)).await);
@@ -118,11 +100,7 @@ pub(crate) async fn copy_rows<'a, H: LayoutHost>(
     // The slots' places as they are under the locks, not before them.
     let Some(targets) = space.current_extent(extent) else {
         // The space was deleted: the move ends as its space is gone.
-        return Ok(Copied {
-            rows_end: rows.start,
-            bytes: 0,
-            _guards: guards,
-        });
+        return Ok(0);
     };
     let fills = rows.clone().map(|row| {
         let targets = &targets;
@@ -145,13 +123,11 @@ pub(crate) async fn copy_rows<'a, H: LayoutHost>(
             Ok::<u64, EngineError>(length)
         }
     });
-    let mut bytes = 0;
+    let mut written = 0;
     for filled in futures::future::join_all(fills).await {
-        bytes += filled?;
+        written += filled?;
     }
-    Ok(Copied {
-        rows_end: rows.end,
-        bytes,
-        _guards: guards,
-    })
+    mark.fetch_max(rows.end, Ordering::AcqRel);
+    drop(guards);
+    Ok(written)
 }

@@ -6,12 +6,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use futures::future::join_all;
-use futures::StreamExt;
 use terrace_meta::{
     DiskIndex, DiskState, JobKind, JobRecord, JobState, PoolMetadata, RepairPolicy, RetireMissing,
 };
 
-use super::scrub::CLIENT_QUIET_NS;
 use super::JobAction;
 use crate::disk::Condition;
 use crate::error::EngineError;
@@ -33,15 +31,6 @@ const PERSIST_INTERVAL_NS: u64 = 1_000_000_000;
 /// Moves in flight at once under the parallel policy while no client is
 /// busy: enough to keep every disk of a large pool reading and writing.
 const PARALLEL_MOVES: usize = 16;
-/// Steps of one move in flight at once while no client is busy. One: a
-/// second step issued beside the first takes its rows' locks while the
-/// first still takes its own, out of the ascending order every holder of
-/// several row locks keeps, and a client write holding a row between them
-/// deadlocks with the move (found by the end-to-end repair of two zeroed
-/// disks of dual parity). Two steps in flight took an idle rebuild from
-/// 8.6 to 7.9 s on twelve hard disks; they need the next step's locks
-/// taken only once this step holds all of its own.
-const FILL_DEPTH: usize = 1;
 /// Moves in flight at once, and the bytes of each step, while a client is
 /// busy: a client's request waits behind at most one step on a disk, and
 /// most disks serve the clients alone at any moment.
@@ -57,8 +46,6 @@ const PROBE_INTERVAL_NS: u64 = 1_000_000_000;
 struct Pace {
     /// Workers that may hold a move.
     moves: usize,
-    /// Steps of a move in flight.
-    depth: usize,
     step_bytes: u64,
     /// Steps written through the drives' caches: a step ends when its
     /// destination holds it, so the pace holds on drives whose caches
@@ -149,7 +136,7 @@ impl Pool {
                 while self.running_jobs() {
                     let (pending, limit) = self.pending_moves().await;
                     // Under the policy's limit, and the clients'.
-                    let claimed = if worker < limit.min(self.pace(0).moves) {
+                    let claimed = if worker < limit.min(self.pace().moves) {
                         claims.claim(pending, self.shared.env.now_ns())
                     } else {
                         None
@@ -359,11 +346,11 @@ impl Pool {
     }
 
     /// Copy move `index` of `job` into `destination` step by step from its
-    /// watermark, with up to [`Pace::depth`] steps in flight and the
-    /// watermark raised past each in order. Ok(true) once the slab is
-    /// copied (the caller looks again and finishes the move); Ok(false)
-    /// if it stopped first: the job stopped running, or clients became
-    /// busy and this worker is past the moves they leave room for.
+    /// watermark, at the pace the clients leave ([`Pool::pace`]). Ok(true)
+    /// once the slab is copied (the caller looks again and finishes the
+    /// move); Ok(false) if it stopped first: the job stopped running, its
+    /// space was deleted, or clients became busy and this worker is past
+    /// the moves they leave room for.
     async fn fill_steps(
         &self,
         metadata: &PoolMetadata,
@@ -377,54 +364,38 @@ impl Pool {
         let geometry = *space.geometry();
         let rows = geometry.rows_per_extent();
         let rate = metadata.settings.repair_rate_bytes_per_second;
-        let mut next = destination
+        let mut from = destination
             .valid_below
             .as_ref()
             .map_or(rows, |mark| mark.load(Ordering::Acquire));
-        let mut in_flight = futures::stream::FuturesOrdered::new();
-        let mut failure = None;
-        let mut going = true;
-        loop {
-            let pace = self.pace(rate);
-            going &= worker < pace.moves;
-            while going && in_flight.len() < pace.depth && next < rows {
-                let rows_per_step =
-                    (pace.step_bytes / geometry.interleave_bytes()).clamp(1, FILL_STEP_ROWS_MAX);
-                let to = (next + rows_per_step).min(rows);
-                if self
-                    .wait_turn(rate, (to - next) * geometry.interleave_bytes())
-                    .await
-                    && !self.job_running(job.id).await
-                {
-                    going = false;
-                    break;
-                }
-                in_flight.push_back(crate::rebuild::copy_rows(
-                    space,
-                    u64::from(step.extent),
-                    u32::from(step.slot),
-                    destination,
-                    next..to,
-                    pace.write_through,
-                ));
-                next = to;
+        while from < rows {
+            let pace = self.pace();
+            if worker >= pace.moves {
+                return Ok(false);
             }
-            let Some(copied) = in_flight.next().await else {
-                break;
-            };
-            match copied {
-                // Once one step failed, those after it are let go unsettled.
-                Ok(copied) if failure.is_none() => {
-                    if copied.settle(destination) == 0 {
-                        going = false; // its space was deleted
-                    }
-                }
-                Ok(_) => {}
-                Err(error) => {
-                    failure.get_or_insert(error);
-                    going = false;
-                }
+            let rows_per_step =
+                (pace.step_bytes / geometry.interleave_bytes()).clamp(1, FILL_STEP_ROWS_MAX);
+            let to = (from + rows_per_step).min(rows);
+            if self
+                .wait_turn(rate, (to - from) * geometry.interleave_bytes())
+                .await
+                && !self.job_running(job.id).await
+            {
+                return Ok(false);
             }
+            let written = crate::rebuild::fill_rows(
+                space,
+                u64::from(step.extent),
+                u32::from(step.slot),
+                destination,
+                from..to,
+                pace.write_through,
+            )
+            .await?;
+            if written == 0 {
+                return Ok(false); // its space was deleted
+            }
+            from = to;
             let now = self.shared.env.now_ns();
             self.shared
                 .job_runtime
@@ -436,26 +407,21 @@ impl Pool {
             {
                 self.persist_progress(job.id).await;
             }
-            if going && !self.job_running(job.id).await {
-                going = false;
+            if !self.job_running(job.id).await {
+                return Ok(false);
             }
         }
-        match failure {
-            Some(error) => Err(error),
-            None => Ok(going),
-        }
+        Ok(true)
     }
 
     /// How moves go now: all out while no client is busy, and while one
-    /// is, few moves of one small step each, so that a client's request
-    /// queues behind at most one step's read or write on a disk.
-    fn pace(&self, rate: u64) -> Pace {
-        let idle = self.shared.clients_idle(CLIENT_QUIET_NS);
+    /// is, few moves of one small step each, written through the drives'
+    /// caches, so that a client's request queues behind at most one step's
+    /// read or write on a disk.
+    fn pace(&self) -> Pace {
+        let idle = self.clients_idle();
         Pace {
             moves: if idle { PARALLEL_MOVES } else { BUSY_MOVES },
-            // A rate limit books each step before it is issued: one at a
-            // time, as the steps in flight wait while their mover sleeps.
-            depth: if idle && rate == 0 { FILL_DEPTH } else { 1 },
             step_bytes: if idle {
                 FILL_STEP_BYTES
             } else {

@@ -62,7 +62,7 @@ const STEP_ROWS_MAX: u64 = 64;
 /// ([`repair_rows_streaming`]). Longer than the gaps between a busy
 /// client's requests, short enough that a scrub of an idle pool runs at
 /// full speed a moment after the client stops.
-pub(super) const CLIENT_QUIET_NS: u64 = 250_000_000;
+const CLIENT_QUIET_NS: u64 = 250_000_000;
 /// How often a running scrub commits its cursor: a crash repeats at most
 /// this much work (and the extent it was in), and commits stay rare.
 const PERSIST_INTERVAL_NS: u64 = 1_000_000_000;
@@ -390,8 +390,8 @@ impl Pool {
     }
 
     /// No client's read or write is under way or reached the pool within
-    /// [`CLIENT_QUIET_NS`].
-    fn clients_idle(&self) -> bool {
+    /// [`CLIENT_QUIET_NS`]. Scrubs and moves both go all out only then.
+    pub(super) fn clients_idle(&self) -> bool {
         self.shared.clients_idle(CLIENT_QUIET_NS)
     }
 
