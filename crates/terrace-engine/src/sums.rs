@@ -11,7 +11,8 @@
 //! ```
 //!
 //! A page is loaded once however many requests want it at the same time
-//! (loads take one lock in turn), and a change made while its page is
+//! (the first loads it, the others wait; loads of different pages go on
+//! together), and a change made while its page is
 //! being written back leaves it dirty for the next. Clean pages beyond the
 //! budget are dropped, least recently used first; dirty ones stay until
 //! written. Depends on nothing of the engine above its errors: the store
@@ -69,6 +70,27 @@ struct State {
     /// created with its sums, its slabs zeroed): its sums are [`ZEROES`],
     /// not unknown.
     blank_zeroes: bool,
+    /// Pages being loaded, each by one request; others wanting the page
+    /// wait for it (a load of another page does not).
+    loads: FxHashMap<u64, futures::future::Shared<futures::channel::oneshot::Receiver<()>>>,
+    /// Pages cached past which [`Sums::trim`] looks again, after a look
+    /// that found too few clean pages to drop: it counts every page,
+    /// under the lock every request takes.
+    trim_at: usize,
+}
+
+/// A page's load under way; dropping it lets those waiting go on.
+struct Loading<'a> {
+    sums: &'a Sums,
+    index: u64,
+    /// Dropped with it: the waiters wake.
+    _done: futures::channel::oneshot::Sender<()>,
+}
+
+impl Drop for Loading<'_> {
+    fn drop(&mut self) {
+        self.sums.state().loads.remove(&self.index);
+    }
 }
 
 /// The cached sums of one space.
@@ -77,8 +99,6 @@ pub(crate) struct Sums {
     /// Clean pages kept at most (dirty ones stay beyond it).
     budget_pages: usize,
     state: Mutex<State>,
-    /// Held while pages are loaded, so each is loaded once.
-    loading: futures::lock::Mutex<()>,
     /// Held while dirty pages are written back, one batch at a time.
     writing: futures::lock::Mutex<()>,
 }
@@ -94,7 +114,6 @@ impl Sums {
                 written: fresh.then(Default::default),
                 ..State::default()
             }),
-            loading: futures::lock::Mutex::new(()),
             writing: futures::lock::Mutex::new(()),
         }
     }
@@ -122,18 +141,38 @@ impl Sums {
         if !missing(&self.state()) {
             return;
         }
-        let _loading = self.loading.lock().await;
         for index in pages {
-            let blank = {
-                let state = self.state();
-                if state.pages.contains_key(&index) {
-                    continue;
-                }
-                state
-                    .written
-                    .as_ref()
-                    .is_some_and(|written| !written.contains(&index))
+            // Loaded once: by the first to want it, the others waiting; a
+            // load given up (its request dropped) is taken over.
+            let (blank, loading) = loop {
+                let wait = {
+                    let mut state = self.state();
+                    if state.pages.contains_key(&index) {
+                        break (false, None);
+                    }
+                    match state.loads.get(&index) {
+                        Some(load) => load.clone(),
+                        None => {
+                            let (done, load) = futures::channel::oneshot::channel();
+                            state.loads.insert(index, futures::FutureExt::shared(load));
+                            let blank = state
+                                .written
+                                .as_ref()
+                                .is_some_and(|written| !written.contains(&index));
+                            let loading = Loading {
+                                sums: self,
+                                index,
+                                _done: done,
+                            };
+                            break (blank, Some(loading));
+                        }
+                    }
+                };
+                let _ = wait.await;
             };
+            if loading.is_none() {
+                continue;
+            }
             let copies = if blank {
                 Vec::new()
             } else {
@@ -198,7 +237,7 @@ impl Sums {
             cached.used = now;
             sums.push(cached.page.sums[slot]);
         }
-        let over = state.pages.len() > self.budget_pages;
+        let over = state.pages.len() > self.budget_pages.max(state.trim_at);
         drop(state);
         if over {
             self.trim();
@@ -362,6 +401,7 @@ impl Sums {
         }
         match failed {
             None => {
+                self.state().trim_at = 0;
                 self.trim();
                 Ok(())
             }
@@ -376,14 +416,16 @@ impl Sums {
     /// clean or not, it looks at nothing else.
     fn trim(&self) {
         let mut state = self.state();
-        if state.pages.len() <= self.budget_pages {
+        if state.pages.len() <= self.budget_pages.max(state.trim_at) {
             return;
         }
         let idle = |c: &Cached| !c.dirty && !c.writing;
         let clean = state.pages.values().filter(|c| idle(c)).count();
         if clean <= self.budget_pages {
+            state.trim_at = state.pages.len() + self.budget_pages / 8;
             return;
         }
+        state.trim_at = 0;
         let keep = self.budget_pages - self.budget_pages / 8;
         let mut by_age: Vec<(u64, u64)> = state
             .pages
