@@ -33,6 +33,7 @@ cd "$(dirname "$0")/.."
 rounds="${1:-3}"
 seconds="${2:-5}"
 space_size="${SPACE_SIZE:-1G}"
+disk_size="${DISK_SIZE:-4G}"
 ab_work checksums
 bin="${BINS%% *}"
 layouts="${LAYOUTS:-simple:--layout simple,mirror:--layout mirror --copies 2,parity:--layout parity --redundancy 1}"
@@ -45,7 +46,7 @@ ctl=("$bin" --control "$work/ctl.sock")
 mkdir -p "$work/disks"
 disks=()
 for i in 0 1 2 3; do
-    truncate -s "${DISK_SIZE:-4G}" "$work/disks/d$i.img"
+    truncate -s "$disk_size" "$work/disks/d$i.img"
     disks+=("$work/disks/d$i.img${MODEL:+,model=$MODEL}")
 done
 "${ctl[@]}" pool create p "${disks[@]}" --slab 64M >/dev/null

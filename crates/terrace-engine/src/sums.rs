@@ -15,7 +15,8 @@
 //! together), and a change made while its page is
 //! being written back leaves it dirty for the next. Clean pages beyond the
 //! budget are dropped, least recently used first; dirty ones stay until
-//! written. Depends on nothing of the engine above its errors: the store
+//! written. Depends on nothing of the engine above its errors and the
+//! keyed locks of `row_lock` (one per page being loaded): the store
 //! is whatever keeps the pages (a hidden mirrored volume).
 
 use std::ops::Range;
@@ -29,6 +30,7 @@ use terrace_meta::sums::{page_of, SumsPage, SUMS_PER_PAGE, ZEROES};
 use terrace_meta::SpaceId;
 
 use crate::error::EngineError;
+use crate::row_lock::RowLocks;
 
 /// Where a space's sums pages live: every copy of each page.
 pub(crate) trait SumsStore: Send + Sync {
@@ -70,27 +72,10 @@ struct State {
     /// created with its sums, its slabs zeroed): its sums are [`ZEROES`],
     /// not unknown.
     blank_zeroes: bool,
-    /// Pages being loaded, each by one request; others wanting the page
-    /// wait for it (a load of another page does not).
-    loads: FxHashMap<u64, futures::future::Shared<futures::channel::oneshot::Receiver<()>>>,
     /// Pages cached past which [`Sums::trim`] looks again, after a look
     /// that found too few clean pages to drop: it counts every page,
     /// under the lock every request takes.
     trim_at: usize,
-}
-
-/// A page's load under way; dropping it lets those waiting go on.
-struct Loading<'a> {
-    sums: &'a Sums,
-    index: u64,
-    /// Dropped with it: the waiters wake.
-    _done: futures::channel::oneshot::Sender<()>,
-}
-
-impl Drop for Loading<'_> {
-    fn drop(&mut self) {
-        self.sums.state().loads.remove(&self.index);
-    }
 }
 
 /// The cached sums of one space.
@@ -99,6 +84,9 @@ pub(crate) struct Sums {
     /// Clean pages kept at most (dirty ones stay beyond it).
     budget_pages: usize,
     state: Mutex<State>,
+    /// One lock per page being loaded (key `(page, 0)`), so each is
+    /// loaded once; loads of different pages go on together.
+    loading: RowLocks,
     /// Held while dirty pages are written back, one batch at a time.
     writing: futures::lock::Mutex<()>,
 }
@@ -114,6 +102,7 @@ impl Sums {
                 written: fresh.then(Default::default),
                 ..State::default()
             }),
+            loading: RowLocks::default(),
             writing: futures::lock::Mutex::new(()),
         }
     }
@@ -142,37 +131,17 @@ impl Sums {
             return;
         }
         for index in pages {
-            // Loaded once: by the first to want it, the others waiting; a
-            // load given up (its request dropped) is taken over.
-            let (blank, loading) = loop {
-                let wait = {
-                    let mut state = self.state();
-                    if state.pages.contains_key(&index) {
-                        break (false, None);
-                    }
-                    match state.loads.get(&index) {
-                        Some(load) => load.clone(),
-                        None => {
-                            let (done, load) = futures::channel::oneshot::channel();
-                            state.loads.insert(index, futures::FutureExt::shared(load));
-                            let blank = state
-                                .written
-                                .as_ref()
-                                .is_some_and(|written| !written.contains(&index));
-                            let loading = Loading {
-                                sums: self,
-                                index,
-                                _done: done,
-                            };
-                            break (blank, Some(loading));
-                        }
-                    }
-                };
-                let _ = wait.await;
+            let _loading = self.loading.lock((index, 0)).await;
+            let blank = {
+                let state = self.state();
+                if state.pages.contains_key(&index) {
+                    continue;
+                }
+                state
+                    .written
+                    .as_ref()
+                    .is_some_and(|written| !written.contains(&index))
             };
-            if loading.is_none() {
-                continue;
-            }
             let copies = if blank {
                 Vec::new()
             } else {
