@@ -259,6 +259,12 @@ impl<'a, H: RowHost> RowIo<'a, H> {
         self.known.push((slot, column_offset, bytes));
     }
 
+    /// Forget what was remembered of `slot`: it changed without a write
+    /// to it (a lost column, changed in parity only).
+    pub(crate) fn forget(&self, slot: u32) {
+        self.known.retain(|(s, _, _)| *s != slot);
+    }
+
     /// Whether `length` bytes of `slot` at `column_offset` are remembered
     /// (see [`RowIo::remember`]).
     pub(crate) fn knows(&self, slot: u32, column_offset: u64, length: u64) -> bool {
@@ -315,7 +321,7 @@ impl<'a, H: RowHost> RowIo<'a, H> {
         data: Bytes,
         fua: bool,
     ) -> Result<(), RowError> {
-        self.known.retain(|(s, _, _)| *s != slot);
+        self.forget(slot);
         let (first, more) = self.with_targets(|targets| {
             let mut locations = targets[slot as usize].writable(self.row);
             let first = locations.next().cloned();

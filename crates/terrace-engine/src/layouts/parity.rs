@@ -487,12 +487,21 @@ async fn reconstruct_write<H: RowHost>(
     fua: bool,
 ) -> Result<Attempt, EngineError> {
     // Old contents are needed for data columns the write does not fully
-    // cover; if one of those is lost, rebuild it from all the survivors.
-    let rebuild = lost
+    // cover; if one of those is lost, rebuild it from all the survivors —
+    // unless this I/O already knows its band (checked against its sums
+    // before the update, see `RowIo::remember`): survivors the write
+    // covers are not checked, and one a disk silently failed to update
+    // would rebuild the lost column wrong, and parity with it.
+    let known = |c: usize| io.knows(columns.slot(io, c), plan.low, plan.width());
+    let needed = |c: usize| c < columns.data && !plan.fully_covers(c);
+    let erased: Vec<usize> = lost
         .iter()
-        .any(|&c| c < columns.data && !plan.fully_covers(c));
+        .copied()
+        .filter(|&c| !(needed(c) && known(c)))
+        .collect();
+    let rebuild = erased.iter().any(|&c| needed(c));
     let wanted: Vec<bool> = (0..columns.count())
-        .map(|c| !lost.contains(&c) && (rebuild || (c < columns.data && !plan.fully_covers(c))))
+        .map(|c| !erased.contains(&c) && (rebuild || needed(c)))
         .collect();
     if !wanted.contains(&true) {
         // The write covers the band of every data column: parity straight
@@ -514,7 +523,7 @@ async fn reconstruct_write<H: RowHost>(
     };
     if rebuild {
         let mut views: Vec<&mut [u8]> = band.iter_mut().map(|b| &mut b[..]).collect();
-        terrace_ec::reconstruct(&mut views, columns.redundancy, lost)
+        terrace_ec::reconstruct(&mut views, columns.redundancy, &erased)
             .map_err(|error| io.unavailable(span, RowFailure::Reconstruct(error)))?;
     }
     let mut parity = band.split_off(columns.data);
@@ -562,6 +571,12 @@ async fn write_row<H: RowHost>(
     });
     let writes: Vec<_> = data_writes.chain(parity_writes).collect();
     join_all(writes).await;
+    // A lost column changed too, in parity only: what this I/O remembered
+    // of it is old now (a write forgets what it overwrites, and a lost
+    // column is not written).
+    for &column in lost {
+        io.forget(columns.slot(io, column));
+    }
 }
 
 /// The whole row (one interleave) of `slot` as the other columns define it:
