@@ -37,7 +37,7 @@ slice=$((8192 / connections))
 fio --name=overload --ioengine=nbd --uri="nbd+unix:///s?socket=$nbd" \
     --numjobs="$connections" --size="${slice}M" --offset_increment="${slice}M" \
     --rw=randrw --rwmixread=50 --bsrange=4k-256k --bs_unaligned=0 --iodepth=4 \
-    --verify=crc32c --verify_backlog=64 --verify_fatal=1 \
+    --verify=crc32c --verify_backlog=64 --verify_fatal=1 --verify_state_save=0 \
     --time_based --runtime="$seconds" --group_reporting \
     --percentile_list=50:99:99.9 --output-format=json >"$work/fio.json" 2>"$work/fio.err" || {
     cat "$work/fio.err" >&2
