@@ -474,7 +474,13 @@ impl Pool {
             let sums_growth = match record.sums.and_then(|id| next.space_by_id(id)) {
                 Some(sums) => {
                     let sums_geometry = sums.geometry(next.slab_bytes)?;
-                    let bytes = crate::placement::sums_bytes(requested);
+                    // A journal moves to the new end.
+                    let journal = crate::placement::sums_journal_pages(current, sums.size_bytes);
+                    let bytes = if journal > 0 {
+                        crate::placement::sums_space_bytes(requested)
+                    } else {
+                        crate::placement::sums_bytes(requested)
+                    };
                     let have = sums.extents.len() as u64;
                     let taken: std::collections::BTreeSet<SlabRef> =
                         ExtentRecord::slabs_of(&added).collect();
@@ -520,6 +526,16 @@ impl Pool {
         if let (Some((_, _, _, more_targets)), Some(sums)) = (&sums_growth, &sums_volume) {
             zero_slabs(sums, more_targets, geometry.slab_bytes()).await?;
         }
+        // The sums' journal is at the end of their space, which moves: the
+        // pages take everything until the new journal begins.
+        let _paused = match (&sums_volume, space.volume().sums()) {
+            (Some(_), Some(sums)) => {
+                let paused = crate::sums::Paused(sums);
+                sums.pause().await?;
+                Some(paused)
+            }
+            _ => None,
+        };
         let mut control = self.shared.control.lock().await;
         let mut next = control.metadata.clone();
         disks_still_active(&next, ExtentRecord::slabs_of(&added), name)?;
@@ -541,6 +557,7 @@ impl Pool {
         self.shared.commit(&mut control, next).await?;
         if let (Some((bytes, more_targets)), Some(sums)) = (sums_grown, sums_volume) {
             sums.grow(bytes, more_targets);
+            sums.set_sums_journal_pages(crate::placement::sums_journal_pages(requested, bytes));
         }
         space.grow(requested, added_targets);
         drop(reservation);

@@ -419,6 +419,10 @@ async fn open(
             .cloned();
         if let Some(sums) = sums {
             crate::placement::attach_sums(space.volume(), &sums, false, false);
+            // Before the logs replay over them.
+            if let Some(sums) = space.volume().sums() {
+                sums.recover().await;
+            }
         }
     }
     // Jobs' moves before anything reads or writes the disks: a slot that

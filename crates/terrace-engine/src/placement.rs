@@ -142,8 +142,31 @@ pub fn hidden_copies(layout: Layout) -> u32 {
 
 /// Bytes of sums pages a space of `size_bytes` needs (0.2 % of it).
 pub(crate) fn sums_bytes(size_bytes: u64) -> u64 {
+    sums_pages(size_bytes) * terrace_meta::sums::SUMS_PAGE_BYTES as u64
+}
+
+fn sums_pages(size_bytes: u64) -> u64 {
     terrace_meta::sums::pages_for(size_bytes.div_ceil(terrace_layout::BLOCK_BYTES))
+}
+
+/// Bytes of the sums space of a space of `size_bytes`: its pages, then
+/// their journal (`crate::sums`, docs/ON_DISK_FORMAT.md).
+pub(crate) fn sums_space_bytes(size_bytes: u64) -> u64 {
+    let pages = sums_pages(size_bytes);
+    (pages + terrace_meta::sums::journal_pages_for(pages))
         * terrace_meta::sums::SUMS_PAGE_BYTES as u64
+}
+
+/// Pages of journal a sums space of `sums_size` bytes keeps for a space of
+/// `size_bytes`: what it has beyond the pages (0 for sums spaces made
+/// before there were journals, which hold the pages alone).
+pub(crate) fn sums_journal_pages(size_bytes: u64, sums_size: u64) -> u64 {
+    let pages = sums_pages(size_bytes);
+    let have = sums_size / terrace_meta::sums::SUMS_PAGE_BYTES as u64;
+    match have.checked_sub(pages) {
+        Some(extra) if extra >= terrace_meta::sums::journal_pages_for(0) => extra,
+        _ => 0,
+    }
 }
 
 /// Plan the hidden sums space of space `owner` into `next` (see
@@ -163,7 +186,7 @@ pub(crate) fn plan_sums(
             name: format!("#{}", owner.0),
         })?
         .clone();
-    let bytes = sums_bytes(owner_record.size_bytes).max(terrace_meta::sums::SUMS_PAGE_BYTES as u64);
+    let bytes = sums_space_bytes(owner_record.size_bytes);
     let now = shared.env.wall_clock_ns();
     let mut refusal = None;
     for level in [owner_record.fault_domain, FaultDomain::Disk] {
@@ -229,6 +252,7 @@ pub(crate) fn attach_sums(space: &Volume, sums: &Arc<Volume>, fresh: bool, zeroe
     // One writer per page at a time (the page cache's write-back): no
     // write intent; a page's copies are settled by its generation.
     sums.set_disjoint_writes();
+    sums.set_sums_journal_pages(sums_journal_pages(space.size_bytes(), sums.size_bytes()));
     let space_sums = crate::sums::SpaceSums::new(
         space.id(),
         sums.clone() as Arc<dyn crate::sums::SumsStore>,

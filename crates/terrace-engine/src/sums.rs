@@ -6,8 +6,12 @@
 //! ```text
 //!   get(blocks)  ──► load missing pages (newest whole copy, else unknown)
 //!   set(blocks)  ──► load missing pages, change entries, page dirty
-//!   write_back() ──► each dirty page: generation + 1, every copy (runs of
-//!                    consecutive pages as one write); the pool flushes
+//!   write_back() ──► changed slots appended to the journal ([`Journal`]);
+//!                    pages changed whole or much: generation + 1, every
+//!                    copy (runs of consecutive pages as one write); the
+//!                    journal full: every dirty page so, flushed, a new
+//!                    epoch (a checkpoint); the pool flushes after
+//!   recover()    ──► at an import, the journal laid over the pages
 //! ```
 //!
 //! A page is loaded once however many requests want it at the same time
@@ -26,7 +30,10 @@ use futures::future::BoxFuture;
 use futures::{stream, StreamExt};
 use rustc_hash::FxHashMap;
 use terrace_io::{Bytes, BytesMut};
-use terrace_meta::sums::{page_of, SumsPage, SUMS_PER_PAGE, ZEROES};
+use terrace_meta::sums::{
+    page_of, JournalEntry, JournalPage, SumsPage, JOURNAL_MAGIC, JOURNAL_PER_PAGE, SUMS_PER_PAGE,
+    ZEROES,
+};
 use terrace_meta::SpaceId;
 
 use crate::error::EngineError;
@@ -43,6 +50,11 @@ pub(crate) trait SumsStore: Send + Sync {
     /// Pages it has room for: blocks past them (the rows of a space's last
     /// extent beyond its end) have no sums.
     fn pages(&self) -> u64;
+    /// Pages of journal it keeps after them (see [`Journal`]; 0: none,
+    /// changed sums go home in whole pages only).
+    fn journal_pages(&self) -> u64;
+    /// Make what was written so far durable.
+    fn flush(&self) -> BoxFuture<'_, Result<(), EngineError>>;
 }
 
 struct Cached {
@@ -54,6 +66,64 @@ struct Cached {
     writing: bool,
     /// When it was last used, by the cache's own clock.
     used: u64,
+    /// Slots changed since the page or the journal last made them
+    /// durable: journaled at the next write-back (see [`Journal`]).
+    changed: Vec<u16>,
+    /// Changed in a way only writing the page makes durable (replaced
+    /// whole, or more slots changed than are worth journaling).
+    whole: bool,
+}
+
+impl Cached {
+    fn new(page: SumsPage, dirty: bool, used: u64) -> Cached {
+        Cached {
+            page,
+            dirty,
+            writing: false,
+            used,
+            changed: Vec::new(),
+            whole: dirty,
+        }
+    }
+
+    /// Slot `slot` changed.
+    fn change(&mut self, slot: usize) {
+        self.dirty = true;
+        if self.whole {
+            return;
+        }
+        if self.changed.len() >= PAGE_CHANGES {
+            self.whole = true;
+            self.changed = Vec::new();
+        } else {
+            self.changed.push(slot as u16);
+        }
+    }
+}
+
+/// Where the changed sums of a space go between whole writes of its
+/// pages: a journal of [`JournalPage`]s after the pages, appended at each
+/// write-back while it has room; when it has none, every dirty page is
+/// written and flushed, and the journal begins again at position 0 in a
+/// new epoch (a checkpoint). Dirty pages past the cache's budget are
+/// written whole at the write-back, least recently used first.
+///
+/// A random write changes one sum in a page of 506: writing that page
+/// home after each destage round or write intent release writes 4 KiB for
+/// 8 bytes, as many bytes as the data on a large space. A journal entry
+/// is 24 bytes, and a page written whole at a checkpoint carries every
+/// change made to it since.
+#[derive(Debug, Default)]
+struct Journal {
+    epoch: u64,
+    /// The next position to append at.
+    next: u64,
+    /// Every dirty page must be written (and flushed) before anything is
+    /// journaled: just opened (the journal's old entries are laid over
+    /// the pages only in memory), or a checkpoint failed.
+    checkpoint: bool,
+    /// Pages only, no journal (while the store's layout changes).
+    paused: bool,
 }
 
 #[derive(Default)]
@@ -72,9 +142,11 @@ struct State {
     /// created with its sums, its slabs zeroed): its sums are [`ZEROES`],
     /// not unknown.
     blank_zeroes: bool,
+    journal: Journal,
     /// Pages cached past which [`Sums::trim`] looks again, after a look
-    /// that found too few clean pages to drop: it counts every page,
-    /// under the lock every request takes.
+    /// that found too few clean pages to drop (dirty ones stay until the
+    /// journal's checkpoint): it counts every page, under the lock every
+    /// request takes.
     trim_at: usize,
 }
 
@@ -100,6 +172,12 @@ impl Sums {
             budget_pages: budget_pages.max(1),
             state: Mutex::new(State {
                 written: fresh.then(Default::default),
+                journal: Journal {
+                    epoch: 1,
+                    next: 0,
+                    checkpoint: true,
+                    paused: false,
+                },
                 ..State::default()
             }),
             loading: RowLocks::default(),
@@ -147,9 +225,12 @@ impl Sums {
             } else {
                 store.read_page(index).await
             };
+            // A journal page where pages now are (its space grew) was
+            // never a page of sums.
             let any_written = copies.iter().any(|copy| {
-                copy.as_ref()
-                    .is_ok_and(|bytes| bytes.iter().any(|&byte| byte != 0))
+                copy.as_ref().is_ok_and(|bytes| {
+                    bytes.iter().any(|&byte| byte != 0) && !bytes.starts_with(&JOURNAL_MAGIC)
+                })
             });
             let decoded = copies.into_iter().map(|copy| match copy {
                 Ok(bytes) => SumsPage::decode(&bytes, self.space, index),
@@ -167,15 +248,7 @@ impl Sums {
             };
             state.clock += 1;
             let used = state.clock;
-            state.pages.insert(
-                index,
-                Cached {
-                    page,
-                    dirty: false,
-                    writing: false,
-                    used,
-                },
-            );
+            state.pages.insert(index, Cached::new(page, false, used));
         }
     }
 
@@ -242,8 +315,10 @@ impl Sums {
         for (block, &sum) in blocks.zip(sums) {
             let (index, slot) = page_of(block);
             let cached = state.pages.get_mut(&index).expect("checked above");
-            cached.page.sums[slot] = sum;
-            cached.dirty = true;
+            if cached.page.sums[slot] != sum {
+                cached.page.sums[slot] = sum;
+                cached.change(slot);
+            }
             cached.used = now;
         }
         true
@@ -276,12 +351,7 @@ impl Sums {
         for index in whole.start..whole.end.min(store.pages()) {
             state.pages.insert(
                 index,
-                Cached {
-                    page: SumsPage::filled(self.space, index, sum),
-                    dirty: true,
-                    writing: false,
-                    used,
-                },
+                Cached::new(SumsPage::filled(self.space, index, sum), true, used),
             );
         }
     }
@@ -315,9 +385,11 @@ impl Sums {
     ) -> Result<(), EngineError> {
         let _writing = self.writing.lock().await;
         let wanted = blocks.map(|blocks| Self::pages(&blocks));
-        let (indices, runs) = {
+        let journal_pages = store.journal_pages();
+        let (written, logged, runs, journal_at, appended, checkpoint) = {
             let mut state = self.state();
-            let mut indices: Vec<u64> = state
+            let state = &mut *state;
+            let dirty: Vec<u64> = state
                 .pages
                 .iter()
                 .filter(|(index, cached)| {
@@ -325,11 +397,54 @@ impl Sums {
                 })
                 .map(|(&index, _)| index)
                 .collect();
+            let journaling = wanted.is_none() && journal_pages > 0 && !state.journal.paused;
+            // Pages written whole, and entries journaled.
+            let (mut indices, entries) = if journaling && !state.journal.checkpoint {
+                let (mut whole, mut logged): (Vec<u64>, Vec<u64>) =
+                    dirty.iter().partition(|index| state.pages[index].whole);
+                // Dirty pages stay cached until they are written whole:
+                // past the cache's budget, the least recently used go home
+                // now (their entries journaled before are then older than
+                // the page, and skipped at an import) rather than all of
+                // them at a checkpoint.
+                if dirty.len() > self.budget_pages {
+                    let keep = self.budget_pages - self.budget_pages / 8;
+                    let excess = (dirty.len() - keep).min(logged.len());
+                    logged.sort_unstable_by_key(|index| state.pages[index].used);
+                    whole.extend(logged.drain(..excess));
+                }
+                let entries: Vec<JournalEntry> = logged
+                    .iter()
+                    .flat_map(|&index| {
+                        let cached = &state.pages[&index];
+                        let mut slots = cached.changed.clone();
+                        slots.sort_unstable();
+                        slots.dedup();
+                        slots.into_iter().map(move |slot| JournalEntry {
+                            block: index * SUMS_PER_PAGE as u64 + slot as u64,
+                            sum: cached.page.sums[slot as usize],
+                            generation: cached.page.generation,
+                        })
+                    })
+                    .collect();
+                let needed = entries.len().div_ceil(JOURNAL_PER_PAGE) as u64;
+                if state.journal.next + needed <= journal_pages {
+                    (whole, entries)
+                } else {
+                    state.journal.checkpoint = true;
+                    (dirty, Vec::new())
+                }
+            } else {
+                (dirty, Vec::new())
+            };
+            let checkpoint = journaling && state.journal.checkpoint;
             indices.sort_unstable();
             let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
             for &index in &indices {
                 let cached = state.pages.get_mut(&index).expect("listed above");
                 cached.dirty = false;
+                cached.whole = false;
+                cached.changed = Vec::new();
                 cached.writing = true;
                 cached.page.generation += 1;
                 let page = cached.page.encode();
@@ -343,29 +458,73 @@ impl Sums {
                     _ => runs.push((index, page)),
                 }
             }
-            (indices, runs)
-        };
-        if runs.is_empty() {
-            return Ok(());
-        }
-        let results: Vec<Result<(), EngineError>> = stream::iter(
-            runs.into_iter()
-                .map(|(first, bytes)| store.write_pages(first, Bytes::from(bytes))),
-        )
-        .buffer_unordered(WRITE_BACK_PARALLEL)
-        .collect()
-        .await;
-        let failed = results.into_iter().find_map(Result::err);
-        {
-            let mut state = self.state();
-            for index in &indices {
-                if let Some(cached) = state.pages.get_mut(index) {
-                    cached.writing = false;
-                    cached.dirty |= failed.is_some();
+            // The journaled pages stay dirty (their pages on disk are
+            // old) but need nothing more until the next checkpoint.
+            let mut appended = Vec::new();
+            let journal_at = store.pages() + state.journal.next;
+            for entry in &entries {
+                let (index, _) = page_of(entry.block);
+                if let Some(cached) = state.pages.get_mut(&index) {
+                    cached.changed = Vec::new();
+                    cached.writing = true;
                 }
             }
+            for chunk in entries.chunks(JOURNAL_PER_PAGE) {
+                let page = JournalPage {
+                    space: self.space,
+                    epoch: state.journal.epoch,
+                    position: state.journal.next,
+                    entries: chunk.to_vec(),
+                };
+                state.journal.next += 1;
+                appended.extend_from_slice(&page.encode());
+            }
+            let mut logged: Vec<u64> = entries.iter().map(|e| page_of(e.block).0).collect();
+            logged.dedup();
+            (indices, logged, runs, journal_at, appended, checkpoint)
+        };
+        if runs.is_empty() && appended.is_empty() && !checkpoint {
+            return Ok(());
+        }
+        let writes = runs
+            .into_iter()
+            .map(|(first, bytes)| (first, Bytes::from(bytes)))
+            .chain((!appended.is_empty()).then(|| (journal_at, Bytes::from(appended))));
+        let results: Vec<Result<(), EngineError>> =
+            stream::iter(writes.map(|(first, bytes)| store.write_pages(first, bytes)))
+                .buffer_unordered(WRITE_BACK_PARALLEL)
+                .collect()
+                .await;
+        let mut failed = results.into_iter().find_map(Result::err);
+        // A checkpoint's pages are on disk before the journal they make
+        // unnecessary is written over from position 0.
+        if failed.is_none() && checkpoint {
+            failed = store.flush().await.err();
+        }
+        {
+            let mut state = self.state();
+            for index in written.iter().chain(&logged) {
+                if let Some(cached) = state.pages.get_mut(index) {
+                    cached.writing = false;
+                    if failed.is_some() {
+                        // Neither the page nor the journal may hold it.
+                        cached.dirty = true;
+                        cached.whole = true;
+                    }
+                }
+            }
+            if failed.is_some() {
+                // Whatever reached the journal is superseded by the
+                // pages written whole at the next checkpoint.
+                state.journal.checkpoint = true;
+            } else if checkpoint {
+                state.journal.checkpoint = false;
+                state.journal.epoch += 1;
+                state.journal.next = 0;
+            }
+            let written_now = &written;
             if let (None, Some(written)) = (&failed, state.written.as_mut()) {
-                written.extend(indices.iter().copied());
+                written.extend(written_now.iter().copied());
             }
         }
         match failed {
@@ -376,6 +535,71 @@ impl Sums {
             }
             Some(error) => Err(error),
         }
+    }
+
+    /// Lay the journal's entries over the pages they change (opening a
+    /// space's sums): each entry whose page on disk is not newer than the
+    /// entry. Those pages are written whole, and flushed, before anything
+    /// is journaled again (a checkpoint, [`Journal`]), and the journal
+    /// goes on in an epoch past any found. Returns the entries applied.
+    pub(crate) async fn recover(&self, store: &dyn SumsStore) -> usize {
+        let journal_pages = store.journal_pages();
+        let base = store.pages();
+        let mut found: Vec<JournalPage> = Vec::new();
+        for position in 0..journal_pages {
+            let newest = store
+                .read_page(base + position)
+                .await
+                .into_iter()
+                .filter_map(Result::ok)
+                .filter_map(|bytes| JournalPage::decode(&bytes, self.space, position))
+                .max_by_key(|page| page.epoch);
+            found.extend(newest);
+        }
+        found.sort_by_key(|page| (page.epoch, page.position));
+        let mut applied = 0;
+        for entry in found.iter().flat_map(|page| &page.entries) {
+            if entry.block >= base * SUMS_PER_PAGE as u64 {
+                continue;
+            }
+            let (index, slot) = page_of(entry.block);
+            self.load(store, index..index + 1).await;
+            let mut state = self.state();
+            let cached = state.pages.get_mut(&index).expect("loaded above");
+            if cached.page.generation <= entry.generation {
+                cached.page.sums[slot] = entry.sum;
+                cached.dirty = true;
+                cached.whole = true;
+                cached.changed = Vec::new();
+                applied += 1;
+            }
+        }
+        let mut state = self.state();
+        let epoch = found.iter().map(|page| page.epoch).max().unwrap_or(0);
+        state.journal = Journal {
+            epoch: epoch.max(state.journal.epoch) + 1,
+            next: 0,
+            checkpoint: true,
+            paused: false,
+        };
+        applied
+    }
+
+    /// Write every dirty page whole and flush, and journal nothing until
+    /// [`Sums::resume`] (the store's layout is about to change: the
+    /// journal moves).
+    pub(crate) async fn pause(&self, store: &dyn SumsStore) -> Result<(), EngineError> {
+        self.state().journal.paused = true;
+        self.write_back(store, None).await?;
+        store.flush().await
+    }
+
+    /// Journal again, from position 0 of a new epoch (see [`Sums::pause`]).
+    pub(crate) fn resume(&self) {
+        let mut state = self.state();
+        state.journal.paused = false;
+        state.journal.epoch += 1;
+        state.journal.next = 0;
     }
 
     /// Drop clean pages beyond the budget, least recently used first,
@@ -421,6 +645,11 @@ const RUN_PAGES: usize = 256;
 
 /// Write-back requests in flight at once.
 const WRITE_BACK_PARALLEL: usize = 16;
+
+/// Slots of a page changed between two write-backs past which the page is
+/// written whole rather than journaled (24 bytes an entry: 64 are 1.5 KiB
+/// of journal against 4 KiB of page).
+const PAGE_CHANGES: usize = 64;
 
 /// One space's sums: its cached pages, where they live, and the writes in
 /// flight.
@@ -532,10 +761,34 @@ impl SpaceSums {
         self.cache.state().blank_zeroes = zeroes;
     }
 
-    /// Write every dirty page to every copy of the sums (flushed by the
-    /// caller).
+    /// Make every changed sum durable once the caller flushes: journaled,
+    /// or its page written to every copy (see [`Journal`]).
     pub(crate) async fn write_back(&self) -> Result<(), EngineError> {
         self.cache.write_back(&*self.store, None).await
+    }
+
+    /// Lay the journal over the pages (see [`Sums::recover`]).
+    pub(crate) async fn recover(&self) -> usize {
+        self.cache.recover(&*self.store).await
+    }
+
+    /// See [`Sums::pause`].
+    pub(crate) async fn pause(&self) -> Result<(), EngineError> {
+        self.cache.pause(&*self.store).await
+    }
+
+    /// See [`Sums::resume`].
+    pub(crate) fn resume(&self) {
+        self.cache.resume()
+    }
+}
+
+/// Journaling paused (see [`Sums::pause`]) until this is dropped.
+pub(crate) struct Paused<'a>(pub(crate) &'a SpaceSums);
+
+impl Drop for Paused<'_> {
+    fn drop(&mut self) {
+        self.0.resume();
     }
 }
 
@@ -606,6 +859,9 @@ mod tests {
         reads: Mutex<u64>,
         /// Pages it has room for; 0: unbounded.
         limit: Mutex<u64>,
+        /// Pages of journal after the pages.
+        journal: Mutex<u64>,
+        flushes: Mutex<u64>,
         fail_writes: Mutex<bool>,
         /// The next write lands only once this is let go.
         held: Mutex<Option<futures::channel::oneshot::Receiver<()>>>,
@@ -667,6 +923,177 @@ mod tests {
                 limit => limit,
             }
         }
+
+        fn journal_pages(&self) -> u64 {
+            *self.journal.lock().unwrap()
+        }
+
+        fn flush(&self) -> BoxFuture<'_, Result<(), EngineError>> {
+            *self.flushes.lock().unwrap() += 1;
+            async { Ok(()) }.boxed()
+        }
+    }
+
+    /// A store of `pages` pages and `journal` pages of journal.
+    fn journaled(pages: u64, journal: u64) -> MemoryStore {
+        let store = MemoryStore::default();
+        *store.limit.lock().unwrap() = pages;
+        *store.journal.lock().unwrap() = journal;
+        store
+    }
+
+    /// Pages of the store's page area written so far.
+    fn pages_written(store: &MemoryStore) -> Vec<u64> {
+        let mut pages: Vec<u64> = store
+            .copies
+            .lock()
+            .unwrap()
+            .keys()
+            .copied()
+            .filter(|&page| page < store.pages())
+            .collect();
+        pages.sort_unstable();
+        pages
+    }
+
+    /// Scattered changes go into the journal, not into their pages, once
+    /// the first write-back (a checkpoint) is done; reopened, the sums
+    /// read are the journal's.
+    #[test]
+    fn scattered_changes_are_journaled_and_read_back_after_a_reopen() {
+        let store = journaled(64, 8);
+        let sums = Sums::new(SPACE, 64, false);
+        block_on(sums.set(&store, 3, &[33]));
+        block_on(sums.write_back(&store, None)).unwrap();
+        assert_eq!(pages_written(&store), vec![0], "the first is a checkpoint");
+        assert_eq!(*store.flushes.lock().unwrap(), 1);
+        let writes = *store.writes.lock().unwrap();
+        for page in 0..40 {
+            block_on(sums.set(&store, page * PER_PAGE + page, &[page + 100]));
+        }
+        block_on(sums.write_back(&store, None)).unwrap();
+        assert_eq!(pages_written(&store), vec![0], "no page written whole");
+        assert_eq!(
+            *store.writes.lock().unwrap(),
+            writes + 1,
+            "one journal write"
+        );
+        assert_eq!(sums.dirty_pages(), 40);
+        let reopened = Sums::new(SPACE, 64, false);
+        assert_eq!(block_on(reopened.recover(&store)), 40);
+        for page in 0..40 {
+            let block = page * PER_PAGE + page;
+            assert_eq!(
+                block_on(reopened.get(&store, block..block + 1)),
+                vec![page + 100]
+            );
+        }
+        assert_eq!(block_on(reopened.get(&store, 3..4)), vec![33]);
+        // Its first write-back writes what it laid over the pages whole.
+        block_on(reopened.write_back(&store, None)).unwrap();
+        assert_eq!(pages_written(&store).len(), 40);
+        assert_eq!(reopened.dirty_pages(), 0);
+    }
+
+    /// A journal with no room left makes a checkpoint: every dirty page
+    /// written whole and flushed, the journal begun again in a new epoch.
+    /// Entries of the old epoch left on disk lose to the pages written
+    /// after them, and a page written whole after its entries (too many
+    /// changes to journal) wins over them too.
+    #[test]
+    fn pages_written_whole_win_over_older_journal_entries() {
+        let store = journaled(600, 2);
+        let sums = Sums::new(SPACE, 1024, false);
+        block_on(sums.write_back(&store, None)).unwrap();
+        // Block 7 of page 0 journaled as 1, then its page changed in so
+        // many slots that it goes whole, with block 7 as 2.
+        block_on(sums.set(&store, 7, &[1]));
+        block_on(sums.write_back(&store, None)).unwrap();
+        let many: Vec<u64> = (0..PAGE_CHANGES as u64 + 1).map(|i| 500 + i).collect();
+        block_on(sums.set(&store, 8, &many));
+        block_on(sums.set(&store, 7, &[2]));
+        block_on(sums.write_back(&store, None)).unwrap();
+        assert_eq!(pages_written(&store), vec![0]);
+        // Block 9 of page 1 journaled as 3, then more entries than the
+        // journal holds: a checkpoint, which writes page 1 whole with 4.
+        let flushes = *store.flushes.lock().unwrap();
+        block_on(sums.set(&store, PER_PAGE + 9, &[3]));
+        block_on(sums.write_back(&store, None)).unwrap();
+        block_on(sums.set(&store, PER_PAGE + 9, &[4]));
+        for page in 2..600 {
+            block_on(sums.set(&store, page * PER_PAGE, &[page]));
+        }
+        block_on(sums.write_back(&store, None)).unwrap();
+        assert_eq!(*store.flushes.lock().unwrap(), flushes + 1);
+        assert_eq!(sums.dirty_pages(), 0);
+        let reopened = Sums::new(SPACE, 1024, false);
+        block_on(reopened.recover(&store));
+        assert_eq!(block_on(reopened.get(&store, 7..10)), vec![2, 500, 501]);
+        assert_eq!(
+            block_on(reopened.get(&store, PER_PAGE + 9..PER_PAGE + 10)),
+            vec![4]
+        );
+        // The new epoch journals again, from its first position.
+        block_on(sums.set(&store, 11, &[5]));
+        block_on(sums.write_back(&store, None)).unwrap();
+        let reopened = Sums::new(SPACE, 1024, false);
+        block_on(reopened.recover(&store));
+        assert_eq!(
+            block_on(reopened.get(&store, 7..12)),
+            vec![2, 500, 501, 502, 5]
+        );
+    }
+
+    /// Past the cache's budget, a write-back writes the least recently
+    /// used dirty pages whole (down to seven eighths of the budget) and
+    /// journals the rest, with no checkpoint; the cache can then drop the
+    /// pages written, and a reopen reads every sum back.
+    #[test]
+    fn dirty_pages_past_the_budget_go_home_whole_least_recent_first() {
+        let store = journaled(64, 8);
+        let sums = Sums::new(SPACE, 8, false);
+        block_on(sums.write_back(&store, None)).unwrap();
+        let flushes = *store.flushes.lock().unwrap();
+        for page in 0..12 {
+            block_on(sums.set(&store, page * PER_PAGE + 1, &[page + 200]));
+        }
+        block_on(sums.write_back(&store, None)).unwrap();
+        assert_eq!(*store.flushes.lock().unwrap(), flushes, "no checkpoint");
+        assert_eq!(
+            pages_written(&store),
+            (0..5).collect::<Vec<u64>>(),
+            "the five least recently used, leaving 7 of 8 dirty"
+        );
+        assert_eq!(sums.dirty_pages(), 7);
+        let reopened = Sums::new(SPACE, 64, false);
+        assert_eq!(block_on(reopened.recover(&store)), 7);
+        for page in 0..12 {
+            let block = page * PER_PAGE + 1;
+            assert_eq!(
+                block_on(reopened.get(&store, block..block + 1)),
+                vec![page + 200]
+            );
+        }
+    }
+
+    /// A failed write-back leaves nothing to the journal: what it held is
+    /// written whole at the next, a checkpoint.
+    #[test]
+    fn after_a_failed_write_back_the_next_is_a_checkpoint() {
+        let store = journaled(64, 8);
+        let sums = Sums::new(SPACE, 64, false);
+        block_on(sums.write_back(&store, None)).unwrap();
+        block_on(sums.set(&store, PER_PAGE * 5, &[9]));
+        *store.fail_writes.lock().unwrap() = true;
+        assert!(block_on(sums.write_back(&store, None)).is_err());
+        *store.fail_writes.lock().unwrap() = false;
+        block_on(sums.write_back(&store, None)).unwrap();
+        assert_eq!(pages_written(&store), vec![5]);
+        let reopened = Sums::new(SPACE, 64, false);
+        assert_eq!(
+            block_on(reopened.get(&store, PER_PAGE * 5..PER_PAGE * 5 + 1)),
+            vec![9]
+        );
     }
 
     const SPACE: SpaceId = SpaceId(4);

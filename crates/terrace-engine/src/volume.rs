@@ -13,7 +13,7 @@
 //! failures), `layouts`, `row`, `zero`, `resync`, `disk`, `target` and
 //! level-0 helpers; never on `space` or `journal`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 
 use bytes::Buf;
@@ -107,6 +107,9 @@ pub struct Volume {
     logged: AtomicBool,
     /// Writers never overlap (a log): they share row locks.
     disjoint_writes: AtomicBool,
+    /// Of a sums volume: pages of journal after the sums pages
+    /// (`crate::sums::SumsStore::journal_pages`).
+    sums_journal_pages: AtomicU64,
     /// The sums of its blocks, once attached (a data space's; a log and a
     /// sums volume keep none).
     sums: OnceLock<Arc<SpaceSums>>,
@@ -141,6 +144,7 @@ impl Volume {
             deleted: AtomicBool::new(false),
             logged: AtomicBool::new(false),
             disjoint_writes: AtomicBool::new(false),
+            sums_journal_pages: AtomicU64::new(0),
             sums: OnceLock::new(),
             merges: BlockMerges::default(),
         }
@@ -206,6 +210,11 @@ impl Volume {
     /// Declare that writers of this space never overlap (a log space).
     pub(crate) fn set_disjoint_writes(&self) {
         self.disjoint_writes.store(true, Ordering::Relaxed);
+    }
+
+    /// Of a sums volume: keep `pages` of journal at its end.
+    pub(crate) fn set_sums_journal_pages(&self, pages: u64) {
+        self.sums_journal_pages.store(pages, Ordering::Release);
     }
 
     /// Whether every slot of every extent under the range is complete (no
@@ -1406,7 +1415,7 @@ impl Volume {
 }
 
 /// A sums volume keeps a space's sums pages: page `index` at byte
-/// `index × 4096`, each copy of the mirror read on its own (a page whose
+/// `index × 4096`, then its journal's pages, each copy of the mirror read on its own (a page whose
 /// copies differ is settled by the page's generation, not by the mirror).
 impl crate::sums::SumsStore for Volume {
     fn read_page(
@@ -1465,7 +1474,21 @@ impl crate::sums::SumsStore for Volume {
     }
 
     fn pages(&self) -> u64 {
-        self.size_bytes() / PAGE_BYTES
+        (self.size_bytes() / PAGE_BYTES).saturating_sub(self.journal_pages())
+    }
+
+    fn journal_pages(&self) -> u64 {
+        self.sums_journal_pages.load(Ordering::Acquire)
+    }
+
+    /// Its disks flushed; a write that failed said so itself (an extent
+    /// beyond its tolerance elsewhere is no reason to refuse a checkpoint).
+    fn flush(&self) -> futures::future::BoxFuture<'_, Result<(), EngineError>> {
+        Box::pin(async move {
+            let disks = self.own_disks();
+            join_all(disks.iter().filter(|d| d.is_online()).map(|d| d.flush())).await;
+            self.pool.persist_failures().await
+        })
     }
 }
 

@@ -177,9 +177,144 @@ pub fn pages_for(blocks: u64) -> u64 {
     blocks.div_ceil(SUMS_PER_PAGE as u64)
 }
 
+/// A sums journal page's magic.
+pub const JOURNAL_MAGIC: [u8; 8] = *b"TRRCSJNL";
+/// Where a journal page's entries start.
+const JOURNAL_ENTRIES_AT: usize = 48;
+/// Bytes of one journal entry: block, sum, page generation.
+const JOURNAL_ENTRY_BYTES: usize = 24;
+/// Entries in one journal page.
+pub const JOURNAL_PER_PAGE: usize = (CRC_AT - JOURNAL_ENTRIES_AT) / JOURNAL_ENTRY_BYTES;
+
+/// One changed sum in a space's sums journal: block `block` holds content
+/// whose sum is `sum`, as of its page's generation `generation` (the
+/// generation the page had on disk when the change was journaled). At an
+/// import an entry is laid over its page only if the page read has no
+/// newer generation: a page written after the entry already holds it, or
+/// something newer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JournalEntry {
+    pub block: u64,
+    pub sum: u64,
+    pub generation: u64,
+}
+
+/// One page of a space's sums journal: the sums changed since the pages
+/// were last written whole, appended in order (`position` within the
+/// journal) within one `epoch` (a new epoch begins at position 0 each
+/// time every page has been written back and flushed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalPage {
+    pub space: SpaceId,
+    pub epoch: u64,
+    pub position: u64,
+    pub entries: Vec<JournalEntry>,
+}
+
+impl JournalPage {
+    /// The page's bytes on disk; at most [`JOURNAL_PER_PAGE`] entries.
+    pub fn encode(&self) -> Vec<u8> {
+        assert!(self.entries.len() <= JOURNAL_PER_PAGE);
+        let mut page = vec![0u8; SUMS_PAGE_BYTES];
+        page[..8].copy_from_slice(&JOURNAL_MAGIC);
+        page[8..12].copy_from_slice(&SUMS_VERSION.to_le_bytes());
+        page[12..16].copy_from_slice(&(self.entries.len() as u32).to_le_bytes());
+        page[16..24].copy_from_slice(&self.space.0.to_le_bytes());
+        page[24..32].copy_from_slice(&self.epoch.to_le_bytes());
+        page[32..40].copy_from_slice(&self.position.to_le_bytes());
+        for (i, entry) in self.entries.iter().enumerate() {
+            let at = JOURNAL_ENTRIES_AT + i * JOURNAL_ENTRY_BYTES;
+            page[at..at + 8].copy_from_slice(&entry.block.to_le_bytes());
+            page[at + 8..at + 16].copy_from_slice(&entry.sum.to_le_bytes());
+            page[at + 16..at + 24].copy_from_slice(&entry.generation.to_le_bytes());
+        }
+        let crc = crc32c::crc32c(&page[..CRC_AT]);
+        page[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
+        page
+    }
+
+    /// Read journal page `position` of space `space`; `None` if it is not
+    /// one whole (blank, torn, another space's or another place's).
+    pub fn decode(page: &[u8], space: SpaceId, position: u64) -> Option<JournalPage> {
+        if page.len() < SUMS_PAGE_BYTES || page[..8] != JOURNAL_MAGIC {
+            return None;
+        }
+        let word = |at: usize| u64::from_le_bytes(page[at..at + 8].try_into().expect("8 bytes"));
+        let stored = u32::from_le_bytes(page[CRC_AT..CRC_AT + 4].try_into().expect("4 bytes"));
+        let version = u32::from_le_bytes(page[8..12].try_into().expect("4 bytes"));
+        let count = u32::from_le_bytes(page[12..16].try_into().expect("4 bytes")) as usize;
+        if crc32c::crc32c(&page[..CRC_AT]) != stored
+            || version != SUMS_VERSION
+            || count > JOURNAL_PER_PAGE
+            || word(16) != space.0
+            || word(32) != position
+        {
+            return None;
+        }
+        let entries = (0..count)
+            .map(|i| {
+                let at = JOURNAL_ENTRIES_AT + i * JOURNAL_ENTRY_BYTES;
+                JournalEntry {
+                    block: word(at),
+                    sum: word(at + 8),
+                    generation: word(at + 16),
+                }
+            })
+            .collect();
+        Some(JournalPage {
+            space,
+            epoch: word(24),
+            position,
+            entries,
+        })
+    }
+}
+
+/// Pages of journal a space of `pages` sums pages keeps its changed sums
+/// in: as many, between 8 and 4096 (16 MiB, 688,000 changes). Up to 8 GiB
+/// a space's pages all fit the sums cache, so a checkpoint comes when the
+/// journal is full, and writes each page once per as many changes as the
+/// journal holds.
+pub fn journal_pages_for(pages: u64) -> u64 {
+    pages.clamp(8, 4096)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A journal page reads back as written; torn, misplaced or another
+    /// space's is not taken.
+    #[test]
+    fn journal_pages_read_back_and_refuse_what_is_not_theirs() {
+        let entries: Vec<JournalEntry> = (0..JOURNAL_PER_PAGE as u64)
+            .map(|i| JournalEntry {
+                block: i * 977,
+                sum: i.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+                generation: i % 3,
+            })
+            .collect();
+        let page = JournalPage {
+            space: SpaceId(7),
+            epoch: 12,
+            position: 3,
+            entries,
+        };
+        let bytes = page.encode();
+        assert_eq!(bytes.len(), SUMS_PAGE_BYTES);
+        assert_eq!(JournalPage::decode(&bytes, SpaceId(7), 3), Some(page));
+        assert_eq!(JournalPage::decode(&bytes, SpaceId(8), 3), None);
+        assert_eq!(JournalPage::decode(&bytes, SpaceId(7), 4), None);
+        let mut torn = bytes.clone();
+        torn[2000] ^= 1;
+        assert_eq!(JournalPage::decode(&torn, SpaceId(7), 3), None);
+        assert_eq!(JournalPage::decode(&[0; 4096], SpaceId(7), 3), None);
+        // Nor is it a sums page.
+        assert_eq!(
+            SumsPage::decode(&bytes, SpaceId(7), 3),
+            Err(SumsPageError::Blank)
+        );
+    }
 
     /// The sums on disk are xxh3-64 as its reference defines it: the same
     /// as another implementation's (compiled for the baseline CPU), for
