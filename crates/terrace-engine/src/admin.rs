@@ -260,7 +260,15 @@ impl Pool {
                     Ok(record)
                 });
             match planned {
-                Ok(record) => {
+                Ok(mut record) => {
+                    // Made with its owner, on slabs zeroed with the
+                    // owner's: the same creation time says so at every
+                    // import (a sums page never written then covers zero
+                    // blocks; docs/ON_DISK_FORMAT.md).
+                    record.created_ns = attempt.spaces[position].created_ns;
+                    if let Some(sums) = attempt.spaces.iter_mut().find(|s| s.id == record.id) {
+                        sums.created_ns = record.created_ns;
+                    }
                     *next = attempt;
                     return Ok(Some(record));
                 }

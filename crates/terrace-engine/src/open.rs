@@ -418,7 +418,8 @@ async fn open(
             .get(&sums)
             .cloned();
         if let Some(sums) = sums {
-            crate::placement::attach_sums(space.volume(), &sums, false, false);
+            let zeroes = crate::placement::sums_made_with(&metadata, record);
+            crate::placement::attach_sums(space.volume(), &sums, false, zeroes);
             // Before the logs replay over them.
             if let Some(sums) = space.volume().sums() {
                 sums.recover().await;

@@ -169,6 +169,19 @@ pub(crate) fn sums_journal_pages(size_bytes: u64, sums_size: u64) -> u64 {
     }
 }
 
+/// Whether `owner`'s sums space was made with it (the same creation time,
+/// which only a space created with its sums gives both): both on zeroed
+/// slabs, so a sums page never written covers blocks never written, zero.
+/// Sums added later (`pool upgrade`, checksums turned on) cover data
+/// already there: such a page's sums are unknown.
+pub(crate) fn sums_made_with(metadata: &PoolMetadata, owner: &SpaceRecord) -> bool {
+    metadata
+        .spaces
+        .iter()
+        .find(|space| Some(space.id) == owner.sums)
+        .is_some_and(|sums| sums.created_ns == owner.created_ns)
+}
+
 /// Plan the hidden sums space of space `owner` into `next` (see
 /// docs/design/integrity.md): a mirror of [`hidden_copies`] copies on the
 /// capacity disks, on distinct fault domains of the owner's level where
@@ -246,8 +259,9 @@ pub(crate) fn plan_sums(
 
 /// Make `sums` (a sums space's volume, built from its record) keep the
 /// sums of `space`'s blocks.
-/// `fresh`: its slabs were zeroed just now; `zeroes`: so were the space's
-/// (a space created with its sums: a block not written since is zero).
+/// `fresh`: its slabs were zeroed just now; `zeroes`: the space was made
+/// with its sums, both on zeroed slabs (a block whose sums page was never
+/// written is zero; see [`sums_made_with`]).
 pub(crate) fn attach_sums(space: &Volume, sums: &Arc<Volume>, fresh: bool, zeroes: bool) {
     // One writer per page at a time (the page cache's write-back): no
     // write intent; a page's copies are settled by its generation.
@@ -258,7 +272,7 @@ pub(crate) fn attach_sums(space: &Volume, sums: &Arc<Volume>, fresh: bool, zeroe
         sums.clone() as Arc<dyn crate::sums::SumsStore>,
         fresh,
     );
-    space_sums.set_blank_zeroes(fresh && zeroes);
+    space_sums.set_blank_zeroes(zeroes);
     space.attach_sums(Arc::new(space_sums));
 }
 

@@ -45,11 +45,16 @@ use std::sync::{Arc, RwLock};
 use bytes::Buf;
 use terrace_io::{aligned_buffer, Bytes, BytesMut};
 use terrace_layout::BLOCK_BYTES;
+use terrace_meta::sums::ZEROES;
 
 use crate::error::EngineError;
 use crate::journal::Journal as JournalOf;
 use crate::payload::Payload;
 pub use crate::volume::REQUEST_MAX_BYTES;
+
+/// Most bytes one [`Space::block_status`] answers for (the sums of
+/// 65,536 blocks).
+pub const STATUS_MAX_BYTES: u64 = 256 << 20;
 use crate::volume::{zero_pieces, Access, Volume};
 use crate::zero;
 
@@ -300,6 +305,52 @@ impl Space {
             Some(journal) => journal.after_direct(&self.volume, offset, length).await,
             None => Ok(()),
         }
+    }
+
+    /// Which of `[offset, offset + length)` reads as zeroes, known without
+    /// reading it: runs from `offset`, each `(length, zero)`, covering a
+    /// prefix of at most [`STATUS_MAX_BYTES`] (and at least one byte). A
+    /// block is known zero when its sum says so ([`ZEROES`]: never written
+    /// since a space made with its sums was created, or written with
+    /// `write_zeroes` on a simple or mirror space) and the log holds nothing
+    /// newer of it. Without sums, everything is data.
+    pub async fn block_status(
+        &self,
+        offset: u64,
+        length: u64,
+    ) -> Result<Vec<(u64, bool)>, EngineError> {
+        self.check_range(offset, length, Access::Read)?;
+        self.check_held(offset, length)?;
+        let end = offset + length.min(STATUS_MAX_BYTES);
+        let Some(sums) = self.volume.sums() else {
+            return Ok(vec![(end - offset, false)]);
+        };
+        let (first, last) = (offset / BLOCK_BYTES, end.div_ceil(BLOCK_BYTES));
+        // The log's blocks before the sums (as a read takes the log's data
+        // before reading home): a block destaged in between has its sum
+        // set by then.
+        let logged = match self.journal() {
+            Some(journal) => journal.logged_blocks(first, last),
+            None => Vec::new(),
+        };
+        let mut zero: Vec<bool> = sums
+            .get(first..last)
+            .await
+            .into_iter()
+            .map(|sum| sum == ZEROES)
+            .collect();
+        for block in logged {
+            zero[(block - first) as usize] = false;
+        }
+        let mut runs: Vec<(u64, bool)> = Vec::new();
+        for (block, zero) in (first..).zip(zero) {
+            let bytes = ((block + 1) * BLOCK_BYTES).min(end) - (block * BLOCK_BYTES).max(offset);
+            match runs.last_mut() {
+                Some((length, same)) if *same == zero => *length += bytes,
+                _ => runs.push((bytes, zero)),
+            }
+        }
+        Ok(runs)
     }
 
     /// Advise that `[offset, offset + length)` is no longer needed. Whole

@@ -138,7 +138,8 @@ struct State {
     /// the pages written since. Any other page is blank, known without
     /// reading it. `None`: sums that were there when the pool opened.
     written: Option<std::collections::BTreeSet<u64>>,
-    /// A blank page (above) covers blocks known to be zero (the space was
+    /// A blank page (above), or one whose every copy reads as zeroes
+    /// (never written), covers blocks known to be zero (the space was
     /// created with its sums, its slabs zeroed): its sums are [`ZEROES`],
     /// not unknown.
     blank_zeroes: bool,
@@ -232,6 +233,12 @@ impl Sums {
                     bytes.iter().any(|&byte| byte != 0) && !bytes.starts_with(&JOURNAL_MAGIC)
                 })
             });
+            // Every copy read, and all zeroes: never written.
+            let never_written = !copies.is_empty()
+                && copies.iter().all(|copy| {
+                    copy.as_ref()
+                        .is_ok_and(|bytes| bytes.iter().all(|&byte| byte == 0))
+                });
             let decoded = copies.into_iter().map(|copy| match copy {
                 Ok(bytes) => SumsPage::decode(&bytes, self.space, index),
                 Err(_) => Err(terrace_meta::sums::SumsPageError::Blank),
@@ -243,7 +250,9 @@ impl Sums {
             }
             let page = match page {
                 Some(page) => page,
-                None if blank && state.blank_zeroes => SumsPage::filled(self.space, index, ZEROES),
+                None if (blank || never_written) && state.blank_zeroes => {
+                    SumsPage::filled(self.space, index, ZEROES)
+                }
                 None => SumsPage::unknown(self.space, index),
             };
             state.clock += 1;

@@ -606,3 +606,76 @@ fn journaled_sums_outlive_power_cuts_and_a_growth() {
         pool.close().await.unwrap();
     });
 }
+
+/// A space made with its sums knows which blocks read as zeroes without
+/// reading them (`Space::block_status`): never written, or zeroed with
+/// `write_zeroes` where that zeroes on the disks (simple and mirror),
+/// and it still knows after an import. A block the log holds newer data
+/// of is data before it goes home.
+#[test]
+fn block_status_tells_the_blocks_known_zero() {
+    block_on(async {
+        for case in [&cases()[0], &cases()[3]] {
+            let disks = Disks::new(6, DISK_BYTES);
+            let pool = create_pool(&disks).await;
+            let mut config = SpaceConfig::new(case.name, case.layout, SpaceSize::Bytes(4 << 20));
+            config.columns = Some(case.columns);
+            config.interleave_bytes = Some(INTERLEAVE);
+            config.cache_bytes = Some(case.cache_bytes);
+            let space = pool.create_space(config).await.unwrap().space;
+            let size = space.size_bytes();
+            assert_eq!(
+                space.block_status(0, size).await.unwrap(),
+                vec![(size, true)],
+                "{}: new",
+                case.name
+            );
+            // Starting inside a block: the first run starts there.
+            assert_eq!(
+                space.block_status(100, 4096).await.unwrap(),
+                vec![(4096, true)]
+            );
+            space
+                .write(1 << 20, bytes(vec![7; 8192]), false)
+                .await
+                .unwrap();
+            let expected = vec![
+                (1 << 20, true),
+                (8192, false),
+                (size - (1 << 20) - 8192, true),
+            ];
+            assert_eq!(
+                space.block_status(0, size).await.unwrap(),
+                expected,
+                "{}: written (logged, where there is a log)",
+                case.name
+            );
+            if let Some(journal) = space.journal() {
+                while journal.destage(&space, true).await.unwrap() {}
+            }
+            if case.cache_bytes == 0 {
+                // Data, then zeroes over it: known zero again.
+                space
+                    .write(2 << 20, bytes(vec![9; 1 << 20]), false)
+                    .await
+                    .unwrap();
+                space.write_zeroes(2 << 20, 1 << 20, false).await.unwrap();
+            }
+            space.flush().await.unwrap();
+            assert_eq!(space.block_status(0, size).await.unwrap(), expected);
+            drop(space);
+            pool.close().await.unwrap();
+            let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
+                .await
+                .unwrap();
+            let space = pool.space(case.name).unwrap();
+            assert_eq!(
+                space.block_status(0, size).await.unwrap(),
+                expected,
+                "{}: after an import",
+                case.name
+            );
+            pool.close().await.unwrap();
+        }
+    });
+}

@@ -915,6 +915,16 @@ impl<H: HomeIo> Journal<H> {
         }
     }
 
+    /// The blocks of `[first, end)` the log holds data of (newer than
+    /// what is home, or about to be).
+    pub(crate) fn logged_blocks(&self, first: u64, end: u64) -> Vec<u64> {
+        self.state()
+            .index
+            .range(first..end)
+            .map(|(&block, _)| block)
+            .collect()
+    }
+
     /// Whether the log holds data of blocks `[first, end)`, or a record
     /// an import would replay names any of them.
     fn logged(state: &State, first: u64, end: u64) -> bool {

@@ -13,6 +13,7 @@ use futures::FutureExt;
 use terrace_engine::count;
 use terrace_engine::layout::{Geometry, Layout};
 use terrace_engine::{mirror_stream_reach_bytes, EngineError, Space};
+use terrace_export::protocol::{NBD_STATE_HOLE, NBD_STATE_ZERO};
 use terrace_export::{Backend, BlockSizes, BlockSum, Catalog, Errno, Extent};
 
 use super::names::{alias, exports};
@@ -286,12 +287,27 @@ impl Backend for SpaceBackend {
 
     fn block_status(
         &self,
-        _offset: u64,
+        offset: u64,
         length: u64,
     ) -> BoxFuture<'static, Result<Vec<Extent>, Errno>> {
-        // Fixed provisioning: every byte is allocated data.
-        let length = length.min(u64::from(u32::MAX) / 4096 * 4096).max(1) as u32;
-        futures::future::ready(Ok(vec![Extent { length, flags: 0 }])).boxed()
+        // Blocks known to read as zeroes are holes clients may skip (a
+        // fixed space keeps them allocated); everything else is data.
+        let space = self.space.clone();
+        async move {
+            let runs = map(space.block_status(offset, length).await)?;
+            Ok(runs
+                .into_iter()
+                .map(|(length, zero)| Extent {
+                    length: length as u32,
+                    flags: if zero {
+                        NBD_STATE_HOLE | NBD_STATE_ZERO
+                    } else {
+                        0
+                    },
+                })
+                .collect())
+        }
+        .boxed()
     }
 }
 
