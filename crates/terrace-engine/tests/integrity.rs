@@ -568,20 +568,7 @@ fn journaled_sums_outlive_power_cuts_and_a_growth() {
         for (at, new) in rewrite(&space, &mut data, 40) {
             space.write(at, bytes(new), false).await.unwrap();
         }
-        let journal = space.journal().unwrap();
-        while journal.destage(&space, true).await.unwrap() {}
-        drop(journal);
-        space.flush().await.unwrap();
-        drop(space);
-        drop(pool);
-        disks.power_cut();
-        let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
-            .await
-            .unwrap();
-        let space = pool.space(&name).unwrap();
-        let report = repair_space(&space).await.unwrap();
-        assert!(report.findings.is_empty(), "{:?}", report.findings);
-        assert!(space.read(0, space.size_bytes()).await.unwrap()[..] == data[..]);
+        let (pool, space) = cut_and_import(&disks, pool, space, &data).await;
 
         let grown = space.size_bytes() + (256 << 10);
         pool.resize_space(&name, grown).await.unwrap();
@@ -589,22 +576,36 @@ fn journaled_sums_outlive_power_cuts_and_a_growth() {
         for (at, new) in rewrite(&space, &mut data, 60) {
             space.write(at, bytes(new), false).await.unwrap();
         }
-        let journal = space.journal().unwrap();
-        while journal.destage(&space, true).await.unwrap() {}
-        drop(journal);
-        space.flush().await.unwrap();
-        drop(space);
-        drop(pool);
-        disks.power_cut();
-        let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
-            .await
-            .unwrap();
-        let space = pool.space(&name).unwrap();
-        let report = repair_space(&space).await.unwrap();
-        assert!(report.findings.is_empty(), "{:?}", report.findings);
-        assert!(space.read(0, grown).await.unwrap()[..] == data[..]);
+        let (pool, _) = cut_and_import(&disks, pool, space, &data).await;
         pool.close().await.unwrap();
     });
+}
+
+/// What the log holds destaged, the disks flushed, the power cut and the
+/// pool imported again: `space` as the import found it, which a repair
+/// finds nothing wrong with and which reads as `data`.
+async fn cut_and_import(
+    disks: &Disks,
+    pool: Pool,
+    space: Arc<Space>,
+    data: &[u8],
+) -> (Pool, Arc<Space>) {
+    let name = space.name().to_string();
+    let journal = space.journal().unwrap();
+    while journal.destage(&space, true).await.unwrap() {}
+    drop(journal);
+    space.flush().await.unwrap();
+    drop(space);
+    drop(pool);
+    disks.power_cut();
+    let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
+        .await
+        .unwrap();
+    let space = pool.space(&name).unwrap();
+    let report = repair_space(&space).await.unwrap();
+    assert!(report.findings.is_empty(), "{:?}", report.findings);
+    assert!(space.read(0, space.size_bytes()).await.unwrap()[..] == data[..]);
+    (pool, space)
 }
 
 /// A space made with its sums knows which blocks read as zeroes without
