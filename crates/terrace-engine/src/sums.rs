@@ -126,6 +126,26 @@ struct Journal {
     paused: bool,
 }
 
+impl Journal {
+    /// A journal just opened, in `epoch`: nothing is journaled before
+    /// every dirty page is written whole (`checkpoint`).
+    fn opened(epoch: u64) -> Journal {
+        Journal {
+            epoch,
+            next: 0,
+            checkpoint: true,
+            paused: false,
+        }
+    }
+
+    /// Begin again at position 0 of the next epoch (what the last one
+    /// journaled is on the pages now).
+    fn next_epoch(&mut self) {
+        self.epoch += 1;
+        self.next = 0;
+    }
+}
+
 #[derive(Default)]
 struct State {
     /// Fx: the keys are page indices, and the map is asked on every
@@ -173,12 +193,7 @@ impl Sums {
             budget_pages: budget_pages.max(1),
             state: Mutex::new(State {
                 written: fresh.then(Default::default),
-                journal: Journal {
-                    epoch: 1,
-                    next: 0,
-                    checkpoint: true,
-                    paused: false,
-                },
+                journal: Journal::opened(1),
                 ..State::default()
             }),
             loading: RowLocks::default(),
@@ -407,8 +422,8 @@ impl Sums {
                 .map(|(&index, _)| index)
                 .collect();
             let journaling = wanted.is_none() && journal_pages > 0 && !state.journal.paused;
-            // Pages written whole, and entries journaled.
-            let (mut indices, entries) = if journaling && !state.journal.checkpoint {
+            // Pages written whole, pages journaled and their entries.
+            let (mut indices, logged, entries) = if journaling && !state.journal.checkpoint {
                 let (mut whole, mut logged): (Vec<u64>, Vec<u64>) =
                     dirty.iter().partition(|index| state.pages[index].whole);
                 // Dirty pages stay cached until they are written whole:
@@ -422,6 +437,7 @@ impl Sums {
                     logged.sort_unstable_by_key(|index| state.pages[index].used);
                     whole.extend(logged.drain(..excess));
                 }
+                logged.retain(|index| !state.pages[index].changed.is_empty());
                 let entries: Vec<JournalEntry> = logged
                     .iter()
                     .flat_map(|&index| {
@@ -438,13 +454,13 @@ impl Sums {
                     .collect();
                 let needed = entries.len().div_ceil(JOURNAL_PER_PAGE) as u64;
                 if state.journal.next + needed <= journal_pages {
-                    (whole, entries)
+                    (whole, logged, entries)
                 } else {
                     state.journal.checkpoint = true;
-                    (dirty, Vec::new())
+                    (dirty, Vec::new(), Vec::new())
                 }
             } else {
-                (dirty, Vec::new())
+                (dirty, Vec::new(), Vec::new())
             };
             let checkpoint = journaling && state.journal.checkpoint;
             indices.sort_unstable();
@@ -471,12 +487,10 @@ impl Sums {
             // old) but need nothing more until the next checkpoint.
             let mut appended = Vec::new();
             let journal_at = store.pages() + state.journal.next;
-            for entry in &entries {
-                let (index, _) = page_of(entry.block);
-                if let Some(cached) = state.pages.get_mut(&index) {
-                    cached.changed = Vec::new();
-                    cached.writing = true;
-                }
+            for index in &logged {
+                let cached = state.pages.get_mut(index).expect("listed above");
+                cached.changed = Vec::new();
+                cached.writing = true;
             }
             for chunk in entries.chunks(JOURNAL_PER_PAGE) {
                 let page = JournalPage {
@@ -488,8 +502,6 @@ impl Sums {
                 state.journal.next += 1;
                 appended.extend_from_slice(&page.encode());
             }
-            let mut logged: Vec<u64> = entries.iter().map(|e| page_of(e.block).0).collect();
-            logged.dedup();
             (indices, logged, runs, journal_at, appended, checkpoint)
         };
         if runs.is_empty() && appended.is_empty() && !checkpoint {
@@ -528,8 +540,7 @@ impl Sums {
                 state.journal.checkpoint = true;
             } else if checkpoint {
                 state.journal.checkpoint = false;
-                state.journal.epoch += 1;
-                state.journal.next = 0;
+                state.journal.next_epoch();
             }
             let written_now = &written;
             if let (None, Some(written)) = (&failed, state.written.as_mut()) {
@@ -585,12 +596,7 @@ impl Sums {
         }
         let mut state = self.state();
         let epoch = found.iter().map(|page| page.epoch).max().unwrap_or(0);
-        state.journal = Journal {
-            epoch: epoch.max(state.journal.epoch) + 1,
-            next: 0,
-            checkpoint: true,
-            paused: false,
-        };
+        state.journal = Journal::opened(epoch.max(state.journal.epoch) + 1);
         applied
     }
 
@@ -607,8 +613,7 @@ impl Sums {
     pub(crate) fn resume(&self) {
         let mut state = self.state();
         state.journal.paused = false;
-        state.journal.epoch += 1;
-        state.journal.next = 0;
+        state.journal.next_epoch();
     }
 
     /// Drop clean pages beyond the budget, least recently used first,

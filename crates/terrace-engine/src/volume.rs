@@ -1415,8 +1415,9 @@ impl Volume {
 }
 
 /// A sums volume keeps a space's sums pages: page `index` at byte
-/// `index × 4096`, then its journal's pages, each copy of the mirror read on its own (a page whose
-/// copies differ is settled by the page's generation, not by the mirror).
+/// `index × 4096`, then its journal's pages, each copy of the mirror
+/// read on its own (a page whose copies differ is settled by the page's
+/// generation, not by the mirror).
 impl crate::sums::SumsStore for Volume {
     fn read_page(
         &self,

@@ -538,8 +538,9 @@ fn a_write_through_write_outlives_the_row_image_logged_before_it() {
 }
 
 /// Scattered rewrites of a logged space, destaged, make their sums
-/// durable through the sums journal (a flush, then a power cut): the import lays the journal over the
-/// pages, and a scrub finds every block matching its sum. Growing the
+/// durable through the sums journal (a flush, then a power cut): the
+/// import lays the journal over the pages, and a scrub finds every block
+/// matching its sum. Growing the
 /// space moves the journal to the sums space's new end; rewrites after the
 /// growth, in the old room and the new, outlive a second power cut too.
 #[test]

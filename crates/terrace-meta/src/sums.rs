@@ -115,8 +115,7 @@ impl SumsPage {
             let at = ENTRIES_AT + slot * 8;
             page[at..at + 8].copy_from_slice(&sum.to_le_bytes());
         }
-        let crc = crc32c::crc32c(&page[..CRC_AT]);
-        page[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
+        seal(&mut page);
         page
     }
 
@@ -126,8 +125,7 @@ impl SumsPage {
             return Err(SumsPageError::Blank);
         }
         let word = |at: usize| u64::from_le_bytes(page[at..at + 8].try_into().expect("8 bytes"));
-        let stored = u32::from_le_bytes(page[CRC_AT..CRC_AT + 4].try_into().expect("4 bytes"));
-        if crc32c::crc32c(&page[..CRC_AT]) != stored {
+        if !sealed(page) {
             return Err(SumsPageError::Checksum);
         }
         let version = u32::from_le_bytes(page[8..12].try_into().expect("4 bytes"));
@@ -228,8 +226,7 @@ impl JournalPage {
             page[at + 8..at + 16].copy_from_slice(&entry.sum.to_le_bytes());
             page[at + 16..at + 24].copy_from_slice(&entry.generation.to_le_bytes());
         }
-        let crc = crc32c::crc32c(&page[..CRC_AT]);
-        page[CRC_AT..].copy_from_slice(&crc.to_le_bytes());
+        seal(&mut page);
         page
     }
 
@@ -240,10 +237,9 @@ impl JournalPage {
             return None;
         }
         let word = |at: usize| u64::from_le_bytes(page[at..at + 8].try_into().expect("8 bytes"));
-        let stored = u32::from_le_bytes(page[CRC_AT..CRC_AT + 4].try_into().expect("4 bytes"));
         let version = u32::from_le_bytes(page[8..12].try_into().expect("4 bytes"));
         let count = u32::from_le_bytes(page[12..16].try_into().expect("4 bytes")) as usize;
-        if crc32c::crc32c(&page[..CRC_AT]) != stored
+        if !sealed(page)
             || version != SUMS_VERSION
             || count > JOURNAL_PER_PAGE
             || word(16) != space.0
@@ -268,6 +264,19 @@ impl JournalPage {
             entries,
         })
     }
+}
+
+/// Stamp a page (sums or journal) with the CRC32C of its bytes before
+/// [`CRC_AT`].
+fn seal(page: &mut [u8]) {
+    let crc = crc32c::crc32c(&page[..CRC_AT]);
+    page[CRC_AT..CRC_AT + 4].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Whether a page's stamp matches its bytes (see [`seal`]).
+fn sealed(page: &[u8]) -> bool {
+    let stored = u32::from_le_bytes(page[CRC_AT..CRC_AT + 4].try_into().expect("4 bytes"));
+    crc32c::crc32c(&page[..CRC_AT]) == stored
 }
 
 /// Pages of journal a space of `pages` sums pages keeps its changed sums
