@@ -7,7 +7,9 @@
 
 use std::sync::Arc;
 
-use terrace_meta::{Allocator, ExtentRecord, FaultDomain, PoolMetadata, SlabRef, SpaceId};
+use terrace_meta::{
+    Allocator, ExtentRecord, FaultDomain, PoolMetadata, Provisioning, SlabRef, SpaceId,
+};
 
 use crate::error::EngineError;
 use crate::layouts::reason::count;
@@ -470,14 +472,21 @@ impl Pool {
                 .shared
                 .allocator(next, record.fault_domain, |_, disk| disk.takes_capacity());
             let have = record.extents.len() as u64;
-            let added = allocate_growth(&mut allocator, &geometry, have, requested, name, || {
-                format!(
-                    "growing from {} to {} as {}",
-                    format_size(current),
-                    format_size(requested),
-                    shape(&geometry)
-                )
-            })?;
+            let thin = record.provisioning == Provisioning::Thin;
+            let added = if thin {
+                // Growth takes no room until written.
+                let more = geometry.extents_for(requested) - have;
+                vec![ExtentRecord { slabs: None }; more as usize]
+            } else {
+                allocate_growth(&mut allocator, &geometry, have, requested, name, || {
+                    format!(
+                        "growing from {} to {} as {}",
+                        format_size(current),
+                        format_size(requested),
+                        shape(&geometry)
+                    )
+                })?
+            };
             let added_targets = targets(&self.shared, next, &added)?;
             let sums_growth = match record.sums.and_then(|id| next.space_by_id(id)) {
                 Some(sums) => {
@@ -496,10 +505,24 @@ impl Pool {
                         .shared
                         .allocator(next, sums.fault_domain, |_, disk| disk.takes_capacity())
                         .exclude(&taken);
-                    let more =
+                    let more = if thin {
+                        // Thin pages; the journal (at the new end) has its room.
+                        let journal_start = crate::placement::sums_pages(requested)
+                            * terrace_meta::sums::SUMS_PAGE_BYTES as u64
+                            / sums_geometry.extent_data_bytes();
+                        (have..sums_geometry.extents_for(bytes))
+                            .map(|extent| {
+                                let slabs = (extent >= journal_start)
+                                    .then(|| allocator.allocate_extent(&sums_geometry))
+                                    .transpose()?;
+                                Ok(ExtentRecord { slabs })
+                            })
+                            .collect::<Result<Vec<_>, terrace_meta::PlacementError>>()?
+                    } else {
                         allocate_growth(&mut allocator, &sums_geometry, have, bytes, name, || {
                             format!("its block sums growing to {}", format_size(bytes))
-                        })?;
+                        })?
+                    };
                     let more_targets = targets(&self.shared, next, &more)?;
                     Some((sums.id, bytes.max(sums.size_bytes), more, more_targets))
                 }

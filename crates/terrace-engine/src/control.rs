@@ -21,8 +21,8 @@ use futures::future::join_all;
 use terrace_io::Env;
 use terrace_meta::store::{encode_intent, encode_slot, write_intent, write_slot};
 use terrace_meta::{
-    Allocator, DirtyRecord, DiskIndex, DiskRecord, DiskState, FaultDomain, IntentRecord,
-    PoolMetadata, SlabIndex, SlabRef, SpaceId,
+    Allocator, DirtyRecord, DiskIndex, DiskRecord, DiskState, ExtentRecord, FaultDomain,
+    IntentRecord, PoolMetadata, SlabIndex, SlabRef, SpaceId,
 };
 
 use crate::disk::{Condition, Disk, DiskContext};
@@ -605,6 +605,20 @@ impl PoolShared {
         for job in &mut next.jobs {
             job.fold_moves();
         }
+        // Always on: a slab named by two extents would give one space's
+        // writes to another (allocations plan outside the control lock and
+        // reserve what they planned; this holds them to it).
+        let named = || {
+            next.spaces
+                .iter()
+                .flat_map(|space| ExtentRecord::slabs_of(&space.extents))
+        };
+        assert_eq!(
+            named().count(),
+            named().collect::<BTreeSet<SlabRef>>().len(),
+            "pool {}: a slab is named by two extents",
+            self.name
+        );
         loop {
             self.absorb_conditions(&mut next);
             next.generation = control.metadata.generation.max(next.generation) + 1;

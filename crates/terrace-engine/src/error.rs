@@ -159,6 +159,9 @@ pub enum EngineError {
     },
     #[error("not enough free capacity for space {space}: {detail}")]
     NoCapacity { space: String, detail: String },
+    /// A write to a thin space's unallocated extent found no room.
+    #[error("pool is full: thin space {space} cannot allocate: {detail}")]
+    PoolFull { space: String, detail: String },
     #[error("disk {disk} changed state while space {space} was prepared; nothing was created, create it again")]
     ChangedWhilePreparing { space: String, disk: u16 },
     #[error("{device} cannot rejoin pool {pool}: {why}")]

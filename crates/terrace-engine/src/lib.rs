@@ -52,6 +52,7 @@ mod space;
 mod status;
 mod sums;
 mod target;
+mod thin;
 mod units;
 mod verify;
 mod volume;

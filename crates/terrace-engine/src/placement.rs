@@ -58,6 +58,9 @@ pub struct SpaceConfig {
     pub require_default_log: bool,
     /// Keep a sum of every block (the default); off, reads are not checked.
     pub checksums: bool,
+    /// Fixed (every extent allocated now, the default) or thin (each
+    /// extent on its first write; see `crate::thin`).
+    pub provisioning: Provisioning,
 }
 
 impl SpaceConfig {
@@ -73,6 +76,7 @@ impl SpaceConfig {
             export: None,
             require_default_log: false,
             checksums: true,
+            provisioning: Provisioning::Fixed,
         }
     }
 
@@ -145,7 +149,7 @@ pub(crate) fn sums_bytes(size_bytes: u64) -> u64 {
     sums_pages(size_bytes) * terrace_meta::sums::SUMS_PAGE_BYTES as u64
 }
 
-fn sums_pages(size_bytes: u64) -> u64 {
+pub(crate) fn sums_pages(size_bytes: u64) -> u64 {
     terrace_meta::sums::pages_for(size_bytes.div_ceil(terrace_layout::BLOCK_BYTES))
 }
 
@@ -217,13 +221,31 @@ pub(crate) fn plan_sums(
         };
         let config = SpaceConfig {
             columns: Some(1),
+            // A thin space's sums are thin too: their pages take room as
+            // the space's extents do (`Volume::provide`).
+            provisioning: owner_record.provisioning,
             ..SpaceConfig::new(
                 format!(".sums-{}", owner.0),
                 layout,
                 SpaceSize::Bytes(bytes),
             )
         };
-        match plan_space(&config, next, allocator, level, now) {
+        let planned = plan_space(&config, next, allocator.clone(), level, now).and_then(
+            |(mut record, geometry)| {
+                // Their journal is written at any time: it has its room.
+                let journal_start = sums_pages(owner_record.size_bytes)
+                    * terrace_meta::sums::SUMS_PAGE_BYTES as u64
+                    / geometry.extent_data_bytes();
+                let mut allocator = allocator;
+                for extent in record.extents.iter_mut().skip(journal_start as usize) {
+                    if extent.slabs.is_none() {
+                        extent.slabs = Some(allocator.allocate_extent(&geometry)?);
+                    }
+                }
+                Ok((record, geometry))
+            },
+        );
+        match planned {
             Ok((mut record, _)) => {
                 record.role = SpaceRole::Sums { owner };
                 record.export = None;
@@ -322,7 +344,12 @@ pub(crate) fn plan_space(
             interleave_bytes,
             metadata.slab_bytes,
         )?;
-        match place(config.size, &geometry, allocator.clone()) {
+        match place(
+            config.size,
+            config.provisioning,
+            &geometry,
+            allocator.clone(),
+        ) {
             Ok((size_bytes, extents)) => {
                 if choice.columns < first_columns {
                     reason = format!(
@@ -467,7 +494,7 @@ struct Planned {
     created_ns: u64,
     geometry: Geometry,
     size_bytes: u64,
-    extents: Vec<Vec<SlabRef>>,
+    extents: Vec<ExtentRecord>,
 }
 
 fn record(config: &SpaceConfig, metadata: &PoolMetadata, planned: Planned) -> SpaceRecord {
@@ -479,7 +506,7 @@ fn record(config: &SpaceConfig, metadata: &PoolMetadata, planned: Planned) -> Sp
         columns: planned.choice.columns,
         interleave_bytes: planned.geometry.interleave_bytes(),
         size_bytes: planned.size_bytes,
-        provisioning: Provisioning::Fixed,
+        provisioning: config.provisioning,
         fault_domain: planned.level,
         created_ns: planned.created_ns,
         columns_reason: planned.reason,
@@ -487,21 +514,39 @@ fn record(config: &SpaceConfig, metadata: &PoolMetadata, planned: Planned) -> Sp
         cache: None,
         sums: None,
         checksums: config.checksums,
-        extents: planned
-            .extents
-            .into_iter()
-            .map(|slabs| ExtentRecord { slabs: Some(slabs) })
-            .collect(),
+        extents: planned.extents,
     }
 }
 
-/// Allocate the extents of a fixed space of `size`.
+/// Allocate the extents of a fixed space of `size`; of a thin one, none
+/// (but one must fit: a space none of whose extents could ever be placed
+/// is refused now rather than at its first write).
 fn place(
     size: SpaceSize,
+    provisioning: Provisioning,
     geometry: &Geometry,
     mut allocator: Allocator,
-) -> Result<(u64, Vec<Vec<SlabRef>>), EngineError> {
+) -> Result<(u64, Vec<ExtentRecord>), EngineError> {
     let block = terrace_layout::BLOCK_BYTES;
+    let allocated = |extents: Vec<Vec<SlabRef>>| {
+        extents
+            .into_iter()
+            .map(|slabs| ExtentRecord { slabs: Some(slabs) })
+            .collect()
+    };
+    if provisioning == Provisioning::Thin {
+        let SpaceSize::Bytes(bytes @ 1..) = size else {
+            return Err(EngineError::InvalidSetting {
+                what: "thin space size",
+                value: 0,
+                rule: "a thin space needs a size, which may exceed the pool's capacity",
+            });
+        };
+        allocator.allocate_extent(geometry)?;
+        let size_bytes = bytes.next_multiple_of(block);
+        let extents = vec![ExtentRecord { slabs: None }; geometry.extents_for(size_bytes) as usize];
+        return Ok((size_bytes, extents));
+    }
     match size {
         SpaceSize::Bytes(0) => Err(EngineError::InvalidSetting {
             what: "space size",
@@ -513,7 +558,7 @@ fn place(
             let extents = (0..geometry.extents_for(size_bytes))
                 .map(|_| allocator.allocate_extent(geometry))
                 .collect::<Result<Vec<_>, _>>()?;
-            Ok((size_bytes, extents))
+            Ok((size_bytes, allocated(extents)))
         }
         SpaceSize::Max => {
             let mut extents = Vec::new();
@@ -526,7 +571,10 @@ fn place(
             if extents.is_empty() {
                 return Err(first_error.into());
             }
-            Ok((extents.len() as u64 * geometry.extent_data_bytes(), extents))
+            Ok((
+                extents.len() as u64 * geometry.extent_data_bytes(),
+                allocated(extents),
+            ))
         }
     }
 }
@@ -564,30 +612,20 @@ pub(crate) fn build_volume(
     ))
 }
 
-/// Where each slot of each extent lives.
+/// Where each slot of each extent lives (none for an extent of a thin
+/// space not yet written).
 pub(crate) fn targets(
     shared: &Arc<PoolShared>,
     metadata: &PoolMetadata,
     extents: &[ExtentRecord],
 ) -> Result<Vec<Arc<[Target]>>, EngineError> {
-    let disks = shared.disks();
-    extents
+    Ok(extents
         .iter()
-        .map(|extent| {
-            let slabs = extent.slabs.as_ref().ok_or(EngineError::InvalidSetting {
-                what: "space provisioning",
-                value: 1,
-                rule: "thin provisioning is not supported by this version",
-            })?;
-            Ok(slabs
-                .iter()
-                .map(|slab| {
-                    let base = shared.slab_base(slab.slab, metadata.slab_bytes);
-                    Target::single(disks[usize::from(slab.disk.0)].clone(), base)
-                })
-                .collect::<Arc<[Target]>>())
+        .map(|extent| match &extent.slabs {
+            Some(slabs) => crate::thin::targets(shared, metadata, slabs),
+            None => Arc::from(Vec::new()),
         })
-        .collect()
+        .collect())
 }
 
 /// The log preparation `pool status` shows, until dropped.

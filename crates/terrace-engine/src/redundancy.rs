@@ -119,7 +119,8 @@ where
     }
     let map = space.map();
     let geometry = &space.geometry;
-    if extent >= map.extents.len() as u64 || rows.is_empty() {
+    if !Volume::allocated(&map, extent) || rows.is_empty() {
+        // Past the end, or never written (a thin space's): nothing to check.
         return Ok(Some((RedundancyReport::default(), rows.end)));
     }
     let targets = &map.extents[extent as usize];
@@ -283,7 +284,7 @@ async fn walk_rows(
     }
     let map = space.map();
     for (extent, row) in rows {
-        if extent >= map.extents.len() as u64 {
+        if !Volume::allocated(&map, extent) {
             continue;
         }
         let span = space.geometry.whole_row(extent, row);

@@ -222,6 +222,9 @@ impl Space {
     ) -> Result<(), EngineError> {
         self.check(offset, data.len() as u64, Access::Write)?;
         let length = data.len() as u64;
+        // Room first (a thin space's new extent): a write the pool has no
+        // room for is refused before the log takes it.
+        self.provide(offset, length).await?;
         let start = offset / BLOCK_BYTES * BLOCK_BYTES;
         let end = (offset + length).next_multiple_of(BLOCK_BYTES);
         if start == offset && end == offset + length {

@@ -107,8 +107,14 @@ pub struct SpaceStatus {
     pub columns_reason: String,
     pub interleave_bytes: u64,
     pub size_bytes: u64,
+    /// Raw bytes of the slabs it has (of a thin space, those written).
     pub raw_bytes: u64,
     pub extents: u64,
+    /// Fixed or thin.
+    pub provisioning: terrace_meta::Provisioning,
+    /// Bytes of the space whose extents have their slabs (all of a fixed
+    /// space; of a thin one, the extents written).
+    pub allocated_bytes: u64,
     pub fault_domain: FaultDomain,
     pub failures_tolerated: u32,
     pub health: SpaceHealth,
@@ -217,7 +223,8 @@ impl Volume {
         let mut failed = false;
         let tolerated = self.geometry.layout().failures_tolerated();
         let mut survives = tolerated;
-        for targets in &map.extents {
+        // Extents without slabs (a thin space's, never written) hold nothing.
+        for targets in map.extents.iter().filter(|targets| !targets.is_empty()) {
             let lost = |slot: u32| !targets[slot as usize].complete();
             failed |= (0..targets.len() as u32).any(|slot| {
                 lost(slot) && targets[slot as usize].home().disk.condition() != Condition::Missing
@@ -532,10 +539,16 @@ fn space_status(
         columns_reason: record.columns_reason.clone(),
         interleave_bytes: record.interleave_bytes,
         size_bytes: record.size_bytes,
-        raw_bytes: record.extents.len() as u64
+        raw_bytes: record
+            .extents
+            .iter()
+            .filter(|extent| extent.slabs.is_some())
+            .count() as u64
             * u64::from(geometry.slots_per_extent())
             * metadata.slab_bytes,
         extents: record.extents.len() as u64,
+        provisioning: record.provisioning,
+        allocated_bytes: space.allocated_bytes(),
         fault_domain: record.fault_domain,
         failures_tolerated: record.layout.failures_tolerated(),
         health,

@@ -55,6 +55,10 @@ pub(crate) trait SumsStore: Send + Sync {
     fn journal_pages(&self) -> u64;
     /// Make what was written so far durable.
     fn flush(&self) -> BoxFuture<'_, Result<(), EngineError>>;
+    /// Give the pages `pages` room on the disks where they have none yet
+    /// (a thin space's sums), so that writing them back never waits for
+    /// room: refused when the pool has none.
+    fn provide(&self, pages: Range<u64>) -> BoxFuture<'_, Result<(), EngineError>>;
 }
 
 struct Cached {
@@ -757,6 +761,19 @@ impl SpaceSums {
             })
     }
 
+    /// Give the pages of the sums of `blocks` their room (see
+    /// [`SumsStore::provide`]): before the first write to an extent of a
+    /// thin space.
+    pub(crate) async fn provide(&self, blocks: Range<u64>) -> Result<(), EngineError> {
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        let per_page = SUMS_PER_PAGE as u64;
+        let pages = (blocks.start / per_page)..(blocks.end - 1) / per_page + 1;
+        let pages = pages.start.min(self.store.pages())..pages.end.min(self.store.pages());
+        self.store.provide(pages).await
+    }
+
     /// Forget the sums of `blocks` (see [`Sums::fill`]).
     pub(crate) async fn forget(&self, blocks: Range<u64>) {
         self.cache
@@ -940,6 +957,10 @@ mod tests {
 
         fn journal_pages(&self) -> u64 {
             *self.journal.lock().unwrap()
+        }
+
+        fn provide(&self, _: Range<u64>) -> BoxFuture<'_, Result<(), EngineError>> {
+            async { Ok(()) }.boxed()
         }
 
         fn flush(&self) -> BoxFuture<'_, Result<(), EngineError>> {

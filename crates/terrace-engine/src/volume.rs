@@ -115,6 +115,9 @@ pub struct Volume {
     sums: OnceLock<Arc<SpaceSums>>,
     /// Writes into part of a block, merged per block (`block_merge`).
     merges: BlockMerges,
+    /// Held while an extent of a thin volume gets its slabs
+    /// ([`Volume::provide`]): one allocation at a time per volume.
+    provisioning: futures::lock::Mutex<()>,
 }
 
 /// What a request wants of a volume: to read, or to write (refused on a
@@ -147,7 +150,67 @@ impl Volume {
             sums_journal_pages: AtomicU64::new(0),
             sums: OnceLock::new(),
             merges: BlockMerges::default(),
+            provisioning: futures::lock::Mutex::new(()),
         }
+    }
+
+    /// Give every extent under `[offset, offset + length)` that has no
+    /// slabs yet (of a thin space, never written) its slabs, and the pages
+    /// of its sums theirs, before a write to the range begins: a write
+    /// refused for lack of room is refused before anything is written, and
+    /// a write to an extent that has its slabs never waits for room.
+    pub(crate) async fn provide(&self, offset: u64, length: u64) -> Result<(), EngineError> {
+        if length == 0 {
+            return Ok(());
+        }
+        let extent_bytes = self.geometry.extent_data_bytes();
+        let extents = offset / extent_bytes..=(offset + length - 1) / extent_bytes;
+        let unallocated = |extent: u64| {
+            self.map()
+                .extents
+                .get(extent as usize)
+                .is_some_and(|targets| targets.is_empty())
+        };
+        if !extents.clone().any(unallocated) {
+            return Ok(());
+        }
+        self.pool.check_writable()?;
+        let _one = self.provisioning.lock().await;
+        for extent in extents {
+            if !unallocated(extent) {
+                continue;
+            }
+            if let Some(sums) = self.sums.get() {
+                let size = self.size_bytes();
+                let start = extent * extent_bytes;
+                let end = (start + extent_bytes).min(size);
+                sums.provide(start / BLOCK_BYTES..end.div_ceil(BLOCK_BYTES))
+                    .await?;
+            }
+            let targets =
+                crate::thin::allocate(&self.pool, self.id, &self.name, extent, &self.geometry)
+                    .await?;
+            self.update_extent(extent, |slots| *slots = targets.to_vec());
+        }
+        Ok(())
+    }
+
+    /// Whether `extent` has slabs (an extent of a thin space has none
+    /// until its first write).
+    pub(crate) fn allocated(map: &SpaceMap, extent: u64) -> bool {
+        map.extents
+            .get(extent as usize)
+            .is_some_and(|targets| !targets.is_empty())
+    }
+
+    /// Bytes of the space whose extents have their slabs.
+    pub fn allocated_bytes(&self) -> u64 {
+        let map = self.map();
+        let extent_bytes = self.geometry.extent_data_bytes();
+        (0..map.extents.len() as u64)
+            .filter(|&extent| Volume::allocated(&map, extent))
+            .map(|extent| extent_bytes.min(map.size_bytes.saturating_sub(extent * extent_bytes)))
+            .sum()
     }
 
     /// Keep `sums` of this volume's blocks from now on: every write sets
@@ -501,6 +564,9 @@ impl Volume {
                 let mut whole = aligned_buffer(length as usize);
                 for span in self.geometry.split_rows(offset, length) {
                     let io = self.row_io(map, &span);
+                    if io.targets.is_empty() {
+                        continue; // never written: zeroes
+                    }
                     for piece in self.geometry.split_columns(span) {
                         let column = self.geometry.physical_column(span.row, piece.data_column);
                         let slot = self.geometry.slot(column, copy);
@@ -772,6 +838,8 @@ impl Volume {
         fua: bool,
     ) -> Result<(), EngineError> {
         let data = data.into();
+        self.check(offset, data.len() as u64, Access::Write)?;
+        self.provide(offset, data.len() as u64).await?;
         let map = self.check(offset, data.len() as u64, Access::Write)?;
         let result = self.write_checked(&map, offset, &data, fua).await;
         self.pool.persist_failures().await?;
@@ -792,6 +860,8 @@ impl Volume {
             return Ok(());
         };
         let (start, end) = (*start, last + data.len() as u64);
+        self.check(start, end - start, Access::Write)?;
+        self.provide(start, end - start).await?;
         let map = self.check(start, end - start, Access::Write)?;
         let result = self.merge_checked(&map, start, end, pieces).await;
         self.pool.persist_failures().await?;
@@ -1119,6 +1189,21 @@ impl Volume {
         length: u64,
         mode: zero::Mode,
     ) -> Result<(), EngineError> {
+        let extent_bytes = self.geometry.extent_data_bytes();
+        let extents = offset / extent_bytes..(offset + length).div_ceil(extent_bytes);
+        if extents
+            .clone()
+            .any(|extent| !Volume::allocated(map, extent))
+        {
+            // An extent without slabs (a thin space's, never written)
+            // reads as zeroes already: only the others are zeroed.
+            for extent in extents.filter(|&extent| Volume::allocated(map, extent)) {
+                let start = offset.max(extent * extent_bytes);
+                let end = (offset + length).min((extent + 1) * extent_bytes);
+                Box::pin(self.zero_checked(map, start, end - start, mode)).await?;
+            }
+            return Ok(());
+        }
         if let Err(error) = self.refuse_beyond_tolerance(map, offset, length) {
             // A trim is advisory: left undone.
             return match mode {
@@ -1235,10 +1320,11 @@ impl Volume {
     pub(crate) fn readable_everywhere(&self) -> Result<(), EngineError> {
         let map = self.map();
         for (index, targets) in map.extents.iter().enumerate() {
-            if self
-                .geometry
-                .remaining_tolerance(|slot| !targets[slot as usize].complete())
-                .is_none()
+            if !targets.is_empty()
+                && self
+                    .geometry
+                    .remaining_tolerance(|slot| !targets[slot as usize].complete())
+                    .is_none()
             {
                 return Err(EngineError::Unavailable {
                     space: self.name.clone(),
@@ -1355,7 +1441,7 @@ pub(crate) fn out_of_service(targets: &[Target], leaving: &[DiskIndex]) -> Vec<D
 /// redundancy, any column of a simple extent).
 fn beyond_tolerance(geometry: &Geometry, targets: &[Target]) -> Option<String> {
     let away = |slot: u32| targets[slot as usize].home().disk.condition() != Condition::Online;
-    if geometry.remaining_tolerance(away).is_some() {
+    if targets.is_empty() || geometry.remaining_tolerance(away).is_some() {
         return None;
     }
     let gone = (0..geometry.slots_per_extent())
@@ -1405,7 +1491,7 @@ impl Volume {
         }
         // The slots' places as they are under the lock.
         let map = self.map();
-        if extent < map.extents.len() as u64 {
+        if Volume::allocated(&map, extent) {
             let span = self.geometry.whole_row(extent, row);
             check_row(&self.row_io(&map, &span), Pass::Resync).await;
         }
@@ -1431,6 +1517,10 @@ impl crate::sums::SumsStore for Volume {
             let Some(span) = self.geometry.split_rows(offset, PAGE_BYTES).next() else {
                 return Vec::new();
             };
+            if !Volume::allocated(&map, span.extent) {
+                // Never written (a thin sums space): a blank page.
+                return vec![Ok(aligned_buffer(PAGE_BYTES as usize))];
+            }
             let io = self.row_io(&map, &span);
             let piece = self.geometry.locate(offset);
             let slot_copies = (0..self.geometry.slots_per_extent())
@@ -1482,6 +1572,16 @@ impl crate::sums::SumsStore for Volume {
         self.sums_journal_pages.load(Ordering::Acquire)
     }
 
+    fn provide(
+        &self,
+        pages: std::ops::Range<u64>,
+    ) -> futures::future::BoxFuture<'_, Result<(), EngineError>> {
+        Box::pin(self.provide(
+            pages.start * PAGE_BYTES,
+            (pages.end - pages.start) * PAGE_BYTES,
+        ))
+    }
+
     /// Its disks flushed; a write that failed said so itself (an extent
     /// beyond its tolerance elsewhere is no reason to refuse a checkpoint).
     fn flush(&self) -> futures::future::BoxFuture<'_, Result<(), EngineError>> {
@@ -1501,6 +1601,12 @@ async fn read_span(
     span: &RowSpan,
     part: BytesMut,
 ) -> Result<BytesMut, EngineError> {
+    if io.targets.is_empty() {
+        // An extent never written (of a thin space): zeroes, no I/O.
+        let mut part = part;
+        part.fill(0);
+        return Ok(part);
+    }
     // Since a crash, a (mirror) row is read only once its copies agree.
     let space = io.host;
     if space.pool.crash_resync.wanted(space.id, io.extent, io.row) {

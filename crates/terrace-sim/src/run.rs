@@ -90,6 +90,10 @@ pub struct Plan {
     pub clears: bool,
     /// Disks that return wrong data without an error (`crate::silent`).
     pub silent: SilentPlan,
+    /// The space (and the scratch spaces) are thin: each extent gets its
+    /// slabs at its first write, under the clients, the losses and the
+    /// power cuts.
+    pub thin: bool,
 }
 
 /// Write every block of the space once, and flush: the blocks of a new
@@ -184,6 +188,7 @@ impl Plan {
             scratch: false,
             clears: false,
             silent: SilentPlan::default(),
+            thin: false,
         };
         plan.returns = plan.losses > 0 && extras.chance(1, 2);
         plan.clears = plan.losses > 0 && !plan.returns && extras.chance(1, 2);
@@ -262,6 +267,7 @@ pub fn run(seed: u64) -> Result<Report, String> {
     let mut plan = Plan::draw(&mut random, &mut Random::new(seed ^ 0x5eed_e47a_5eed_e47a));
     let mut silent_random = Random::new(seed ^ 0x511e_4700_511e_4700);
     plan.silent = SilentPlan::draw(&mut silent_random, plan.layout, plan.disks, plan.losses);
+    plan.thin = Random::new(seed ^ 0x7819_7819_7819_7819).chance(1, 3);
     let random = Rc::new(RefCell::new(random));
     let journals = if plan.cache_bytes.is_some() {
         JOURNAL_DISKS
@@ -425,6 +431,7 @@ impl Run {
                 self.random.clone(),
                 self.sim.env.clone(),
                 clients_left.clone(),
+                self.plan.thin,
             ));
         }
         if self.plan.jobs {
@@ -676,6 +683,7 @@ async fn scratch_spaces(
     random: Shared<Random>,
     env: Arc<dyn Env>,
     clients_left: Rc<std::cell::Cell<usize>>,
+    thin: bool,
 ) {
     for space in pool.spaces() {
         if space.name().starts_with("scratch") {
@@ -691,6 +699,9 @@ async fn scratch_spaces(
         let mut config = SpaceConfig::new(&name, Layout::Simple, SpaceSize::Bytes(SLAB_BYTES));
         config.columns = Some(1);
         config.cache_bytes = Some(0);
+        if thin {
+            config.provisioning = terrace_engine::meta::Provisioning::Thin;
+        }
         let Ok(created) = pool.create_space(config).await else {
             // No room now, or a disk it was given was lost meanwhile.
             env.sleep(1_000_000).await;
@@ -698,6 +709,12 @@ async fn scratch_spaces(
         };
         let wait = random.borrow_mut().below(2_000_000);
         env.sleep(wait).await;
+        if thin {
+            // Its slab is taken now, by a write of zeroes to one block: the
+            // rest of it must read as zeroes too.
+            let zeroes = Bytes::from(vec![0u8; 4096]);
+            let _ = created.space.write(4096, zeroes, false).await;
+        }
         // A read may fail (its disk lost); what it returns must be zeroes.
         if let Ok(data) = created.space.read(0, SLAB_BYTES).await {
             if data.iter().any(|&byte| byte != 0) {
@@ -761,6 +778,9 @@ fn setup(
     space_config.columns = plan.columns;
     space_config.interleave_bytes = Some(plan.interleave_bytes);
     space_config.cache_bytes = Some(plan.cache_bytes.unwrap_or(0));
+    if plan.thin {
+        space_config.provisioning = terrace_engine::meta::Provisioning::Thin;
+    }
     let log_memory = plan.log_memory;
     executor.block_on(async move {
         let config = PoolConfig {

@@ -188,6 +188,9 @@ pub struct SpaceCreate {
     /// Keep a checksum of every block (the default).
     #[serde(default = "checksums_default")]
     pub checksums: bool,
+    /// "thin": extents allocated on first write; "fixed" or none: all now.
+    #[serde(default)]
+    pub provisioning: Option<String>,
 }
 
 fn checksums_default() -> bool {
@@ -416,8 +419,16 @@ pub struct SpaceView {
     pub columns_reason: String,
     pub interleave_bytes: u64,
     pub size_bytes: u64,
+    /// Raw bytes of the slabs it has (of a thin space, those written).
     pub raw_bytes: u64,
     pub extents: u64,
+    /// "fixed" (every extent allocated at creation) or "thin" (each extent
+    /// on its first write).
+    #[serde(default)]
+    pub provisioning: String,
+    /// Bytes of the space whose extents have their slabs.
+    #[serde(default)]
+    pub allocated_bytes: u64,
     pub fault_domain: String,
     pub failures_tolerated: u32,
     /// healthy, no-redundancy, incomplete, degraded, repairing or offline.

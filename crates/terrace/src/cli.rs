@@ -283,6 +283,11 @@ pub enum SpaceCommand {
         /// a damaged copy is found and rebuilt (on, the default), or not.
         #[arg(long, default_value = "on", value_parser = parse_on_off, action = clap::ArgAction::Set)]
         checksums: bool,
+        /// fixed: every extent allocated now (the default); thin: each
+        /// extent on its first write, so the space may be larger than the
+        /// pool (writes to new extents then fail with ENOSPC when it is full).
+        #[arg(long, value_parser = ["fixed", "thin"])]
+        provisioning: Option<String>,
     },
     /// Check that every row's copies or parity agree with its data.
     Verify {
@@ -676,6 +681,7 @@ pub fn space_request(command: SpaceCommand, control: &PathBuf) -> Result<Request
             cache,
             export,
             checksums,
+            provisioning,
         } => Request::SpaceCreate(SpaceCreate {
             pool,
             name,
@@ -689,6 +695,7 @@ pub fn space_request(command: SpaceCommand, control: &PathBuf) -> Result<Request
             cache_bytes: cache,
             export,
             checksums,
+            provisioning,
         }),
         SpaceCommand::Verify { name, pool } => Request::SpaceVerify { pool, name },
         SpaceCommand::Cache { name, size, pool } => Request::SpaceCache {
@@ -791,12 +798,19 @@ pub fn render(request: &Request, result: serde_json::Value) -> Result<String, Cl
                     render::log_placement(cache)
                 )
             });
+            let size = match space.provisioning.as_str() {
+                "thin" => format!(
+                    "{} thin ({} allocated: extents take room at their first write)",
+                    crate::units::format_size(space.size_bytes),
+                    crate::units::format_size(space.allocated_bytes)
+                ),
+                _ => crate::units::format_size(space.size_bytes),
+            };
             format!(
-                "space {} in pool {}: {}, {} ({}), export {}{cache}\n",
+                "space {} in pool {}: {}, {size} ({}), export {}{cache}\n",
                 space.name,
                 space.pool,
                 space.layout_description,
-                crate::units::format_size(space.size_bytes),
                 space.columns_reason,
                 space.export
             )

@@ -239,6 +239,7 @@ async fn demo_steps(
             cache_bytes: Some(CACHE_BYTES),
             export: None,
             checksums: true,
+            provisioning: None,
         };
         let answer = call(control, &Request::SpaceCreate(create)).await?;
         println!(

@@ -359,6 +359,7 @@ fn space_table(spaces: &[SpaceView]) -> Table {
         "COLUMNS",
         "INTERLEAVE",
         "SIZE",
+        "ALLOCATED",
         "RAW",
         "HEALTH",
         "EXPORT",
@@ -371,6 +372,10 @@ fn space_table(spaces: &[SpaceView]) -> Table {
             columns(space),
             format_size(space.interleave_bytes),
             format_size(space.size_bytes),
+            match space.provisioning.as_str() {
+                "thin" => format!("{} (thin)", format_size(space.allocated_bytes)),
+                _ => format_size(space.allocated_bytes),
+            },
             format_size(space.raw_bytes),
             space_health(space),
             match space.export_not_served {

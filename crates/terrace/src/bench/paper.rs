@@ -464,6 +464,7 @@ async fn create_spaces(
             cache_bytes: Some(cache_bytes),
             export: None,
             checksums: true,
+            provisioning: None,
         };
         let answer = call(control, &Request::SpaceCreate(create)).await?;
         let space: SpaceView =

@@ -41,13 +41,14 @@ pub struct SpaceBackend {
 }
 
 /// The one mapping of engine errors to NBD error values (NBD `proto.md`,
-/// "Error values"): a write past the end is `ENOSPC`, a write to a
+/// "Error values"): a write past the end, or to a thin space's unallocated
+/// extent when the pool is full, is `ENOSPC`, a write to a
 /// read-only pool `EPERM` (what the protocol defines for a write or trim
 /// on a read-only export), a request over the limit `EINVAL`, a closing
 /// pool `ESHUTDOWN`; anything else is an I/O error.
 fn errno(error: &EngineError) -> Errno {
     match error {
-        EngineError::OutOfRange { .. } => Errno::NoSpace,
+        EngineError::OutOfRange { .. } | EngineError::PoolFull { .. } => Errno::NoSpace,
         EngineError::TooLarge { .. } => Errno::Invalid,
         EngineError::ReadOnly { .. } => Errno::Perm,
         EngineError::Closed { .. } => Errno::Shutdown,

@@ -893,6 +893,15 @@ async fn space_create(registry: &Registry, create: SpaceCreate) -> Answer {
     config.export = create.export.clone();
     config.require_default_log = true;
     config.checksums = create.checksums;
+    config.provisioning = match create.provisioning.as_deref() {
+        None | Some("fixed") => terrace_engine::meta::Provisioning::Fixed,
+        Some("thin") => terrace_engine::meta::Provisioning::Thin,
+        Some(other) => {
+            return Err(usage(format!(
+                "--provisioning {other}: expected fixed or thin"
+            )))
+        }
+    };
     export_free(registry, &create.pool, &config)?;
     // The cache the space will get, asked for or the pool's default for
     // its layout, counts against the daemon's memory either way.

@@ -141,6 +141,8 @@ pub fn space_view(pool: &str, space: &SpaceStatus, read_only: bool, export: Stri
         size_bytes: space.size_bytes,
         raw_bytes: space.raw_bytes,
         extents: space.extents,
+        provisioning: provisioning_name(space.provisioning).into(),
+        allocated_bytes: space.allocated_bytes,
         fault_domain: domain_name(space.fault_domain).into(),
         failures_tolerated: space.failures_tolerated,
         health: health.into(),
@@ -168,6 +170,14 @@ pub fn space_view(pool: &str, space: &SpaceStatus, read_only: bool, export: Stri
             terrace_engine::Checksums::NoRoom => "no-room",
         }
         .into(),
+    }
+}
+
+/// As users write it (`--provisioning`).
+pub fn provisioning_name(provisioning: terrace_engine::meta::Provisioning) -> &'static str {
+    match provisioning {
+        terrace_engine::meta::Provisioning::Fixed => "fixed",
+        terrace_engine::meta::Provisioning::Thin => "thin",
     }
 }
 
@@ -448,6 +458,13 @@ fn explanation(view: &SpaceView, slab_bytes: u64) -> Vec<String> {
         format_size(view.raw_bytes),
         100.0 * f64::from(view.data_columns) / f64::from(slots)
     ));
+    if view.provisioning == "thin" {
+        lines.push(format!(
+            "thin: {} of {} allocated; an extent takes its slabs at its first write, and reads of one never written return zeroes without reading a disk",
+            format_size(view.allocated_bytes),
+            format_size(view.size_bytes),
+        ));
+    }
     lines.push(match view.survives {
         Some(n) => format!(
             "survives any {} by design; {n} more now",
