@@ -619,10 +619,15 @@ impl PoolShared {
             "pool {}: a slab is named by two extents",
             self.name
         );
+        // The generation of this commit's first try: a disk whose write of
+        // a try failed holds none from it on, however many tries later it
+        // is recorded out (two disks lost in successive tries).
+        let mut first_try = None;
         loop {
             self.absorb_conditions(&mut next);
             next.generation = control.metadata.generation.max(next.generation) + 1;
-            note_departures(&control.metadata, &mut next);
+            let left = *first_try.get_or_insert(next.generation);
+            note_departures(&control.metadata, &mut next, left);
             next.committed_ns = self.env.wall_clock_ns();
             let encoded = encode_slot(&next, self.metadata_slot_bytes)
                 .map_err(|source| EngineError::MetadataFull { source })?;
@@ -778,10 +783,11 @@ fn job_changes(current: &PoolMetadata, next: &PoolMetadata) -> Vec<PoolEvent> {
 }
 
 /// Record in `next` the generation at which each disk it newly calls
-/// missing or failed left (`DiskRecord::missing_since`), keep it for disks
-/// that were out already, and clear it for the others.
-fn note_departures(current: &PoolMetadata, next: &mut PoolMetadata) {
-    let generation = next.generation;
+/// missing or failed left (`DiskRecord::missing_since`): `generation`, the
+/// first try of the commit recording it (a try that failed on the disk is
+/// why it is out; it holds none from there); keep it for disks that were
+/// out already, and clear it for the others.
+fn note_departures(current: &PoolMetadata, next: &mut PoolMetadata, generation: u64) {
     let out = |state: DiskState| matches!(state, DiskState::Missing | DiskState::Failed);
     for (index, disk) in next.disks.iter_mut().enumerate() {
         disk.missing_since = match (disk.state, current.disks.get(index)) {

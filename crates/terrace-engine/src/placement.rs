@@ -586,7 +586,11 @@ pub(crate) fn build_space(
     metadata: &PoolMetadata,
     record: &SpaceRecord,
 ) -> Result<Space, EngineError> {
-    let mut space = Space::around(Arc::new(build_volume(shared, metadata, record)?));
+    let volume = build_volume(shared, metadata, record)?;
+    if record.provisioning == Provisioning::Thin {
+        volume.set_thin();
+    }
+    let mut space = Space::around(Arc::new(volume));
     space.export = record.export.clone();
     Ok(space)
 }

@@ -61,6 +61,12 @@ use crate::zero;
 /// The journal in front of a space's volume, its ring in a log volume.
 type Journal = JournalOf<Volume>;
 
+/// How often, and how long apart, a trim or write-zeroes of whole
+/// extents of a thin space looks for a moment with no write in flight to
+/// give them back ([`Space::give_back`]).
+const GIVE_BACK_TRIES: u32 = 20;
+const GIVE_BACK_WAIT_NS: u64 = 5_000_000;
+
 /// A space as its clients see it: a [`Volume`] with, in front, request
 /// validation, its held state and its write-back journal.
 pub struct Space {
@@ -78,6 +84,11 @@ pub struct Space {
     /// Whether `held` says something: every request reads this, not the
     /// mutex, which only a held space's refusals take.
     is_held: AtomicBool,
+    /// Held shared by every write, zeroing and trim from before it looks
+    /// for room until it is done (or logged); held alone while extents of
+    /// a thin space are given back ([`Space::give_back`]), so that no write
+    /// lands in a slab just freed.
+    gate: async_lock::RwLock<()>,
 }
 
 impl Space {
@@ -89,6 +100,7 @@ impl Space {
             journal: RwLock::new(None),
             held: std::sync::Mutex::new(None),
             is_held: AtomicBool::new(false),
+            gate: async_lock::RwLock::new(()),
         }
     }
 
@@ -189,6 +201,7 @@ impl Space {
     ) -> Result<(), EngineError> {
         self.check_held(offset, data.len() as u64)?;
         let _client = self.volume.pool.client_io();
+        let _gate = self.gate.read().await;
         match self.journal() {
             None => {
                 let fits = !sums.is_empty()
@@ -265,8 +278,10 @@ impl Space {
     ) -> Result<(), EngineError> {
         self.check_range(offset, length, Access::Write)?;
         self.check_held(offset, length)?;
-        for (offset, length) in zero_pieces(&self.geometry, offset, length) {
-            self.write_zeroes_piece(offset, length, fua).await?;
+        for (offset, length) in self.give_back(offset, length).await? {
+            for (offset, length) in zero_pieces(&self.geometry, offset, length) {
+                self.write_zeroes_piece(offset, length, fua).await?;
+            }
         }
         Ok(())
     }
@@ -288,6 +303,7 @@ impl Space {
                 return self.write(offset, zeroes, fua).await;
             }
         }
+        let _gate = self.gate.read().await;
         let intent = match &journal {
             Some(journal) => {
                 journal
@@ -345,6 +361,15 @@ impl Space {
         for block in logged {
             zero[(block - first) as usize] = false;
         }
+        // Extents without slabs (a thin space's, never written or given
+        // back) read as zeroes, whatever their sums say.
+        let map = self.map();
+        let blocks_per_extent = self.geometry.extent_data_bytes() / BLOCK_BYTES;
+        for (block, zero) in (first..).zip(zero.iter_mut()) {
+            if !Volume::allocated(&map, block / blocks_per_extent) {
+                *zero = true;
+            }
+        }
         let mut runs: Vec<(u64, bool)> = Vec::new();
         for (block, zero) in (first..).zip(zero) {
             let bytes = ((block + 1) * BLOCK_BYTES).min(end) - (block * BLOCK_BYTES).max(offset);
@@ -361,10 +386,92 @@ impl Space {
     pub async fn trim(&self, offset: u64, length: u64) -> Result<(), EngineError> {
         self.check_range(offset, length, Access::Write)?;
         self.check_held(offset, length)?;
-        for (offset, length) in zero_pieces(&self.geometry, offset, length) {
-            self.trim_piece(offset, length).await?;
+        for (offset, length) in self.give_back(offset, length).await? {
+            for (offset, length) in zero_pieces(&self.geometry, offset, length) {
+                self.trim_piece(offset, length).await?;
+            }
         }
         Ok(())
+    }
+
+    /// Of a thin space: give back the slabs of the extents that
+    /// `[offset, offset + length)` covers whole (a trim or write-zeroes of
+    /// them: they read as zeroes without slabs), except those the log
+    /// holds data of or a job is moving. Returns the ranges still to zero
+    /// or trim: the request but for the extents without slabs now.
+    ///
+    /// Under the gate alone (see [`GIVE_BACK_TRIES`]), so no write is under way in the space; their
+    /// sums are forgotten and made durable first (an extent given slabs
+    /// again later is zeroed, which a forgotten sum accepts), then one
+    /// commit frees them, and the map lets go of their slabs under the
+    /// control lock, as a move's end does (`MapEpoch`).
+    async fn give_back(&self, offset: u64, length: u64) -> Result<Vec<(u64, u64)>, EngineError> {
+        let extent_bytes = self.geometry.extent_data_bytes();
+        let end = offset + length;
+        let size = self.size_bytes();
+        let extent_end = |extent: u64| ((extent + 1) * extent_bytes).min(size);
+        let whole = |extent: u64| extent * extent_bytes >= offset && extent_end(extent) <= end;
+        let extents = offset / extent_bytes..end.div_ceil(extent_bytes);
+        if !self.volume.is_thin() || !extents.clone().any(whole) {
+            return Ok(vec![(offset, length)]);
+        }
+        // Only in a moment with no write in flight: a write that waited
+        // for the gate could hold up writes it waits for itself (sector
+        // writes of one block merged together), and a trim is advisory.
+        // A write-zeroes that finds no such moment zeroes the extents.
+        let mut gate = self.gate.try_write();
+        for _ in 0..GIVE_BACK_TRIES {
+            if gate.is_some() {
+                break;
+            }
+            self.pool.env.sleep(GIVE_BACK_WAIT_NS).await;
+            gate = self.gate.try_write();
+        }
+        if let Some(_gate) = gate {
+            let map = self.map();
+            let journal = self.journal();
+            let blocks = |extent: u64| {
+                extent * extent_bytes / BLOCK_BYTES..extent_end(extent).div_ceil(BLOCK_BYTES)
+            };
+            let chosen: Vec<u64> = extents
+                .clone()
+                .filter(|&extent| whole(extent) && Volume::allocated(&map, extent))
+                .filter(|&extent| {
+                    journal.as_ref().is_none_or(|journal| {
+                        let blocks = blocks(extent);
+                        journal.logged_blocks(blocks.start, blocks.end).is_empty()
+                    })
+                })
+                .collect();
+            if !chosen.is_empty() {
+                if let Some(sums) = self.volume.sums() {
+                    for &extent in &chosen {
+                        sums.forget(blocks(extent)).await;
+                    }
+                    self.pool.flush_disks().await?;
+                }
+                crate::thin::release(&self.pool, self.id(), self.name(), &chosen, |given| {
+                    for &extent in given {
+                        self.volume.update_extent(extent, |targets| targets.clear());
+                    }
+                })
+                .await?;
+            }
+        }
+        let map = self.map();
+        let mut left: Vec<(u64, u64)> = Vec::new();
+        for extent in extents {
+            if whole(extent) && !Volume::allocated(&map, extent) {
+                continue;
+            }
+            let start = offset.max(extent * extent_bytes);
+            let stop = end.min(extent_end(extent));
+            match left.last_mut() {
+                Some((at, length)) if *at + *length == start => *length += stop - start,
+                _ => left.push((start, stop - start)),
+            }
+        }
+        Ok(left)
     }
 
     /// [`Space::trim`] of at most [`REQUEST_MAX_BYTES`].
@@ -378,6 +485,7 @@ impl Space {
                 return Ok(());
             }
         }
+        let _gate = self.gate.read().await;
         let intent = match &journal {
             Some(journal) => {
                 journal

@@ -77,9 +77,10 @@ async fn allocate_once(
                 PlacementError::OutOfSpace { .. } => EngineError::PoolFull {
                     space: name.to_string(),
                     detail: format!(
-                        "its extent {extent} needs {} slabs on distinct disks and the disks it may use have {} free",
+                        "its extent {extent} needs {} slabs on distinct disks, and the disks it may use have {} free on {} disks",
                         geometry.slots_per_extent(),
-                        allocator.free_slabs()
+                        allocator.free_slabs(),
+                        allocator.usable_disks_and_domains().0,
                     ),
                 },
                 other => other.into(),
@@ -208,4 +209,52 @@ async fn zero(
         result.map_err(failed)?;
     }
     shared.persist_failures().await
+}
+
+/// Give back the slabs of `extents` of space `space` (`name` for
+/// messages), those that have slabs and that no job is moving, in one
+/// commit; `freed` is told which went, under the control lock (it retires
+/// their slabs from the space's map there, before any allocation can see
+/// them free). Returns them.
+pub(crate) async fn release(
+    shared: &PoolShared,
+    space: SpaceId,
+    name: &str,
+    extents: &[u64],
+    freed: impl FnOnce(&[u64]),
+) -> Result<Vec<u64>, EngineError> {
+    let mut control = shared.control.lock().await;
+    let mut next = control.metadata.clone();
+    let moving: std::collections::BTreeSet<u32> = next
+        .jobs
+        .iter()
+        .filter(|job| job.is_active())
+        .flat_map(|job| job.moves.iter())
+        .filter(|step| step.space == space && !step.done)
+        .map(|step| step.extent)
+        .collect();
+    let record = next
+        .spaces
+        .iter_mut()
+        .find(|s| s.id == space)
+        .ok_or_else(|| EngineError::NoSuchSpace {
+            name: name.to_string(),
+        })?;
+    let mut given = Vec::new();
+    for &extent in extents {
+        if moving.contains(&(extent as u32)) {
+            continue;
+        }
+        if let Some(slot) = record.extents.get_mut(extent as usize) {
+            if slot.slabs.take().is_some() {
+                given.push(extent);
+            }
+        }
+    }
+    if given.is_empty() {
+        return Ok(given);
+    }
+    shared.commit(&mut control, next).await?;
+    freed(&given);
+    Ok(given)
 }

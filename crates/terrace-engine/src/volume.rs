@@ -118,6 +118,9 @@ pub struct Volume {
     /// Held while an extent of a thin volume gets its slabs
     /// ([`Volume::provide`]): one allocation at a time per volume.
     provisioning: futures::lock::Mutex<()>,
+    /// Thin: extents get their slabs at their first write, and give them
+    /// back when trimmed or zeroed whole.
+    thin: AtomicBool,
 }
 
 /// What a request wants of a volume: to read, or to write (refused on a
@@ -151,7 +154,31 @@ impl Volume {
             sums: OnceLock::new(),
             merges: BlockMerges::default(),
             provisioning: futures::lock::Mutex::new(()),
+            thin: AtomicBool::new(false),
         }
+    }
+
+    /// Make this volume thin (see [`Volume::is_thin`]).
+    pub(crate) fn set_thin(&self) {
+        self.thin.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether extents get their slabs at their first write and give them
+    /// back when trimmed or zeroed whole.
+    pub fn is_thin(&self) -> bool {
+        self.thin.load(Ordering::Relaxed)
+    }
+
+    /// Whether every extent under `[offset, offset + length)` has slabs.
+    pub(crate) fn all_allocated(
+        map: &SpaceMap,
+        offset: u64,
+        length: u64,
+        extent_bytes: u64,
+    ) -> bool {
+        length == 0
+            || (offset / extent_bytes..=(offset + length - 1) / extent_bytes)
+                .all(|extent| Volume::allocated(map, extent))
     }
 
     /// Give every extent under `[offset, offset + length)` that has no
@@ -511,8 +538,32 @@ impl Volume {
             let parts = results.into_iter().collect::<Result<Vec<_>, _>>()?;
             join_buffer(parts)
         };
+        let extent_bytes = self.geometry.extent_data_bytes();
         match self.sums.get() {
-            Some(sums) => self.verified(map, sums, offset, buffer, false).await,
+            Some(sums) if Volume::all_allocated(map, offset, length, extent_bytes) => {
+                self.verified(map, sums, offset, buffer, false).await
+            }
+            // An extent without slabs reads as zeroes whatever its sums say
+            // (they are forgotten before an extent is given back, but a
+            // crash may leave the older ones).
+            Some(sums) => {
+                let end = offset + length;
+                let pieces: Vec<(u64, u64)> = (offset / extent_bytes..end.div_ceil(extent_bytes))
+                    .map(|extent| {
+                        let start = offset.max(extent * extent_bytes);
+                        (start, end.min((extent + 1) * extent_bytes) - start)
+                    })
+                    .collect();
+                let parts = split_buffer(buffer, pieces.iter().map(|piece| piece.1));
+                let mut checked = Vec::with_capacity(pieces.len());
+                for ((start, _), part) in pieces.into_iter().zip(parts) {
+                    checked.push(match Volume::allocated(map, start / extent_bytes) {
+                        true => Box::pin(self.verified(map, sums, start, part, false)).await?,
+                        false => part,
+                    });
+                }
+                Ok(join_buffer(checked))
+            }
             None => Ok(buffer),
         }
     }
@@ -1601,17 +1652,17 @@ async fn read_span(
     span: &RowSpan,
     part: BytesMut,
 ) -> Result<BytesMut, EngineError> {
-    if io.targets.is_empty() {
-        // An extent never written (of a thin space): zeroes, no I/O.
-        let mut part = part;
-        part.fill(0);
-        return Ok(part);
-    }
     // Since a crash, a (mirror) row is read only once its copies agree.
     let space = io.host;
     if space.pool.crash_resync.wanted(space.id, io.extent, io.row) {
         // Boxed: rare, and every read's future would carry its state.
         Box::pin(space.resync_crashed_row(io.extent, io.row, io.lock_held)).await?;
+    }
+    if io.targets.is_empty() {
+        // An extent without slabs (a thin space's): zeroes, no I/O.
+        let mut part = part;
+        part.fill(0);
+        return Ok(part);
     }
     let (part, result) = space.layout.read(io, span, part).await;
     result.map(|()| part)

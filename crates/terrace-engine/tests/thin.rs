@@ -196,3 +196,120 @@ fn a_full_pool_refuses_only_the_writes_that_need_room() {
         assert!(read[..] == model.slice(0, at + extent)[..]);
     });
 }
+
+/// A trim or write-zeroes that covers whole extents of a thin space gives
+/// their slabs back to the pool (a log's data under one keeps it until it
+/// has gone home); the extents read as zeroes, show as holes, take new
+/// slabs at their next write, and all of it holds across an import. A
+/// range that covers part of an extent frees nothing.
+#[test]
+fn whole_extents_trimmed_or_zeroed_go_back_to_the_pool() {
+    block_on(async {
+        for (layout, name, cache_bytes) in [
+            (Layout::Mirror { copies: 2 }, "mirror2", 0),
+            (Layout::Parity { redundancy: 1 }, "parity1-log", 1 << 20),
+            (Layout::Simple, "simple", 0),
+        ] {
+            let disks = Disks::with_power(6, DISK_BYTES);
+            let pool = create_pool(&disks).await;
+            let space = pool
+                .create_space(thin(name, layout, 1 << 30, cache_bytes))
+                .await
+                .unwrap()
+                .space;
+            let extent = space.geometry().extent_data_bytes();
+            let data = SplitMix64::new(5).bytes(6 * extent as usize);
+            space.write(0, bytes(data.clone()), false).await.unwrap();
+            if let Some(journal) = space.journal() {
+                while journal.destage(&space, true).await.unwrap() {}
+            }
+            let pool_before = pool.status().await.allocated_bytes;
+            assert_eq!(space.allocated_bytes(), 6 * extent, "{name}");
+            // Part of extent 0 and all of extents 1 and 2, trimmed; all of
+            // extent 4 and part of 5, zeroed.
+            space.trim(4096, 3 * extent - 4096).await.unwrap();
+            space
+                .write_zeroes(4 * extent, extent + 8192, false)
+                .await
+                .unwrap();
+            assert_eq!(space.allocated_bytes(), 3 * extent, "{name}");
+            let slots = u64::from(space.geometry().slots_per_extent());
+            let per_extent = slots * SLAB;
+            assert_eq!(
+                pool.status().await.allocated_bytes,
+                pool_before - 3 * per_extent,
+                "{name}: the pool has the slabs back"
+            );
+            let holes = space.block_status(extent, 2 * extent).await.unwrap();
+            assert_eq!(holes, vec![(2 * extent, true)], "{name}");
+            let mut model = data.clone();
+            model[4 * extent as usize..(5 * extent + 8192) as usize].fill(0);
+            model[extent as usize..3 * extent as usize].fill(0);
+            // Trimmed blocks of extent 0 may read as they were or as zeroes.
+            let read = space.read(extent, 5 * extent).await.unwrap();
+            assert!(read[..] == model[extent as usize..], "{name}");
+            // Written again: new slabs, zeroed but for what is written.
+            space
+                .write(extent + 8192, bytes(vec![3; 4096]), false)
+                .await
+                .unwrap();
+            model[(extent + 8192) as usize..(extent + 12288) as usize].fill(3);
+            assert_eq!(space.allocated_bytes(), 4 * extent, "{name}");
+            let check = |space: Arc<Space>, model: Vec<u8>| async move {
+                let read = space.read(extent, 5 * extent).await.unwrap();
+                assert!(read[..] == model[extent as usize..], "{name}");
+                let report = repair_space(&space).await.unwrap();
+                assert!(report.findings.is_empty(), "{name}: {:?}", report.findings);
+            };
+            check(space.clone(), model.clone()).await;
+            space.flush().await.unwrap();
+            drop(space);
+            drop(pool);
+            disks.power_cut();
+            let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
+                .await
+                .unwrap();
+            let space = pool.space(name).unwrap();
+            assert_eq!(
+                space.allocated_bytes(),
+                4 * extent,
+                "{name} after the import"
+            );
+            check(space, model).await;
+        }
+    });
+}
+
+/// The log's data under an extent keeps its slabs: a trim leaves it (it
+/// is advisory), a write-zeroes zeroes it through the log; once the data
+/// has gone home, the same trim gives the extent back.
+#[test]
+fn an_extent_the_log_holds_data_of_keeps_its_slabs() {
+    block_on(async {
+        let disks = Disks::new(6, DISK_BYTES);
+        let pool = create_pool(&disks).await;
+        let layout = Layout::Parity { redundancy: 1 };
+        let space = pool
+            .create_space(thin("p", layout, 1 << 30, 1 << 20))
+            .await
+            .unwrap()
+            .space;
+        let journal = space.journal().expect("a log");
+        let extent = space.geometry().extent_data_bytes();
+        // A small write: logged, not yet home.
+        space
+            .write(extent + 4096, bytes(vec![8; 4096]), false)
+            .await
+            .unwrap();
+        let holes = space.block_status(extent, extent).await.unwrap();
+        assert_eq!(holes[0], (4096, true), "logged blocks are data: {holes:?}");
+        assert_eq!(holes[1], (4096, false), "logged blocks are data: {holes:?}");
+        space.trim(extent, extent).await.unwrap();
+        assert_eq!(space.allocated_bytes(), extent, "kept while logged");
+        while journal.destage(&space, true).await.unwrap() {}
+        space.trim(extent, extent).await.unwrap();
+        assert_eq!(space.allocated_bytes(), 0, "given back once home");
+        let read = space.read(extent, extent).await.unwrap();
+        assert!(read.iter().all(|&b| b == 0));
+    });
+}

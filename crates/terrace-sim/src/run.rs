@@ -109,8 +109,9 @@ fn prefill(run: &Run, space: &Arc<Space>) -> Result<(), String> {
         let mut start = 0;
         while start < blocks {
             let count = CHECK_BLOCKS.min(blocks - start);
-            if let Err(Failed::Request(message) | Failed::WrongData(message)) =
-                write(&space, &model, start, count, false, true).await
+            if let Err(
+                Failed::Request(message) | Failed::WrongData(message) | Failed::NoRoom(message),
+            ) = write(&space, &model, start, count, false, true).await
             {
                 return Err(message);
             }
@@ -228,6 +229,9 @@ pub struct Report {
     pub journals_added: usize,
     /// Spaces created and read beside the clients (`Plan::scratch`).
     pub scratch_spaces: usize,
+    /// Runs on a thin space, and their writes refused for want of room.
+    pub thin_runs: usize,
+    pub thin_refused: u64,
     /// Runs with silent faults, and those with them beyond tolerance.
     pub silent_runs: usize,
     pub beyond_runs: usize,
@@ -267,7 +271,11 @@ pub fn run(seed: u64) -> Result<Report, String> {
     let mut plan = Plan::draw(&mut random, &mut Random::new(seed ^ 0x5eed_e47a_5eed_e47a));
     let mut silent_random = Random::new(seed ^ 0x511e_4700_511e_4700);
     plan.silent = SilentPlan::draw(&mut silent_random, plan.layout, plan.disks, plan.losses);
-    plan.thin = Random::new(seed ^ 0x7819_7819_7819_7819).chance(1, 3);
+    let mut thin_random = Random::new(seed ^ 0x7819_7819_7819_7819);
+    plan.thin = thin_random.chance(1, 3);
+    // Half the thin runs give each client whole extents, which it zeroes
+    // whole at times: the extent is given back and taken again.
+    let whole_extents = plan.thin && thin_random.chance(1, 2);
     let random = Rc::new(RefCell::new(random));
     let journals = if plan.cache_bytes.is_some() {
         JOURNAL_DISKS
@@ -286,6 +294,9 @@ pub fn run(seed: u64) -> Result<Report, String> {
         },
     );
     let (pool, space) = setup(&sim, &plan, random.clone()).map_err(|e| format!("{plan:?}: {e}"))?;
+    if whole_extents {
+        plan.chunk_blocks = space.geometry().extent_data_bytes() / BLOCK_BYTES;
+    }
     let mut run = Run {
         model: Rc::new(RefCell::new(Model::new(space.size_bytes() / BLOCK_BYTES))),
         counters: Rc::new(RefCell::new(Counters::default())),
@@ -337,6 +348,8 @@ pub fn run(seed: u64) -> Result<Report, String> {
         cleared: counters.cleared,
         journals_added: usize::from(counters.journals_added),
         scratch_spaces: counters.scratch_spaces,
+        thin_runs: usize::from(run.plan.thin),
+        thin_refused: counters.refused_for_room,
         silent_runs: usize::from(run.plan.silent.any()),
         beyond_runs: usize::from(run.plan.silent.beyond),
         silent,
@@ -815,6 +828,9 @@ struct Counters {
     /// the layout survives (anywhere else a failure ends the run).
     failed_reads: u64,
     failed_writes: u64,
+    /// Writes to a thin space refused for want of room (see
+    /// [`Failed::NoRoom`]).
+    refused_for_room: u64,
     failure: Option<String>,
 }
 
@@ -846,7 +862,14 @@ async fn client_task(
                 let last = (first + plan.chunk_blocks).min(blocks);
                 let start = first + random.below(last - first);
                 let count = 1 + random.below(last - start);
-                (start, count, random.below(10), random.chance(1, 5))
+                let operation = random.below(10);
+                let fua = random.chance(1, 5);
+                if plan.thin && operation == 5 && random.chance(1, 2) {
+                    // The whole chunk: a whole extent where chunks are.
+                    (first, last - first, operation, fua)
+                } else {
+                    (start, count, operation, fua)
+                }
             };
             let result = match operation {
                 0..=4 => write(&space, &model, start, count, false, fua).await,
@@ -879,7 +902,10 @@ async fn client_task(
                     counters.failed_reads += 1
                 }
                 Err(Failed::Request(_)) if plan.silent.beyond => {}
-                Err(Failed::Request(message) | Failed::WrongData(message)) => {
+                Err(Failed::NoRoom(_)) if plan.thin => counters.refused_for_room += 1,
+                Err(
+                    Failed::Request(message) | Failed::WrongData(message) | Failed::NoRoom(message),
+                ) => {
                     counters.failure.get_or_insert(message);
                     return;
                 }
@@ -935,6 +961,9 @@ async fn write(
     };
     if let Err(error) = result {
         model.borrow_mut().failed(pending);
+        if let terrace_engine::EngineError::PoolFull { .. } = error {
+            return Err(Failed::NoRoom(error.to_string()));
+        }
         return Err(Failed::Request(format!(
             "write of blocks {start}+{count} failed: {error}"
         )));
@@ -949,6 +978,10 @@ enum Failed {
     Request(String),
     /// A read returned data the model does not allow.
     WrongData(String),
+    /// A write to a thin space's extent without slabs found no room for
+    /// them (the disks lost leave too few for its width): refused before
+    /// anything was written.
+    NoRoom(String),
 }
 
 async fn read_and_check(
@@ -1045,6 +1078,23 @@ async fn check_space(
         let count = CHECK_BLOCKS.min(blocks - start);
         check_blocks(space, model, start, count, strictness).await?;
         start += count;
+    }
+    // The map a thin space serves from and its metadata agree on which
+    // extents have slabs (a give-back or an allocation cut by a crash
+    // leaves both as they were).
+    let metadata = pool.metadata().await;
+    if let Some(record) = metadata.space(space.name()) {
+        let extent_bytes = space.geometry().extent_data_bytes();
+        let recorded: u64 = (0..record.extents.len() as u64)
+            .filter(|&extent| record.extents[extent as usize].slabs.is_some())
+            .map(|extent| extent_bytes.min(record.size_bytes - extent * extent_bytes))
+            .sum();
+        if recorded != space.allocated_bytes() {
+            return Err(format!(
+                "the metadata has {recorded} bytes of the space allocated, its map {}",
+                space.allocated_bytes()
+            ));
+        }
     }
     if strictness == Strictness::Beyond {
         return Ok(());

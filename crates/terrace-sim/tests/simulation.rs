@@ -22,6 +22,8 @@ fn simulated_runs_keep_every_acknowledged_write() {
                 totals.cleared += report.cleared;
                 totals.journals_added += report.journals_added;
                 totals.scratch_spaces += report.scratch_spaces;
+                totals.thin_runs += report.thin_runs;
+                totals.thin_refused += report.thin_refused;
                 totals.silent_runs += report.silent_runs;
                 totals.beyond_runs += report.beyond_runs;
                 totals.silent.add(&report.silent);
@@ -49,6 +51,10 @@ fn simulated_runs_keep_every_acknowledged_write() {
         totals.writes,
         totals.reads
     );
+    eprintln!(
+        "thin spaces in {} runs: {} writes refused for want of room",
+        totals.thin_runs, totals.thin_refused
+    );
     let silent = &totals.silent;
     eprintln!(
         "silent faults in {} runs ({} beyond tolerance): {} injected ({} bit flips, {} lost writes, {} misdirected writes, {} unreadable sectors), {} found ({} checksum errors on reads, {} blocks by the scrub, {} unreadable sectors rewritten); beyond tolerance {} reads and {} writes failed",
@@ -73,6 +79,10 @@ fn simulated_runs_keep_every_acknowledged_write() {
             "the suite must actually cut the power"
         );
         assert!(totals.losses > 0, "the suite must actually lose disks");
+        assert!(
+            totals.thin_runs > 0,
+            "the suite must actually run thin spaces"
+        );
         assert!(
             totals.repairs > 0,
             "the suite must actually repair lost disks under the clients"

@@ -323,3 +323,85 @@ fn ext4_on_a_mirror_with_a_corrupted_copy_reads_its_files_and_passes_fsck() {
     assert!(counted > 0, "no checksum errors counted: {status}");
     daemon.stop();
 }
+
+/// ext4 on a thin space (a 2-way mirror, and single parity with its
+/// write-back log), larger than its pool: files written take room, files
+/// deleted and `fstrim` give whole extents back (`space list` and `pool
+/// status` say so), and the file system stays clean.
+#[test]
+fn ext4_on_a_thin_space_gives_room_back_at_fstrim() {
+    let mut tools = TOOLS.to_vec();
+    tools.extend(["fstrim", "dd"]);
+    if skip_without("the thin fstrim test", &tools) {
+        return;
+    }
+    let mut daemon = Daemon::start();
+    let disks: Vec<PathBuf> = daemon.disk_files("thin", 4, GIB);
+    daemon.create_pool("thin", &disks, "16M");
+    let thin = ["--provisioning", "thin"];
+    let parity = ["--layout", "parity", "--redundancy", "1", thin[0], thin[1]];
+    daemon.create_space("thin", "parity", &parity, "8G");
+    daemon.create_space(
+        "thin",
+        "mirror",
+        &["--layout", "mirror", thin[0], thin[1]],
+        "8G",
+    );
+    let allocated = |daemon: &Daemon, space: &str| -> u64 {
+        let list = daemon.cli_json(&["space", "list"]);
+        let view = list
+            .as_array()
+            .and_then(|spaces| spaces.iter().find(|view| view["name"] == space))
+            .unwrap_or_else(|| panic!("no space {space} in {list}"));
+        view["allocated_bytes"].as_u64().expect("allocated_bytes")
+    };
+    let pool_allocated = |daemon: &Daemon| -> u64 {
+        daemon.pool_status("thin")["allocated_bytes"]
+            .as_u64()
+            .expect("allocated_bytes")
+    };
+    for space in ["parity", "mirror"] {
+        let mountpoint = daemon.temp().join(format!("mnt-{space}"));
+        let device = BlockDevice::attach(&daemon, space);
+        run_ok(command("mkfs.ext4").args(["-q", "-F"]).arg(device.device()));
+        let mount = Mount::at(device.device(), &mountpoint);
+        let before = allocated(&daemon, space);
+        for file in 0..3 {
+            run_ok(
+                command("dd")
+                    .arg("if=/dev/urandom")
+                    .arg(format!("of={}/file{file}", mountpoint.display()))
+                    .args(["bs=1M", "count=128", "status=none"]),
+            );
+        }
+        let kept = write_tree(&mountpoint, 4, 20);
+        sync();
+        let full = allocated(&daemon, space);
+        let pool_full = pool_allocated(&daemon);
+        assert!(
+            full >= before + 384 * (1 << 20),
+            "{space}: {before} bytes allocated before writing 384 MiB, {full} after"
+        );
+        for file in 0..3 {
+            std::fs::remove_file(mountpoint.join(format!("file{file}"))).expect("rm");
+        }
+        sync();
+        run_ok(command("fstrim").arg(&mountpoint));
+        sync();
+        let trimmed = allocated(&daemon, space);
+        assert!(
+            trimmed + 256 * (1 << 20) <= full,
+            "{space}: {full} bytes allocated before fstrim, {trimmed} after"
+        );
+        assert!(
+            pool_allocated(&daemon) < pool_full,
+            "{space}: the pool has the slabs back"
+        );
+        assert_same_tree(&kept, &hash_tree(&mountpoint), space);
+        mount.unmount();
+        fsck_clean(device.device(), &format!("of {space} after fstrim"));
+        device.detach();
+    }
+    daemon.assert_log_clean(&[]);
+    daemon.stop();
+}

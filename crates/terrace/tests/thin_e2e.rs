@@ -116,7 +116,7 @@ fn a_thin_space_larger_than_its_pool_serves_until_full_then_refuses_new_room() {
     // Writes to extents that have room go on; everything acknowledged verifies.
     let answer = qemu_io(&daemon, "thin", &[format!("write -P 7 {} 4k", MIB)]);
     assert!(!answer.stdout.contains("failed"), "{}", answer.describe());
-    let check = |daemon: &Daemon| {
+    let check = |daemon: &Daemon, written: &[(u64, usize)]| {
         let mut reads: Vec<String> = written
             .iter()
             .map(|(at, pattern)| format!("read -P {pattern} {at} 1M"))
@@ -132,15 +132,42 @@ fn a_thin_space_larger_than_its_pool_serves_until_full_then_refuses_new_room() {
             answer.describe()
         );
     };
-    check(&daemon);
+    check(&daemon, &written);
+    // A discard of whole extents gives them back: the refused write then
+    // finds room, with no restart.
+    let pool_full = daemon.pool_status("tank")["allocated_bytes"].as_u64();
+    let (last, _) = written.pop().expect("extents written");
+    let answer = qemu_io(&daemon, "thin", &[format!("discard {last} {extent}")]);
+    assert!(
+        answer.success() && !answer.stdout.contains("failed"),
+        "{}",
+        answer.describe()
+    );
+    assert!(daemon.pool_status("tank")["allocated_bytes"].as_u64() < pool_full);
+    let answer = qemu_io(&daemon, "thin", &[format!("read -P 0 {last} {extent}")]);
+    assert!(
+        answer.success() && !answer.stdout.contains("fail"),
+        "{}",
+        answer.describe()
+    );
+    let at = last + extent;
+    let answer = qemu_io(&daemon, "thin", &[format!("write -P 9 {at} 1M")]);
+    assert!(
+        answer.success() && !answer.stdout.contains("failed"),
+        "{}",
+        answer.describe()
+    );
+    written.push((last, 0));
+    written.push((at, 9));
+    check(&daemon, &written);
     let text = daemon.cli_ok(&["space", "list"]).stdout;
     assert!(text.contains("(thin)"), "{text}");
     daemon.stop();
     daemon.restart();
-    check(&daemon);
+    check(&daemon, &written);
     assert_eq!(
         listed(&daemon, "thin")["allocated_bytes"].as_u64(),
-        Some(written.len() as u64 * extent + allocated),
-        "the extents written, after a restart"
+        Some((written.len() as u64 - 1) * extent + allocated),
+        "the extents written but the one discarded, after a restart"
     );
 }
