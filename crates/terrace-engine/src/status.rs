@@ -189,6 +189,12 @@ pub struct PoolStatus {
     /// Slabs of the journal disks in service, and those in use (logs).
     pub journal_bytes: u64,
     pub journal_allocated_bytes: u64,
+    /// Raw bytes every space would take with every extent allocated (more
+    /// than the capacity when thin spaces overcommit the pool).
+    pub provisioned_bytes: u64,
+    /// Free raw bytes thin allocation leaves for the repair of the fullest
+    /// disk (0 without thin spaces; see `crate::thin`).
+    pub thin_reserve_bytes: u64,
     pub disks: Vec<DiskStatus>,
     pub spaces: Vec<SpaceStatus>,
     pub impact: Vec<FailureImpact>,
@@ -325,6 +331,27 @@ impl Pool {
             allocated_bytes: (used.len() as u64 - used_on_journal) * metadata.slab_bytes,
             journal_bytes: slabs_bytes(&|disk| disk.serves_logs()),
             journal_allocated_bytes: used_on_journal * metadata.slab_bytes,
+            provisioned_bytes: metadata
+                .spaces
+                .iter()
+                .filter_map(|space| {
+                    let geometry = space.geometry(metadata.slab_bytes).ok()?;
+                    Some(
+                        space.extents.len() as u64
+                            * u64::from(geometry.slots_per_extent())
+                            * metadata.slab_bytes,
+                    )
+                })
+                .sum(),
+            thin_reserve_bytes: metadata
+                .spaces
+                .iter()
+                .filter(|space| space.provisioning == terrace_meta::Provisioning::Thin)
+                .filter_map(|space| space.geometry(metadata.slab_bytes).ok())
+                .map(|geometry| crate::thin::repair_reserve_slabs(&metadata, &geometry))
+                .max()
+                .unwrap_or(0)
+                * metadata.slab_bytes,
             impact: self.impacts(&metadata),
             disks,
             spaces,

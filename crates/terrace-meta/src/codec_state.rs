@@ -7,8 +7,8 @@ use std::collections::BTreeSet;
 use crate::codec::{DecodeError, Reader, Writer};
 use crate::ids::{DiskIndex, SlabIndex, SlabRef, SpaceId};
 use crate::model::{
-    DirtyRecord, DiskRecord, JobKind, JobRecord, JobState, MoveRecord, PoolSettings, RepairPolicy,
-    RetireMissing, SpaceRecord,
+    DirtyRecord, DiskRecord, JobKind, JobRecord, JobState, MoveRecord, PoolSettings, Provisioning,
+    RepairPolicy, RetireMissing, SpaceRecord,
 };
 
 /// Smallest encoded job (fixed fields, empty reason, no moves).
@@ -61,6 +61,12 @@ pub(crate) fn encode(
         writer.u32(settings.error_window_secs);
         writer.u64(settings.scrub_interval_secs);
         writer.u64(settings.scrub_last_ns);
+    }
+    if version >= 6 {
+        writer.u8(match settings.provisioning {
+            Provisioning::Fixed => 0,
+            Provisioning::Thin => 1,
+        });
     }
 }
 
@@ -199,6 +205,19 @@ pub(crate) fn decode(
         settings.error_window_secs = reader.u32("error window")?;
         settings.scrub_interval_secs = reader.u64("scrub interval")?;
         settings.scrub_last_ns = reader.u64("last scrub")?;
+    }
+    // Slot format 6 added the default provisioning after them.
+    if version >= 6 {
+        settings.provisioning = match reader.u8("default provisioning")? {
+            0 => Provisioning::Fixed,
+            1 => Provisioning::Thin,
+            code => {
+                return Err(DecodeError::BadCode {
+                    field: "default provisioning",
+                    code,
+                })
+            }
+        };
     }
     Ok((settings, next_job_id, jobs, dirty, intent))
 }

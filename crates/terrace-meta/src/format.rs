@@ -34,8 +34,9 @@ pub const FORMAT_VERSION: u32 = 1;
 /// a build that reads only the metadata's list would miss after a crash;
 /// the payload is as in 2. 4: a space's export name follows its name.
 /// 5: a space names its sums space; jobs keep a cursor and what a scrub
-/// found; the error and scrub settings follow the write intent.
-pub const SLOT_VERSION: u32 = 5;
+/// found; the error and scrub settings follow the write intent. 6: the
+/// pool's default provisioning follows them.
+pub const SLOT_VERSION: u32 = 6;
 /// The oldest slot version this build still reads (its pools import, and
 /// their next commit writes the current version).
 pub const SLOT_VERSION_OLDEST: u32 = 1;

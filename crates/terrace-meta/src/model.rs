@@ -254,6 +254,8 @@ pub struct PoolSettings {
     /// Not a setting: when the last scrub started (wall clock), from which
     /// the next is scheduled.
     pub scrub_last_ns: u64,
+    /// What a space created without saying gets: fixed or thin.
+    pub provisioning: Provisioning,
 }
 
 /// Errors a disk may return in the window before it is failed: ZFS's
@@ -273,6 +275,7 @@ impl Default for PoolSettings {
             error_window_secs: ERROR_WINDOW_SECS_DEFAULT,
             scrub_interval_secs: SCRUB_INTERVAL_SECS_DEFAULT,
             scrub_last_ns: 0,
+            provisioning: Provisioning::Fixed,
         }
     }
 }

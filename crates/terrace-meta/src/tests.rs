@@ -177,7 +177,8 @@ fn payload_golden_prefix() {
     assert_eq!(&bytes[..expected.len()], &expected[..]);
     // zero spaces, then settings (auto, parallel, unlimited), next job id 1,
     // zero jobs, zero dirty records, zero write-intent extents, then the
-    // error limit and window, the scrub interval and the last scrub
+    // error limit and window, the scrub interval and the last scrub, and
+    // the default provisioning (fixed)
     let mut tail = vec![0, 0, 0, 0, 2, 0];
     tail.extend_from_slice(&0u64.to_le_bytes());
     tail.extend_from_slice(&1u64.to_le_bytes());
@@ -187,10 +188,20 @@ fn payload_golden_prefix() {
     tail.extend_from_slice(&600u32.to_le_bytes());
     tail.extend_from_slice(&(28u64 * 24 * 3600).to_le_bytes());
     tail.extend_from_slice(&0u64.to_le_bytes());
+    tail.push(0);
     assert_eq!(&bytes[bytes.len() - tail.len()..], &tail[..]);
+    // Format 5 ends after the scrub settings, and reads as fixed.
+    let five = codec::encode_version(&pool, 5);
+    assert_eq!(five[..], bytes[..bytes.len() - 1]);
+    assert_eq!(codec::decode_version(&five, 5).unwrap(), pool);
+    let mut thin = pool.clone();
+    thin.settings.provisioning = Provisioning::Thin;
+    let encoded = codec::encode(&thin);
+    assert_eq!(encoded.last(), Some(&1));
+    assert_eq!(codec::decode(&encoded).unwrap(), thin);
     // Format 4 ends after the write intent, and reads as the defaults.
     let four = codec::encode_version(&pool, 4);
-    assert_eq!(four[..], bytes[..bytes.len() - 24]);
+    assert_eq!(four[..], bytes[..bytes.len() - 25]);
     assert_eq!(codec::decode_version(&four, 4).unwrap(), pool);
     // Metadata written before the write-intent list existed ends after the
     // dirty records, and reads as an empty list.

@@ -261,6 +261,15 @@ pub struct PoolSummary {
     /// Slabs of the journal disks in service, and those the logs use.
     pub journal_bytes: u64,
     pub journal_allocated_bytes: u64,
+    /// Raw bytes every space would take fully allocated (thin spaces
+    /// included at their size), and its ratio to the capacity.
+    #[serde(default)]
+    pub provisioned_bytes: u64,
+    #[serde(default)]
+    pub overcommit_ratio: f64,
+    /// Free raw bytes thin allocation leaves for a repair.
+    #[serde(default)]
+    pub thin_reserve_bytes: u64,
     /// What the admin should do first (`pool status` lists every action);
     /// null when nothing needs them.
     #[serde(default)]
@@ -378,6 +387,9 @@ pub struct SettingsView {
     pub error_limit: u32,
     #[serde(default)]
     pub error_window_seconds: u32,
+    /// What a space created without `--provisioning` gets: fixed or thin.
+    #[serde(default)]
+    pub provisioning: String,
 }
 
 /// The settings `pool set` changes (none named: none changed).
@@ -400,6 +412,9 @@ pub struct SettingsChange {
     /// That window: seconds, or a duration (90s, 10m, 1h, 1d).
     #[serde(default)]
     pub error_window: Option<String>,
+    /// The provisioning of spaces created without saying: fixed or thin.
+    #[serde(default)]
+    pub provisioning: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

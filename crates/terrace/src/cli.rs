@@ -146,6 +146,10 @@ pub enum PoolCommand {
         /// 1h, 1d; default 10m).
         #[arg(long)]
         error_window: Option<String>,
+        /// What a space created without --provisioning gets: fixed (the
+        /// default) or thin.
+        #[arg(long, value_parser = ["fixed", "thin"])]
+        provisioning: Option<String>,
     },
     /// Bring the pool up to this version's format: spaces from before
     /// block checksums get them (where the pool has room), and the
@@ -488,6 +492,7 @@ pub fn pool_request(command: PoolCommand) -> Result<Request, CliError> {
             scrub,
             error_limit,
             error_window,
+            provisioning,
         } => Request::PoolSet {
             name,
             change: SettingsChange {
@@ -497,6 +502,7 @@ pub fn pool_request(command: PoolCommand) -> Result<Request, CliError> {
                 scrub,
                 error_limit,
                 error_window,
+                provisioning,
             },
         },
         PoolCommand::Upgrade { name } => Request::PoolUpgrade { name },

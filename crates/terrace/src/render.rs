@@ -75,6 +75,14 @@ pub fn pool_status(pool: &PoolView) -> String {
         format_size(pool.metadata_slot_bytes),
         format_size(pool.metadata_reserve_bytes),
     );
+    if summary.thin_reserve_bytes > 0 || summary.provisioned_bytes > summary.capacity_bytes {
+        out.push_str(&format!(
+            "  thin: {} provisioned ({:.2} × the raw capacity); {} kept free for a repair, never given to thin spaces\n",
+            format_size(summary.provisioned_bytes),
+            summary.overcommit_ratio,
+            format_size(summary.thin_reserve_bytes),
+        ));
+    }
     for action in actions(pool) {
         out.push_str(&format!("action: {action}\n"));
     }
@@ -174,6 +182,9 @@ pub fn pool_status(pool: &PoolView) -> String {
             duration(u64::from(pool.settings.error_window_seconds))
         ),
     });
+    if pool.settings.provisioning == "thin" {
+        out.push_str("provisioning: spaces are thin unless created --provisioning fixed\n");
+    }
     out
 }
 

@@ -170,4 +170,11 @@ fn a_thin_space_larger_than_its_pool_serves_until_full_then_refuses_new_room() {
         Some((written.len() as u64 - 1) * extent + allocated),
         "the extents written but the one discarded, after a restart"
     );
+    // The pool's default: spaces created without saying are thin.
+    daemon.cli_ok(&["pool", "set", "tank", "--provisioning", "thin"]);
+    let status = daemon.pool_status("tank");
+    assert_eq!(status["settings"]["provisioning"], "thin", "{status}");
+    let view = daemon.create_space("tank", "more", &["--layout", "mirror"], "8G");
+    assert_eq!(view["provisioning"], "thin", "{view}");
+    assert_eq!(view["allocated_bytes"], 0, "{view}");
 }

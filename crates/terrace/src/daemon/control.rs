@@ -894,13 +894,8 @@ async fn space_create(registry: &Registry, create: SpaceCreate) -> Answer {
     config.require_default_log = true;
     config.checksums = create.checksums;
     config.provisioning = match create.provisioning.as_deref() {
-        None | Some("fixed") => terrace_engine::meta::Provisioning::Fixed,
-        Some("thin") => terrace_engine::meta::Provisioning::Thin,
-        Some(other) => {
-            return Err(usage(format!(
-                "--provisioning {other}: expected fixed or thin"
-            )))
-        }
+        Some(text) => parse_provisioning(text)?,
+        None => entry.pool.metadata().await.settings.provisioning,
     };
     export_free(registry, &create.pool, &config)?;
     // The cache the space will get, asked for or the pool's default for
@@ -1073,6 +1068,7 @@ async fn pool_set(registry: &Registry, name: &str, change: SettingsChange) -> An
         scrub,
         error_limit,
         error_window,
+        provisioning,
     } = change;
     let _admin = registry.admin.lock().await;
     let entry = find_pool(registry, name)?;
@@ -1121,8 +1117,24 @@ async fn pool_set(registry: &Registry, name: &str, change: SettingsChange) -> An
     if let Some(text) = error_window {
         settings.error_window_secs = error_window_secs(&text).map_err(usage)?;
     }
+    if let Some(text) = provisioning {
+        settings.provisioning = parse_provisioning(&text)?;
+    }
     entry.pool.set_settings(settings).await.map_err(failure)?;
     value(pool_view(registry, &entry).await)
+}
+
+/// `--provisioning`: fixed or thin.
+fn parse_provisioning(
+    text: &str,
+) -> Result<terrace_engine::meta::Provisioning, (ErrorKind, String)> {
+    match text {
+        "fixed" => Ok(terrace_engine::meta::Provisioning::Fixed),
+        "thin" => Ok(terrace_engine::meta::Provisioning::Thin),
+        other => Err(usage(format!(
+            "--provisioning {other}: expected fixed or thin"
+        ))),
+    }
 }
 
 /// The window of the error limit: seconds, or a number with s, m, h or d;

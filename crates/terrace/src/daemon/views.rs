@@ -105,6 +105,9 @@ pub fn summary(status: &PoolStatus) -> PoolSummary {
         allocated_bytes: status.allocated_bytes,
         journal_bytes: status.journal_bytes,
         journal_allocated_bytes: status.journal_allocated_bytes,
+        provisioned_bytes: status.provisioned_bytes,
+        overcommit_ratio: status.provisioned_bytes as f64 / status.capacity_bytes.max(1) as f64,
+        thin_reserve_bytes: status.thin_reserve_bytes,
         action: super::actions::pool_actions(status).into_iter().next(),
     }
 }
@@ -346,6 +349,7 @@ pub fn settings_view(settings: &PoolSettings) -> SettingsView {
             .then_some(settings.scrub_last_ns / 1_000_000_000 + settings.scrub_interval_secs),
         error_limit: settings.error_limit,
         error_window_seconds: settings.error_window_secs,
+        provisioning: provisioning_name(settings.provisioning).into(),
     }
 }
 
