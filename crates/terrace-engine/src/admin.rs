@@ -366,14 +366,23 @@ impl Pool {
         let before = next.spaces.len();
         let id = next.space(name).map(|space| space.id);
         let sums_space = next.space(name).and_then(|space| space.sums);
-        next.spaces.retain(|space| {
+        let kept = |space: &terrace_meta::SpaceRecord| {
             space.name != name && (space.role.owner().is_none() || space.role.owner() != id)
-        });
+        };
+        let freed: Vec<SlabRef> = ExtentRecord::slabs_of(
+            next.spaces
+                .iter()
+                .filter(|space| !kept(space))
+                .flat_map(|space| space.extents.iter()),
+        )
+        .collect();
+        next.spaces.retain(kept);
         if next.spaces.len() == before {
             return Err(EngineError::NoSuchSpace {
                 name: name.to_string(),
             });
         }
+        let slab_bytes = next.slab_bytes;
         self.shared.commit(&mut control, next).await?;
         if let Some(space) = self
             .spaces
@@ -401,6 +410,10 @@ impl Pool {
         if let Some(sums) = removed {
             sums.mark_deleted();
         }
+        // Set aside until punched: no allocation may take one meanwhile.
+        let _punching = self.shared.reserve(freed.iter().copied());
+        drop(control);
+        crate::thin::discard(&self.shared, &freed, slab_bytes).await;
         Ok(())
     }
 }

@@ -241,13 +241,15 @@ pub(crate) async fn release(
             name: name.to_string(),
         })?;
     let mut given = Vec::new();
+    let mut slabs = Vec::new();
     for &extent in extents {
         if moving.contains(&(extent as u32)) {
             continue;
         }
         if let Some(slot) = record.extents.get_mut(extent as usize) {
-            if slot.slabs.take().is_some() {
+            if let Some(taken) = slot.slabs.take() {
                 given.push(extent);
+                slabs.extend(taken);
             }
         }
     }
@@ -256,5 +258,29 @@ pub(crate) async fn release(
     }
     shared.commit(&mut control, next).await?;
     freed(&given);
+    let slab_bytes = control.metadata.slab_bytes;
+    // Set aside until punched: no allocation may take one meanwhile.
+    let _punching = shared.reserve(slabs.iter().copied());
+    drop(control);
+    discard(shared, &slabs, slab_bytes).await;
     Ok(given)
+}
+
+/// Punch out the data of slabs just freed (and reserved by the caller
+/// until this returns: a slab allocated meanwhile would lose its new
+/// owner's writes), best effort: the allocation
+/// that takes one zeroes it again (a request holding an older map may
+/// still write to it meanwhile), but zeroing a slab that holds data costs
+/// a file system far more (its extents freed, a journal commit) than one
+/// already empty, and under the clients of a thin space's first writes.
+pub(crate) async fn discard(shared: &PoolShared, slabs: &[SlabRef], slab_bytes: u64) {
+    let disks = shared.disks();
+    let punches = slabs.iter().filter_map(|slab| {
+        let disk = disks.get(usize::from(slab.disk.0))?.clone();
+        let base = shared.slab_base(slab.slab, slab_bytes);
+        Some(async move { disk.write_zeroes(base, slab_bytes, false).await })
+    });
+    // A disk that fails here fails as it would at any write; nothing
+    // depends on these.
+    let _ = futures::future::join_all(punches).await;
 }
