@@ -651,9 +651,11 @@ impl PoolShared {
                 control.dirty_noted.clear();
                 control.committed_at_ns = self.env.now_ns();
                 let jobs = job_changes(&control.metadata, &next);
+                let alerts = capacity_alerts(&control.metadata, &next);
                 control.metadata = next;
                 self.events.emit(PoolEvent::Committed { generation });
                 jobs.into_iter().for_each(|event| self.events.emit(event));
+                alerts.into_iter().for_each(|event| self.events.emit(event));
                 return Ok(());
             }
             // Some members failed: record that on the survivors.
@@ -780,6 +782,52 @@ fn job_changes(current: &PoolMetadata, next: &PoolMetadata) -> Vec<PoolEvent> {
         .filter(|job| job.is_active() && !active(next, job.id))
         .map(|job| PoolEvent::JobEnded { job: job.id });
     started.chain(ended).collect()
+}
+
+/// Per cent of the capacity disks' slabs that are allocated (rounded down).
+pub(crate) fn allocated_percent(metadata: &PoolMetadata) -> u64 {
+    let capacity = |index: DiskIndex| metadata.disk(index).is_some_and(DiskRecord::takes_capacity);
+    let total: u64 = metadata
+        .members()
+        .filter(|(_, disk)| disk.takes_capacity())
+        .map(|(_, disk)| u64::from(disk.slab_count))
+        .sum();
+    let used = metadata
+        .used_slabs()
+        .iter()
+        .filter(|slab| capacity(slab.disk))
+        .count() as u64;
+    (used * 100).checked_div(total).unwrap_or(0)
+}
+
+/// The allocation alerts a commit from `before` to `after` sets off: one
+/// for each threshold of `after`'s settings the allocated share crossed,
+/// up or down.
+fn capacity_alerts(before: &PoolMetadata, after: &PoolMetadata) -> Vec<PoolEvent> {
+    let thresholds = after.settings.alert_percents;
+    if thresholds.iter().all(|&t| t == 0) {
+        return Vec::new();
+    }
+    let (was, now) = (allocated_percent(before), allocated_percent(after));
+    let mut thresholds = thresholds;
+    if now < was {
+        // Falling: the highest threshold is passed first.
+        thresholds.reverse();
+    }
+    thresholds
+        .into_iter()
+        .filter(|&threshold| threshold > 0)
+        .filter_map(|threshold| {
+            let threshold_at = u64::from(threshold);
+            let rising = was < threshold_at && now >= threshold_at;
+            let falling = was >= threshold_at && now < threshold_at;
+            (rising || falling).then_some(PoolEvent::Capacity {
+                threshold,
+                percent: now,
+                rising,
+            })
+        })
+        .collect()
 }
 
 /// Record in `next` the generation at which each disk it newly calls

@@ -89,6 +89,14 @@ pub enum PoolEvent {
         what: String,
         repaired: bool,
     },
+    /// The slabs allocated crossed `threshold` per cent of the pool's
+    /// capacity (`pool set --alert`): upwards (`rising`) or back down;
+    /// `percent` is where they are now.
+    Capacity {
+        threshold: u8,
+        percent: u64,
+        rising: bool,
+    },
 }
 
 /// The receivers of one pool's events.
@@ -139,6 +147,11 @@ fn trace(pool: &str, event: &PoolEvent) {
         PoolEvent::Committed { generation } => {
             tracing::debug!(pool, generation, "metadata committed")
         }
+        PoolEvent::Capacity {
+            threshold,
+            percent,
+            rising,
+        } => tracing::warn!(pool, threshold, percent, rising, "allocation alert"),
         PoolEvent::JobStarted { job } => tracing::info!(pool, job, "job started"),
         PoolEvent::JobEnded { job } => tracing::info!(pool, job, "job ended"),
         PoolEvent::WriteThrough { space, reason } => {

@@ -313,3 +313,51 @@ fn an_extent_the_log_holds_data_of_keeps_its_slabs() {
         assert!(read.iter().all(|&b| b == 0));
     });
 }
+
+/// Allocation crossing a threshold of `alert_percents`, up or down, is an
+/// event: thin extents taken past 10 % and 20 % of the capacity, then given
+/// back under both.
+#[test]
+fn allocation_crossing_an_alert_threshold_is_an_event() {
+    block_on(async {
+        let disks = Disks::new(4, DISK_BYTES);
+        let pool = create_pool(&disks).await;
+        let mut settings = pool.metadata().await.settings;
+        settings.alert_percents = [10, 20, 0];
+        pool.set_settings(settings).await.unwrap();
+        let space = pool
+            .create_space(thin("t", Layout::Mirror { copies: 2 }, 1 << 30, 0))
+            .await
+            .unwrap()
+            .space;
+        let mut events = pool.subscribe();
+        let extent = space.geometry().extent_data_bytes();
+        let capacity = pool.status().await.capacity_bytes;
+        let slots = u64::from(space.geometry().slots_per_extent());
+        let extents = capacity / 4 / (slots * SLAB) + 1;
+        // Drained as it goes: the queue of events is bounded.
+        let mut alerts: Vec<(u8, bool)> = Vec::new();
+        let mut drain = |events: &mut futures::channel::mpsc::Receiver<_>| {
+            alerts.extend(
+                std::iter::from_fn(|| events.try_recv().ok()).filter_map(|event| match event {
+                    terrace_engine::PoolEvent::Capacity {
+                        threshold, rising, ..
+                    } => Some((threshold, rising)),
+                    _ => None,
+                }),
+            )
+        };
+        for index in 0..extents {
+            let data = bytes(vec![1; 4096]);
+            space.write(index * extent, data, false).await.unwrap();
+            drain(&mut events);
+        }
+        space.trim(0, extents * extent).await.unwrap();
+        assert_eq!(space.allocated_bytes(), 0);
+        drain(&mut events);
+        assert_eq!(
+            alerts,
+            vec![(10, true), (20, true), (20, false), (10, false)]
+        );
+    });
+}

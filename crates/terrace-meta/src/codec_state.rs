@@ -67,6 +67,9 @@ pub(crate) fn encode(
             Provisioning::Fixed => 0,
             Provisioning::Thin => 1,
         });
+        for percent in settings.alert_percents {
+            writer.u8(percent);
+        }
     }
 }
 
@@ -218,6 +221,9 @@ pub(crate) fn decode(
                 })
             }
         };
+        for percent in &mut settings.alert_percents {
+            *percent = reader.u8("alert percent")?;
+        }
     }
     Ok((settings, next_job_id, jobs, dirty, intent))
 }

@@ -35,7 +35,7 @@ pub const FORMAT_VERSION: u32 = 1;
 /// the payload is as in 2. 4: a space's export name follows its name.
 /// 5: a space names its sums space; jobs keep a cursor and what a scrub
 /// found; the error and scrub settings follow the write intent. 6: the
-/// pool's default provisioning follows them.
+/// pool's default provisioning and its allocation alerts follow them.
 pub const SLOT_VERSION: u32 = 6;
 /// The oldest slot version this build still reads (its pools import, and
 /// their next commit writes the current version).

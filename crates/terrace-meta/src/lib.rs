@@ -22,7 +22,8 @@ pub use ids::{DiskId, DiskIndex, PoolId, SlabIndex, SlabRef, SpaceId};
 pub use model::{
     CacheRecord, DirtyRecord, DiskRecord, DiskState, ExtentRecord, FaultDomain, JobKind, JobRecord,
     JobState, Media, MoveRecord, PoolMetadata, PoolSettings, Provisioning, RepairPolicy,
-    RetireMissing, SpaceRecord, SpaceRole, Usage, ERROR_LIMIT_DEFAULT, ERROR_WINDOW_SECS_DEFAULT,
+    RetireMissing, SpaceRecord, SpaceRole, Usage, ALERT_PERCENTS_DEFAULT, ERROR_LIMIT_DEFAULT,
+    ERROR_WINDOW_SECS_DEFAULT,
 };
 pub use placement::{Allocator, PlacementError};
 

@@ -256,7 +256,14 @@ pub struct PoolSettings {
     pub scrub_last_ns: u64,
     /// What a space created without saying gets: fixed or thin.
     pub provisioning: Provisioning,
+    /// Percentages of the capacity whose crossing by the slabs allocated,
+    /// up or down, is an event (ascending; 0: none).
+    pub alert_percents: [u8; 3],
 }
+
+/// Allocation alerts at 70, 85 and 95 % of the capacity: Storage Spaces'
+/// thin-provisioning alert fires at 70 %.
+pub const ALERT_PERCENTS_DEFAULT: [u8; 3] = [70, 85, 95];
 
 /// Errors a disk may return in the window before it is failed: ZFS's
 /// event daemon degrades a vdev after 10 checksum errors in 10 minutes.
@@ -276,6 +283,7 @@ impl Default for PoolSettings {
             scrub_interval_secs: SCRUB_INTERVAL_SECS_DEFAULT,
             scrub_last_ns: 0,
             provisioning: Provisioning::Fixed,
+            alert_percents: ALERT_PERCENTS_DEFAULT,
         }
     }
 }

@@ -390,6 +390,10 @@ pub struct SettingsView {
     /// What a space created without `--provisioning` gets: fixed or thin.
     #[serde(default)]
     pub provisioning: String,
+    /// Percentages of the capacity whose crossing by the allocated slabs
+    /// is logged (empty: none).
+    #[serde(default)]
+    pub alert_percents: Vec<u8>,
 }
 
 /// The settings `pool set` changes (none named: none changed).
@@ -415,6 +419,9 @@ pub struct SettingsChange {
     /// The provisioning of spaces created without saying: fixed or thin.
     #[serde(default)]
     pub provisioning: Option<String>,
+    /// Allocation alerts: up to three percentages, or "off".
+    #[serde(default)]
+    pub alert: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

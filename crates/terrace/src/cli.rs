@@ -150,6 +150,11 @@ pub enum PoolCommand {
         /// default) or thin.
         #[arg(long, value_parser = ["fixed", "thin"])]
         provisioning: Option<String>,
+        /// Log an alert when the slabs allocated cross these percentages
+        /// of the capacity, up or down: up to three, e.g. 70,85,95 (the
+        /// default), or off.
+        #[arg(long)]
+        alert: Option<String>,
     },
     /// Bring the pool up to this version's format: spaces from before
     /// block checksums get them (where the pool has room), and the
@@ -493,6 +498,7 @@ pub fn pool_request(command: PoolCommand) -> Result<Request, CliError> {
             error_limit,
             error_window,
             provisioning,
+            alert,
         } => Request::PoolSet {
             name,
             change: SettingsChange {
@@ -503,6 +509,7 @@ pub fn pool_request(command: PoolCommand) -> Result<Request, CliError> {
                 error_limit,
                 error_window,
                 provisioning,
+                alert,
             },
         },
         PoolCommand::Upgrade { name } => Request::PoolUpgrade { name },

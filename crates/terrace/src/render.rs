@@ -185,6 +185,17 @@ pub fn pool_status(pool: &PoolView) -> String {
     if pool.settings.provisioning == "thin" {
         out.push_str("provisioning: spaces are thin unless created --provisioning fixed\n");
     }
+    out.push_str(&match pool.settings.alert_percents.as_slice() {
+        [] => "alerts: none on allocation\n".to_string(),
+        percents => format!(
+            "alerts: logged when allocation crosses {} of the capacity\n",
+            percents
+                .iter()
+                .map(|percent| format!("{percent}%"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    });
     out
 }
 

@@ -112,6 +112,11 @@ fn a_thin_space_larger_than_its_pool_serves_until_full_then_refuses_new_room() {
         written.push((at, pattern));
     };
     assert!(refused.contains("No space left on device"), "{refused}");
+    let log = daemon.log_text();
+    assert!(
+        log.contains("past the 70% alert"),
+        "no allocation alert logged:\n{log}"
+    );
     assert!(written.len() > 4, "only {} extents fit", written.len());
     // Writes to extents that have room go on; everything acknowledged verifies.
     let answer = qemu_io(&daemon, "thin", &[format!("write -P 7 {} 4k", MIB)]);

@@ -1069,6 +1069,7 @@ async fn pool_set(registry: &Registry, name: &str, change: SettingsChange) -> An
         error_limit,
         error_window,
         provisioning,
+        alert,
     } = change;
     let _admin = registry.admin.lock().await;
     let entry = find_pool(registry, name)?;
@@ -1120,8 +1121,40 @@ async fn pool_set(registry: &Registry, name: &str, change: SettingsChange) -> An
     if let Some(text) = provisioning {
         settings.provisioning = parse_provisioning(&text)?;
     }
+    if let Some(text) = alert {
+        settings.alert_percents = alert_percents(&text).map_err(usage)?;
+    }
     entry.pool.set_settings(settings).await.map_err(failure)?;
     value(pool_view(registry, &entry).await)
+}
+
+/// `--alert`: up to three percentages from 1 to 100, or off.
+fn alert_percents(text: &str) -> Result<[u8; 3], String> {
+    let mut percents = [0u8; 3];
+    if text.trim() == "off" {
+        return Ok(percents);
+    }
+    let parsed: Vec<u8> = text
+        .split(',')
+        .map(|part| {
+            part.trim()
+                .trim_end_matches('%')
+                .parse::<u8>()
+                .ok()
+                .filter(|percent| (1..=100).contains(percent))
+        })
+        .collect::<Option<Vec<u8>>>()
+        .ok_or_else(|| {
+            format!("--alert {text}: up to three percentages from 1 to 100 (e.g. 70,85,95), or off")
+        })?;
+    if parsed.is_empty() || parsed.len() > 3 {
+        return Err(format!("--alert {text}: one to three percentages, or off"));
+    }
+    let mut sorted = parsed;
+    sorted.sort_unstable();
+    sorted.dedup();
+    percents[..sorted.len()].copy_from_slice(&sorted);
+    Ok(percents)
 }
 
 /// `--provisioning`: fixed or thin.

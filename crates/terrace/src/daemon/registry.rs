@@ -626,6 +626,20 @@ fn log_finding(pool: &str, event: &terrace_engine::PoolEvent) {
             disk.0,
             if *rewritten { "rebuilt from redundancy and rewritten there" } else { "not repaired (no redundancy rebuilt it, the pool is read-only, or the rewrite failed)" }
         )),
+        terrace_engine::PoolEvent::Capacity {
+            threshold,
+            percent,
+            rising: true,
+        } => super::log(format!(
+            "pool {pool}: {percent}% of the capacity is allocated, past the {threshold}% alert: add disks or free space (once it is full, writes to new extents of thin spaces get ENOSPC)"
+        )),
+        terrace_engine::PoolEvent::Capacity {
+            threshold,
+            percent,
+            rising: false,
+        } => super::log(format!(
+            "pool {pool}: {percent}% of the capacity is allocated, back under the {threshold}% alert"
+        )),
         terrace_engine::PoolEvent::Unrecoverable { space, offset, blocks } => super::log(format!(
             "pool {pool}: space {space}: {blocks} block(s) from {offset} fail their checksums on every copy and no reconstruction matches: reads of them fail"
         )),

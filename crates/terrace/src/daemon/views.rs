@@ -350,6 +350,11 @@ pub fn settings_view(settings: &PoolSettings) -> SettingsView {
         error_limit: settings.error_limit,
         error_window_seconds: settings.error_window_secs,
         provisioning: provisioning_name(settings.provisioning).into(),
+        alert_percents: settings
+            .alert_percents
+            .into_iter()
+            .filter(|&percent| percent > 0)
+            .collect(),
     }
 }
 
