@@ -103,7 +103,7 @@ impl Pool {
                 {
                     // A disk lost meanwhile is the reason to give.
                     let current = self.shared.control.lock().await.metadata.clone();
-                    disks_still_active(&current, slabs(), &config.name)?;
+                    crate::thin::disks_still_active(&current, slabs(), &config.name)?;
                     return Err(error);
                 }
                 Some(sums)
@@ -113,7 +113,7 @@ impl Pool {
         {
             let mut control = self.shared.control.lock().await;
             let mut current = control.metadata.clone();
-            disks_still_active(&current, slabs(), &config.name)?;
+            crate::thin::disks_still_active(&current, slabs(), &config.name)?;
             // Only one change plans spaces at a time (`changes`), so the
             // names and ids planned are still free; the slabs were
             // reserved.
@@ -327,7 +327,7 @@ impl Pool {
             {
                 let mut control = self.shared.control.lock().await;
                 let mut current = control.metadata.clone();
-                disks_still_active(
+                crate::thin::disks_still_active(
                     &current,
                     ExtentRecord::slabs_of(&record.extents),
                     space.name(),
@@ -415,29 +415,6 @@ impl Pool {
         drop(control);
         crate::thin::discard(&self.shared, &freed, slab_bytes).await;
         Ok(())
-    }
-}
-
-/// Slabs planned for `space` before a wait may be committed only if
-/// their disks are still active: one may have failed or changed its use
-/// meanwhile, and a job planned since does not know these slabs.
-fn disks_still_active(
-    metadata: &PoolMetadata,
-    mut slabs: impl Iterator<Item = SlabRef>,
-    space: &str,
-) -> Result<(), EngineError> {
-    let active = |slab: &SlabRef| {
-        metadata
-            .disks
-            .get(usize::from(slab.disk.0))
-            .is_some_and(|disk| disk.state == terrace_meta::DiskState::Active)
-    };
-    match slabs.find(|slab| !active(slab)) {
-        Some(slab) => Err(EngineError::ChangedWhilePreparing {
-            space: space.to_string(),
-            disk: slab.disk.0,
-        }),
-        None => Ok(()),
     }
 }
 
@@ -582,8 +559,8 @@ impl Pool {
         };
         let mut control = self.shared.control.lock().await;
         let mut next = control.metadata.clone();
-        disks_still_active(&next, ExtentRecord::slabs_of(&added), name)?;
-        disks_still_active(&next, more_slabs.iter().copied(), name)?;
+        crate::thin::disks_still_active(&next, ExtentRecord::slabs_of(&added), name)?;
+        crate::thin::disks_still_active(&next, more_slabs.iter().copied(), name)?;
         let position = position(&next)?;
         let record = &mut next.spaces[position];
         record.size_bytes = requested;

@@ -84,7 +84,7 @@ pub struct Space {
     /// Whether `held` says something: every request reads this, not the
     /// mutex, which only a held space's refusals take.
     is_held: AtomicBool,
-    /// Held shared by every write, zeroing and trim from before it looks
+    /// Held shared by every write, zeroing and trim of a thin space from before it looks
     /// for room until it is done (or logged); held alone while extents of
     /// a thin space are given back ([`Space::give_back`]), so that no write
     /// lands in a slab just freed.
@@ -201,7 +201,7 @@ impl Space {
     ) -> Result<(), EngineError> {
         self.check_held(offset, data.len() as u64)?;
         let _client = self.volume.pool.client_io();
-        let _gate = self.gate.read().await;
+        let _gate = self.gate().await;
         match self.journal() {
             None => {
                 let fits = !sums.is_empty()
@@ -303,7 +303,7 @@ impl Space {
                 return self.write(offset, zeroes, fua).await;
             }
         }
-        let _gate = self.gate.read().await;
+        let _gate = self.gate().await;
         let intent = match &journal {
             Some(journal) => {
                 journal
@@ -392,6 +392,15 @@ impl Space {
             }
         }
         Ok(())
+    }
+
+    /// The gate, shared, for a write, zeroing or trim of a thin space (a
+    /// fixed space gives nothing back: its writes take no lock for it).
+    async fn gate(&self) -> Option<async_lock::RwLockReadGuard<'_, ()>> {
+        match self.volume.is_thin() {
+            true => Some(self.gate.read().await),
+            false => None,
+        }
     }
 
     /// Of a thin space: give back the slabs of the extents that
@@ -485,7 +494,7 @@ impl Space {
                 return Ok(());
             }
         }
-        let _gate = self.gate.read().await;
+        let _gate = self.gate().await;
         let intent = match &journal {
             Some(journal) => {
                 journal

@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use terrace_layout::Geometry;
-use terrace_meta::{DiskState, ExtentRecord, PlacementError, PoolMetadata, SlabRef, SpaceId};
+use terrace_meta::{ExtentRecord, PlacementError, PoolMetadata, SlabRef, SpaceId};
 
 use crate::control::PoolShared;
 use crate::error::EngineError;
@@ -113,12 +113,7 @@ async fn allocate_once(
     {
         return Ok(targets(shared, &next, &now));
     }
-    if let Some(slab) = slabs.iter().find(|slab| !active(&next, slab)) {
-        return Err(EngineError::ChangedWhilePreparing {
-            space: name.to_string(),
-            disk: slab.disk.0,
-        });
-    }
+    disks_still_active(&next, slabs.iter().copied(), name)?;
     set_extent(&mut next, space, extent, &slabs);
     shared.commit(&mut control, next).await?;
     Ok(targets(shared, &control.metadata, &slabs))
@@ -153,11 +148,27 @@ fn set_extent(metadata: &mut PoolMetadata, space: SpaceId, extent: u64, slabs: &
     }
 }
 
-fn active(metadata: &PoolMetadata, slab: &SlabRef) -> bool {
-    metadata
-        .disks
-        .get(usize::from(slab.disk.0))
-        .is_some_and(|disk| disk.state == DiskState::Active)
+/// Slabs planned for `space` before a wait may be committed only if
+/// their disks are still active: one may have failed or changed its use
+/// meanwhile, and a job planned since does not know these slabs.
+pub(crate) fn disks_still_active(
+    metadata: &PoolMetadata,
+    mut slabs: impl Iterator<Item = SlabRef>,
+    space: &str,
+) -> Result<(), EngineError> {
+    let active = |slab: &SlabRef| {
+        metadata
+            .disks
+            .get(usize::from(slab.disk.0))
+            .is_some_and(|disk| disk.state == terrace_meta::DiskState::Active)
+    };
+    match slabs.find(|slab| !active(slab)) {
+        Some(slab) => Err(EngineError::ChangedWhilePreparing {
+            space: space.to_string(),
+            disk: slab.disk.0,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Where the slots of an extent on `slabs` live.

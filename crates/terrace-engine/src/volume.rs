@@ -192,19 +192,20 @@ impl Volume {
         }
         let extent_bytes = self.geometry.extent_data_bytes();
         let extents = offset / extent_bytes..=(offset + length - 1) / extent_bytes;
-        let unallocated = |extent: u64| {
-            self.map()
-                .extents
+        let unallocated = |map: &SpaceMap, extent: u64| {
+            map.extents
                 .get(extent as usize)
                 .is_some_and(|targets| targets.is_empty())
         };
-        if !extents.clone().any(unallocated) {
+        let map = self.map();
+        if !extents.clone().any(|extent| unallocated(&map, extent)) {
             return Ok(());
         }
+        drop(map);
         self.pool.check_writable()?;
         let _one = self.provisioning.lock().await;
         for extent in extents {
-            if !unallocated(extent) {
+            if !unallocated(&self.map(), extent) {
                 continue;
             }
             if let Some(sums) = self.sums.get() {
@@ -889,7 +890,7 @@ impl Volume {
         fua: bool,
     ) -> Result<(), EngineError> {
         let data = data.into();
-        self.check(offset, data.len() as u64, Access::Write)?;
+        // Room first; a range outside the space is refused just below.
         self.provide(offset, data.len() as u64).await?;
         let map = self.check(offset, data.len() as u64, Access::Write)?;
         let result = self.write_checked(&map, offset, &data, fua).await;
@@ -911,7 +912,6 @@ impl Volume {
             return Ok(());
         };
         let (start, end) = (*start, last + data.len() as u64);
-        self.check(start, end - start, Access::Write)?;
         self.provide(start, end - start).await?;
         let map = self.check(start, end - start, Access::Write)?;
         let result = self.merge_checked(&map, start, end, pieces).await;

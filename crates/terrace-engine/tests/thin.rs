@@ -23,6 +23,21 @@ fn thin(name: &str, layout: Layout, size: u64, cache_bytes: u64) -> SpaceConfig 
     config
 }
 
+/// Flush `space`, cut the power and import the pool again: the pool and
+/// the space as the import finds them.
+async fn cut_and_import(disks: &Disks, pool: Pool, space: Arc<Space>) -> (Pool, Arc<Space>) {
+    let name = space.name().to_string();
+    space.flush().await.unwrap();
+    drop(space);
+    drop(pool);
+    disks.power_cut();
+    let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
+        .await
+        .unwrap();
+    let space = pool.space(&name).unwrap();
+    (pool, space)
+}
+
 async fn status_of(pool: &Pool, name: &str) -> terrace_engine::SpaceStatus {
     let status = pool.status().await;
     status
@@ -88,14 +103,7 @@ fn a_thin_space_of_every_layout_takes_only_the_extents_written() {
                 assert!(report.findings.is_empty(), "{name}: {:?}", report.findings);
             };
             check(space.clone(), written.clone()).await;
-            space.flush().await.unwrap();
-            drop(space);
-            drop(pool);
-            disks.power_cut();
-            let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
-                .await
-                .unwrap();
-            let space = pool.space(name).unwrap();
+            let (_pool, space) = cut_and_import(&disks, pool, space).await;
             assert_eq!(space.allocated_bytes(), taken, "{name} after the import");
             check(space, written).await;
         }
@@ -262,14 +270,7 @@ fn whole_extents_trimmed_or_zeroed_go_back_to_the_pool() {
                 assert!(report.findings.is_empty(), "{name}: {:?}", report.findings);
             };
             check(space.clone(), model.clone()).await;
-            space.flush().await.unwrap();
-            drop(space);
-            drop(pool);
-            disks.power_cut();
-            let pool = Pool::import(env(), disks.devices.clone(), ImportOptions::default())
-                .await
-                .unwrap();
-            let space = pool.space(name).unwrap();
+            let (_pool, space) = cut_and_import(&disks, pool, space).await;
             assert_eq!(
                 space.allocated_bytes(),
                 4 * extent,
